@@ -1,0 +1,41 @@
+"""EngineConfig: everything the engine needs to start, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = "tiny.en"  # a known name (tiny.en, base), a local path, or a hub id
+    dummy_weights: bool = False  # random weights at the named size (benchmarks without downloads)
+    device: str = "auto"
+    dtype: str = "auto"  # auto = float32 on CPU, float16 on CUDA
+    max_num_seqs: int | None = None  # decode slots; None = from the memory plan
+    max_waiting: int = 256  # requests queued beyond this are refused (backpressure)
+    max_encoder_batch: int = 8  # windows encoded together per step; bounds the stall of running decodes
+    max_audio_ctx: int | None = None  # cross-attention cache length; None = the encoder's own (1500)
+    max_text_ctx: int | None = None  # self-attention cache length; None = the decoder's own (448)
+    gpu_memory_fraction: float = 0.9
+    enforce_eager: bool = False  # no CUDA graphs
+    num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_encoder_batch < 1:
+            raise ValueError(f"max_encoder_batch must be >= 1, got {self.max_encoder_batch}")
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

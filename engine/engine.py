@@ -1,0 +1,285 @@
+"""Engine: an inbox, one loop thread that schedules and steps, and per-request output handles."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+import torch
+
+from .config import EngineConfig
+from .model_runner import ModelRunner
+from .request import (
+    DecodeOptions,
+    EngineDeadError,
+    EngineOverloadedError,
+    EngineStats,
+    InvalidRequestError,
+    RequestAbortedError,
+    SegmentEvent,
+    Task,
+    TranscriptionResult,
+)
+from .sequence import Sequence
+from .transcription import Transcription
+
+log = logging.getLogger(__name__)
+_DONE = object()
+
+
+class RequestHandle:
+    """The caller's end of one request: async events/result, or a blocking wait (CLI)."""
+
+    def __init__(self, engine: Engine, request_id: str):
+        self.engine = engine
+        self.request_id = request_id
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            self._aqueue: asyncio.Queue = asyncio.Queue()
+        except RuntimeError:
+            self._loop = None
+        self._squeue: queue.SimpleQueue = queue.SimpleQueue()
+        self._result: TranscriptionResult | None = None
+
+    def emit(self, item: object) -> None:
+        """Called from the engine thread."""
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
+            except RuntimeError:  # the caller's event loop is gone; nobody is listening
+                self.engine.abort(self.request_id)
+        else:
+            self._squeue.put(item)
+
+    def _unwrap(self, item: object) -> SegmentEvent | None:
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, TranscriptionResult):
+            self._result = item
+            return None
+        return item  # type: ignore[return-value]
+
+    async def events(self):
+        """Yields SegmentEvent as windows finish; returns when the request is done."""
+        while self._result is None:
+            event = self._unwrap(await self._aqueue.get())
+            if event is not None:
+                yield event
+
+    async def result(self) -> TranscriptionResult:
+        async for _ in self.events():
+            pass
+        assert self._result is not None
+        return self._result
+
+    def wait(self, timeout: float | None = None) -> TranscriptionResult:
+        while self._result is None:
+            self._unwrap(self._squeue.get(timeout=timeout))
+        return self._result
+
+    def abort(self) -> None:
+        if self._result is None:
+            self.engine.abort(self.request_id)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.tokenizer = self.runner.tokenizer
+        from .scheduler import Scheduler
+
+        self.scheduler = Scheduler(self.runner.num_slots, config.max_encoder_batch)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._num_pending = 0  # submitted, first window not admitted yet (backpressure counter)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
+        self.num_steps = 0
+        self.num_tokens = 0
+
+    # ---- public API (any thread) ------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.tokenizer.is_multilingual
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._error is None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run_forever, name="engine-loop", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self.inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_waiting=self._num_pending + self.scheduler.num_waiting,
+            num_running=len(self.scheduler.running),
+            num_slots=self.runner.num_slots,
+            extra={"steps": float(self.num_steps), "tokens": float(self.num_tokens)},
+        )
+
+    def validate(self, options: DecodeOptions) -> None:
+        tok = self.tokenizer
+        if options.language is not None:
+            if not tok.is_multilingual and options.language != "en":
+                raise InvalidRequestError(
+                    f"This model is English-only; language {options.language!r} is not supported", "language"
+                )
+            if tok.is_multilingual and options.language not in tok.language_ids:
+                raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
+        if options.task == Task.TRANSLATE and not tok.is_multilingual:
+            raise InvalidRequestError("This model is English-only and cannot translate", "model")
+
+    def submit(self, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
+        """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running")
+        self.validate(options)
+        with self._lock:
+            if self._num_pending >= self.config.max_waiting:
+                raise EngineOverloadedError(f"{self._num_pending} requests are already waiting; retry later")
+            self._num_pending += 1
+        handle = RequestHandle(self, f"req-{next(self._ids)}")
+        self.inbox.put(("add", handle, np.ascontiguousarray(audio, dtype=np.float32), options))
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id))
+
+    def transcribe(self, audio: np.ndarray, options: DecodeOptions | None = None) -> TranscriptionResult:
+        """Blocking convenience for scripts and the CLI."""
+        self.start()
+        return self.submit(audio, options or DecodeOptions()).wait()
+
+    # ---- loop thread ------------------------------------------------------------------------------
+
+    def _run_forever(self) -> None:
+        torch.set_grad_enabled(False)
+        try:
+            while not self._stopped.is_set():
+                self._drain_inbox(block=not self.scheduler.has_work())
+                if self.scheduler.has_work():
+                    self.step()
+        except BaseException as exc:  # a real fault: fail every request, keep the reason for /health
+            log.exception("engine loop died")
+            self._error = exc
+            for _, handle in self._transcriptions.values():
+                handle.emit(EngineDeadError(f"engine failed: {exc!r}"))
+            self._transcriptions.clear()
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if msg is None:
+                return
+            if msg[0] == "add":
+                self._add(*msg[1:])
+            elif msg[0] == "abort":
+                self._abort(msg[1])
+
+    def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions) -> None:
+        with self._lock:
+            self._num_pending -= 1
+        try:
+            mel = self.runner.mel(torch.from_numpy(audio))
+            t = Transcription(
+                handle.request_id, mel, len(audio) / 16000, options, self.tokenizer, self.runner.n_text_ctx, handle.emit
+            )
+        except Exception as exc:
+            handle.emit(exc)
+            return
+        job = t.next_job()
+        if job is None:  # empty audio: nothing to decode
+            t._finish()
+            return
+        self._transcriptions[handle.request_id] = (t, handle)
+        self.scheduler.add(job, continuing=False)
+
+    def _abort(self, request_id: str) -> None:
+        entry = self._transcriptions.pop(request_id, None)
+        if entry is None:
+            return
+        entry[0].aborted = True
+        entry[1].emit(RequestAbortedError(f"request {request_id} was aborted"))
+        self.scheduler.drop_aborted()
+
+    def step(self) -> None:
+        """Admit waiting windows (encoder + prompt prefill), then one decode step for every running sequence."""
+        sched, runner = self.scheduler, self.runner
+        new = sched.admit()
+        if new:
+            runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
+            self._advance(new, *runner.prefill(new))
+            self._release()
+        if sched.running:
+            self._advance(sched.running, *runner.decode(sched.running))
+            self._release()
+        self.num_steps += 1
+
+    def _advance(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
+        tok = self.tokenizer
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            seq.num_cached += len(seq.pending)
+            if seq.detecting:  # the model's pick among language tokens
+                seq.language = tok.language_codes[token]
+                seq.detecting = False
+                seq.forced.extend(seq.job.forced_after_language)
+                seq.pending = [token]
+                continue
+            if seq.forced:
+                seq.pending = [seq.forced.popleft()]
+                continue
+            seq.sum_logprob += logprob
+            fixed = seq.job.fixed_decode_tokens
+            if token == tok.eot and fixed is None:
+                seq.finished = True
+                continue
+            seq.tokens.append(token)
+            self.num_tokens += 1
+            if token >= tok.timestamp_begin:
+                seq.last_timestamp = token
+            seq.pending = [token]
+            if (fixed is not None and len(seq.tokens) >= fixed) or seq.num_cached + 1 >= self.runner.n_text_ctx:
+                seq.finished = True  # clean stop at the decoder's context limit
+
+    def _release(self) -> None:
+        for seq in self.scheduler.release_finished(self.runner.cache):
+            if seq.aborted:
+                continue
+            t = seq.job.transcription
+            try:
+                job = t.on_window_done(seq)
+            except Exception as exc:  # a bug in one request's bookkeeping must not take down the others
+                log.exception("request %s failed", t.request_id)
+                t.aborted = True
+                job = None
+                self._transcriptions.pop(t.request_id, (None, None))[1].emit(exc)
+            if job is not None:
+                self.scheduler.add(job, continuing=True)
+            elif t.done:
+                self._transcriptions.pop(t.request_id, None)

@@ -1,0 +1,88 @@
+"""Per-slot self- and cross-attention caches, preallocated once and written in place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .dims import ModelDimensions
+
+
+@dataclass(frozen=True, slots=True)
+class CacheShape:
+    n_layer: int
+    n_head: int
+    head_dim: int
+    n_text_ctx: int  # self-attention positions per slot (decoder limit, 448)
+    n_audio_ctx: int  # cross-attention positions per slot (encoder output length, 1500)
+
+    @classmethod
+    def for_model(cls, dims: ModelDimensions, max_audio_ctx: int | None, max_text_ctx: int | None) -> CacheShape:
+        # The cross cache holds every encoder position; sizing it from a smaller configured limit
+        # would silently truncate attention over the audio, so such a configuration is refused.
+        if max_audio_ctx is not None and max_audio_ctx < dims.n_audio_ctx:
+            raise ValueError(
+                f"max_audio_ctx={max_audio_ctx} is below the encoder's output length "
+                f"n_audio_ctx={dims.n_audio_ctx}: the cross-attention cache must hold all {dims.n_audio_ctx} positions"
+            )
+        if max_text_ctx is not None and max_text_ctx > dims.n_text_ctx:
+            raise ValueError(f"max_text_ctx={max_text_ctx} exceeds the decoder's n_text_ctx={dims.n_text_ctx}")
+        return cls(
+            n_layer=dims.n_text_layer,
+            n_head=dims.n_text_head,
+            head_dim=dims.n_text_state // dims.n_text_head,
+            n_text_ctx=max_text_ctx or dims.n_text_ctx,
+            n_audio_ctx=dims.n_audio_ctx,
+        )
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        per_position = 2 * self.n_layer * self.n_head * self.head_dim * elem  # K and V, every layer
+        return per_position * (self.n_text_ctx + self.n_audio_ctx)
+
+
+class KVCache:
+    """self_k/self_v: (layers, slots, heads, n_text_ctx, head_dim); cross_k/cross_v: (..., n_audio_ctx, ...)."""
+
+    def __init__(self, shape: CacheShape, num_slots: int, dtype: torch.dtype, device: torch.device):
+        self.shape = shape
+        self.num_slots = num_slots
+        self.head_dim = shape.head_dim
+        common = (shape.n_layer, num_slots, shape.n_head)
+        self.self_k = torch.zeros(*common, shape.n_text_ctx, shape.head_dim, dtype=dtype, device=device)
+        self.self_v = torch.zeros_like(self.self_k)
+        self.cross_k = torch.zeros(*common, shape.n_audio_ctx, shape.head_dim, dtype=dtype, device=device)
+        self.cross_v = torch.zeros_like(self.cross_k)
+
+    def move_slot(self, src: int, dst: int, self_len: int) -> None:
+        """Copy a sequence's caches to another slot (keeps running sequences contiguous)."""
+        self.self_k[:, dst, :, :self_len] = self.self_k[:, src, :, :self_len]
+        self.self_v[:, dst, :, :self_len] = self.self_v[:, src, :, :self_len]
+        self.cross_k[:, dst] = self.cross_k[:, src]
+        self.cross_v[:, dst] = self.cross_v[:, src]
+
+
+def plan_num_slots(
+    shape: CacheShape, dtype: torch.dtype, device: torch.device, memory_fraction: float, reserve_bytes: int
+) -> tuple[int, str]:
+    """Slots that fit in the device memory left after weights and activations; with a log line saying why."""
+    per_slot = shape.bytes_per_slot(dtype)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(total * memory_fraction) - (total - free) - reserve_bytes
+    else:
+        # On CPU the caches live in RAM; a modest fixed budget keeps the footprint predictable.
+        budget = 2 * 1024**3 - reserve_bytes
+    num = budget // per_slot
+    why = (
+        f"{per_slot / 2**20:.1f} MiB per slot (self {shape.n_text_ctx} + cross {shape.n_audio_ctx} positions, "
+        f"{shape.n_layer} layers), budget {max(budget, 0) / 2**30:.2f} GiB"
+    )
+    if num < 1:
+        raise RuntimeError(
+            f"Not even one decode slot fits: {why}. Each slot needs {per_slot / 2**20:.1f} MiB. "
+            "Raise --gpu-memory-fraction, free GPU memory, or use a smaller model or dtype."
+        )
+    return int(num), why

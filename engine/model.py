@@ -1,0 +1,137 @@
+"""Whisper encoder and decoder; the decoder reads and writes per-slot KV caches in place."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .dims import ModelDimensions
+from .kv_cache import KVCache
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.query = nn.Linear(n_state, n_state)
+        self.key = nn.Linear(n_state, n_state, bias=False)
+        self.value = nn.Linear(n_state, n_state)
+        self.out = nn.Linear(n_state, n_state)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(batch, time, n_state) -> (batch, n_head, time, head_dim)"""
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_head, -1).transpose(1, 2)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        b, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(b, t, -1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Full, unmasked self-attention (the encoder's)."""
+        q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
+        return self.out(self.merge_heads(F.scaled_dot_product_attention(q, k, v)))
+
+
+class ResidualAttentionBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int, cross_attention: bool = False):
+        super().__init__()
+        self.attn = MultiHeadAttention(n_state, n_head)
+        self.attn_ln = nn.LayerNorm(n_state)
+        self.cross_attn = MultiHeadAttention(n_state, n_head) if cross_attention else None
+        self.cross_attn_ln = nn.LayerNorm(n_state) if cross_attention else None
+        n_mlp = n_state * 4
+        self.mlp = nn.Sequential(nn.Linear(n_state, n_mlp), nn.GELU(), nn.Linear(n_mlp, n_state))
+        self.mlp_ln = nn.LayerNorm(n_state)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.attn_ln(x))
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        self.conv1 = nn.Conv1d(dims.n_mels, dims.n_audio_state, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(dims.n_audio_state, dims.n_audio_state, kernel_size=3, stride=2, padding=1)
+        self.register_buffer("positional_embedding", torch.empty(dims.n_audio_ctx, dims.n_audio_state))
+        self.blocks = nn.ModuleList(
+            ResidualAttentionBlock(dims.n_audio_state, dims.n_audio_head) for _ in range(dims.n_audio_layer)
+        )
+        self.ln_post = nn.LayerNorm(dims.n_audio_state)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        """mel : (batch, n_mels, 3000) -> (batch, n_audio_ctx, n_audio_state)"""
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = x + self.positional_embedding
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_post(x)
+
+
+class TextDecoder(nn.Module):
+    """Decoder over a contiguous range of cache slots: batch row i uses slot `slot_start + i`."""
+
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        self.token_embedding = nn.Embedding(dims.n_vocab, dims.n_text_state)
+        self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, dims.n_text_state))
+        self.blocks = nn.ModuleList(
+            ResidualAttentionBlock(dims.n_text_state, dims.n_text_head, cross_attention=True)
+            for _ in range(dims.n_text_layer)
+        )
+        self.ln = nn.LayerNorm(dims.n_text_state)
+
+    def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, slot_start: int) -> None:
+        """Project encoder output to cross-attention K/V once and store it in the slots."""
+        n = audio_features.shape[0]
+        for i, block in enumerate(self.blocks):
+            attn = block.cross_attn
+            cache.cross_k[i, slot_start : slot_start + n] = attn.split_heads(attn.key(audio_features))
+            cache.cross_v[i, slot_start : slot_start + n] = attn.split_heads(attn.value(audio_features))
+
+    def forward(
+        self, tokens: Tensor, positions: Tensor, cache: KVCache, slot_start: int, kv_len: int, attn_mask: Tensor
+    ) -> Tensor:
+        """
+        tokens, positions : (batch, q) — positions are absolute; K/V are written there in each slot
+        kv_len : how many cache positions to attend over (>= max position + 1)
+        attn_mask : (batch, 1, q, kv_len) bool, True where a query may attend
+        returns hidden states (batch, q, n_text_state) after the final layer norm
+        """
+        b = tokens.shape[0]
+        slots = slice(slot_start, slot_start + b)
+        rows = torch.arange(slot_start, slot_start + b, device=tokens.device).unsqueeze(1)
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        for i, block in enumerate(self.blocks):
+            # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
+            attn, h = block.attn, block.attn_ln(x)
+            k_new = attn.key(h).view(b, -1, attn.n_head, cache.head_dim)
+            v_new = attn.value(h).view(b, -1, attn.n_head, cache.head_dim)
+            cache.self_k[i][rows, :, positions] = k_new
+            cache.self_v[i][rows, :, positions] = v_new
+            q = attn.split_heads(attn.query(h))
+            k = cache.self_k[i, slots, :, :kv_len]
+            v = cache.self_v[i, slots, :, :kv_len]
+            x = x + attn.out(attn.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)))
+            # cross-attention reads the slot's encoder K/V where it lives: no gather, no copy
+            cross, h = block.cross_attn, block.cross_attn_ln(x)
+            q = cross.split_heads(cross.query(h))
+            o = F.scaled_dot_product_attention(q, cache.cross_k[i, slots], cache.cross_v[i, slots])
+            x = x + cross.out(cross.merge_heads(o))
+            x = x + block.mlp(block.mlp_ln(x))
+        return self.ln(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Output projection tied to the token embedding; always in float32 for stable sampling."""
+        return (hidden @ self.token_embedding.weight.T).float()
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims)
+        self.decoder = TextDecoder(dims)

@@ -1,0 +1,175 @@
+"""ModelRunner: owns weights and caches; turns scheduled sequences into tensors and runs encoder, prefill, decode."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .audio import N_FRAMES
+from .config import EngineConfig
+from .features import LogMelSpectrogram
+from .kv_cache import CacheShape, KVCache, plan_num_slots
+from .logits import LogitsProcessor, StepRules, sample
+from .model import Whisper
+from .sequence import Sequence
+from .tokenizer import Tokenizer
+from .weights import Checkpoint, load_checkpoint, resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, name)
+    if device.type == "cpu" and dtype == torch.float16:
+        raise ValueError("float16 is not supported on CPU; use float32 or bfloat16")
+    return dtype
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if config.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        ckpt = checkpoint or load_checkpoint(config.model, dummy=config.model if config.dummy_weights else None)
+        self.dims = dims = ckpt.dims
+        tokenizer_file = ckpt.tokenizer_file or self._fallback_tokenizer(dims)
+        self.tokenizer = Tokenizer.from_file(tokenizer_file, dims.num_languages, dims.is_multilingual)
+        self.alignment_heads = ckpt.alignment_heads
+        self.model = self._build_model(ckpt)
+        self.log_mel = LogMelSpectrogram(dims.n_mels, self.device)
+
+        self.cache_shape = CacheShape.for_model(dims, config.max_audio_ctx, config.max_text_ctx)
+        self.n_text_ctx = self.cache_shape.n_text_ctx
+        activations = self._activation_reserve()
+        planned, why = plan_num_slots(
+            self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, activations
+        )
+        self.num_slots = min(planned, config.max_num_seqs) if config.max_num_seqs else planned
+        if self.device.type == "cpu" and not config.max_num_seqs:
+            self.num_slots = min(self.num_slots, 64)  # more slots than this only slow a CPU down
+        log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
+        self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device)
+        tok = self.tokenizer
+        self.logits_processor = LogitsProcessor(
+            tok,
+            dims.n_vocab,
+            suppress_tokens=ckpt.suppress_tokens or tok.default_suppress_tokens(),
+            begin_suppress_tokens=ckpt.begin_suppress_tokens or [tok.encode(" ")[0], tok.eot],
+            max_initial_timestamp_index=50,
+            device=self.device,
+        )
+
+    @staticmethod
+    def _fallback_tokenizer(dims) -> Path:
+        """Dummy weights carry no tokenizer: borrow the packaged one of the same kind (English-only or not)."""
+        resolved = resolve_model("base" if dims.is_multilingual else "tiny.en")
+        assert resolved.config_dir is not None
+        return resolved.config_dir / "tokenizer.json"
+
+    def _build_model(self, ckpt: Checkpoint) -> Whisper:
+        with torch.device("meta"):
+            model = Whisper(ckpt.dims)
+        model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
+        return model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+
+    def _activation_reserve(self) -> int:
+        """Bytes kept free for activations: one encoder batch plus logits, generously rounded up."""
+        d = self.dims
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        encoder = self.config.max_encoder_batch * d.n_audio_ctx * d.n_audio_state * 4 * elem * 4
+        logits = 512 * d.n_vocab * 4 * 3
+        return int(encoder + logits + 256 * 2**20)
+
+    # ---- features and encoder -------------------------------------------------------------------
+
+    def mel(self, audio: Tensor) -> Tensor:
+        """Whole-audio log-mel (n_mels, frames); windows are cut from it so the clamp spans the audio."""
+        return self.log_mel(audio.to(self.device))
+
+    @torch.inference_mode()
+    def encode_into_slots(self, mels: list[Tensor], slot_start: int) -> None:
+        """Run the encoder on a batch of windows and write their cross-attention K/V into consecutive slots."""
+        batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
+        assert batch.shape[-1] == N_FRAMES
+        audio_features = self.model.encoder(batch)
+        self.model.decoder.fill_cross_cache(audio_features, self.cache, slot_start)
+
+    # ---- decoder ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
+        """Feed each new sequence its whole prompt (right-padded); sample each one's first output."""
+        slot_start = seqs[0].slot
+        lengths = [len(s.pending) for s in seqs]
+        width = max(lengths)
+        rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
+        tokens = torch.tensor(rows, device=self.device)
+        positions = torch.arange(width, device=self.device).expand(len(seqs), width)
+        causal = positions[:, None, :, None] >= positions[:, None, None, :]
+        hidden = self.model.decoder(tokens, positions, self.cache, slot_start, width, causal)
+        last = torch.tensor(lengths, device=self.device) - 1
+        sot_index = torch.tensor([s.pending.index(self.tokenizer.sot) for s in seqs], device=self.device)
+        batch = torch.arange(len(seqs), device=self.device)
+        logits = self.model.decoder.logits(hidden[batch, last])
+        sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
+        no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech].tolist()
+        for seq, p in zip(seqs, no_speech):
+            seq.no_speech_prob = p
+        return self._sample(seqs, logits)
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
+        """One token for every running sequence; seqs[i] lives in slot i."""
+        tokens = torch.tensor([s.pending for s in seqs], device=self.device)
+        positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)
+        kv_len = max(s.num_cached for s in seqs) + 1
+        mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+        hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
+        return self._sample(seqs, self.model.decoder.logits(hidden[:, -1]))
+
+    def _sample(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
+        rules = self._rules(seqs)
+        logits = self.logits_processor(logits, rules)
+        temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
+        gens = [s.job.transcription.generator if t > 0 else None for s, t in zip(seqs, temps)]
+        tokens, logprobs = sample(logits, temps, gens)
+        out = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one device sync per step
+        return [int(t) for t in out[0]], out[1]
+
+    def _rules(self, seqs: list[Sequence]) -> StepRules:
+        ts_begin = self.tokenizer.timestamp_begin
+        cols: dict[str, list] = {k: [] for k in StepRules.__slots__}
+        for s in seqs:
+            toks = s.tokens
+            sampling = s.sampling
+            last_ts = bool(toks) and toks[-1] >= ts_begin
+            penult_ts = len(toks) < 2 or toks[-2] >= ts_begin
+            if s.last_timestamp < 0:
+                min_ts = ts_begin
+            else:
+                min_ts = s.last_timestamp if (last_ts and not penult_ts) else s.last_timestamp + 1
+            fixed = s.job.fixed_decode_tokens
+            cols["is_first"].append(sampling and not toks)
+            cols["with_timestamps"].append(sampling and s.job.with_timestamps)
+            cols["last_is_ts"].append(last_ts)
+            cols["penultimate_is_ts"].append(penult_ts)
+            cols["min_timestamp"].append(min_ts)
+            cols["suppress_eot"].append(fixed is not None and len(toks) < fixed)
+            cols["detect_language"].append(s.detecting)
+        dev = self.device
+        return StepRules(**{k: torch.tensor(v, device=dev) for k, v in cols.items()})

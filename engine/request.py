@@ -1,0 +1,118 @@
+"""Per-request options and results: what crosses the boundary between the engine and its callers."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Whisper's published defaults (openai/whisper transcribe(), faster-whisper WhisperModel.transcribe).
+DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+class Task(str, enum.Enum):
+    TRANSCRIBE = "transcribe"
+    TRANSLATE = "translate"
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOptions:
+    """Per-request decoding knobs (openai/whisper's DecodingOptions + transcribe() arguments)."""
+
+    task: Task = Task.TRANSCRIBE
+    language: str | None = None  # ISO-639-1 code; None detects it on multilingual models
+    prompt: str | None = None  # becomes <|startofprev|> context (last 223 tokens)
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    without_timestamps: bool = False  # True only for single-window, text-only decoding
+    word_timestamps: bool = False
+    condition_on_previous_text: bool = True
+    compression_ratio_threshold: float | None = 2.4
+    log_prob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    prompt_reset_on_temperature: float = 0.5
+    max_initial_timestamp: float = 1.0
+    seed: int = 0  # seeds sampling at temperature > 0 so a result can be reproduced
+    # Benchmarks only: decode exactly this many tokens per window, EOS ignored.
+    fixed_decode_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperatures:
+            raise ValueError("temperatures must not be empty")
+        if any(t < 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+
+
+@dataclass(slots=True)
+class Word:
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass(slots=True)
+class Segment:
+    """One timestamped piece of a transcript, in OpenAI's verbose_json segment fields."""
+
+    id: int
+    seek: int  # window start, in mel frames (openai/whisper's convention)
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[Word] | None = None
+
+
+@dataclass(slots=True)
+class TranscriptionResult:
+    text: str
+    segments: list[Segment]
+    language: str  # ISO code
+    duration: float  # seconds of input audio
+    num_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SegmentEvent:
+    """Streamed from the engine as each window's segments become final."""
+
+    segments: list[Segment]
+
+
+class EngineError(Exception):
+    """Base class for errors the engine raises on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """The request cannot be served as asked (e.g. a non-English language on an English-only model)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class EngineOverloadedError(EngineError):
+    """The waiting queue is full; the caller should retry later."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineDeadError(EngineError):
+    """The engine loop has stopped; nothing more will be served."""
+
+
+class RequestAbortedError(EngineError):
+    """The request was aborted (client disconnected or engine shut down)."""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_waiting: int = 0
+    num_running: int = 0
+    num_slots: int = 0
+    extra: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,72 @@
+"""Scheduler: waiting windows, slot admission, and keeping running sequences in slots [0, n)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .kv_cache import KVCache
+from .sequence import Sequence, WindowJob
+
+
+class Scheduler:
+    """
+    Policy: a request's next window (or fallback retry) is admitted before any new request, so work
+    in flight finishes first and memory stays bounded; new requests are served first come, first served.
+    Each step admits at most `max_encoder_batch` windows so running sequences wait for at most one
+    encoder batch between decode steps.
+    """
+
+    def __init__(self, num_slots: int, max_encoder_batch: int):
+        self.num_slots = num_slots
+        self.max_encoder_batch = max_encoder_batch
+        self.waiting_next: deque[WindowJob] = deque()  # windows of requests already in flight
+        self.waiting_new: deque[WindowJob] = deque()  # first windows of new requests
+        self.running: list[Sequence] = []  # running[i].slot == i
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting_next) + len(self.waiting_new)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting_next or self.waiting_new)
+
+    def add(self, job: WindowJob, continuing: bool) -> None:
+        (self.waiting_next if continuing else self.waiting_new).append(job)
+
+    def admit(self) -> list[Sequence]:
+        """Give free slots to waiting windows; the new sequences take the slots right after the running ones."""
+        free = min(self.num_slots - len(self.running), self.max_encoder_batch)
+        admitted: list[Sequence] = []
+        for queue in (self.waiting_next, self.waiting_new):
+            while queue and len(admitted) < free:
+                job = queue.popleft()
+                if job.transcription.aborted:
+                    continue
+                seq = Sequence(job=job, slot=len(self.running) + len(admitted), pending=list(job.prompt))
+                seq.detecting = job.detect_language
+                admitted.append(seq)
+        self.running.extend(admitted)
+        return admitted
+
+    def drop_aborted(self) -> None:
+        for q in (self.waiting_next, self.waiting_new):
+            kept = [j for j in q if not j.transcription.aborted]
+            q.clear()
+            q.extend(kept)
+        for seq in self.running:
+            if seq.job.transcription.aborted:
+                seq.finished = seq.aborted = True
+
+    def release_finished(self, cache: KVCache) -> list[Sequence]:
+        """Remove finished sequences and fill their slots from the tail, so the running range stays contiguous."""
+        finished = [s for s in self.running if s.finished]
+        if not finished:
+            return []
+        keep = len(self.running) - len(finished)
+        holes = [s.slot for s in finished if s.slot < keep]
+        movers = [s for s in self.running[keep:] if not s.finished]
+        for hole, seq in zip(holes, movers):
+            cache.move_slot(seq.slot, hole, seq.num_cached)
+            seq.slot = hole
+        self.running = sorted((s for s in self.running if not s.finished), key=lambda s: s.slot)
+        return finished

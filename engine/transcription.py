@@ -1,0 +1,193 @@
+"""Transcription: one request's long-form state (seek, previous text, temperature fallback, segments)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .audio import N_FRAMES
+from .features import pad_or_trim
+from .request import DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
+from .segments import FRAME_SECONDS, compression_ratio, split_by_timestamps
+from .sequence import Sequence, WindowJob
+from .tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class WindowResult:
+    tokens: list[int]
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    temperature: float
+
+
+class Transcription:
+    """Runs Whisper's sequential algorithm for one request, one window at a time, inside the shared batch."""
+
+    def __init__(
+        self,
+        request_id: str,
+        mel: Tensor,
+        duration: float,
+        options: DecodeOptions,
+        tokenizer: Tokenizer,
+        n_text_ctx: int,
+        emit: Callable[[object], None],
+    ):
+        self.request_id = request_id
+        self.mel = mel  # (n_mels, frames) of the whole audio
+        self.content_frames = mel.shape[-1] - 1  # the last STFT frame is padding
+        self.duration = duration
+        self.options = options
+        self.tokenizer = tokenizer
+        self.n_text_ctx = n_text_ctx
+        self.emit = emit
+        self.language = options.language if tokenizer.is_multilingual else "en"
+        self.seek = 0
+        self.initial_tokens = tokenizer.encode(" " + options.prompt.strip()) if options.prompt else []
+        self.all_tokens = list(self.initial_tokens)
+        self.prompt_reset_since = 0
+        self.segments: list[Segment] = []
+        self.attempts: list[WindowResult] = []  # this window's decodes so far, one per temperature
+        self.aborted = False
+        self.done = False
+        self._generator: torch.Generator | None = None
+
+    @property
+    def generator(self) -> torch.Generator:
+        """Per-request sampling generator, seeded so a fallback decode can be reproduced."""
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.options.seed)
+        return self._generator
+
+    @property
+    def segment_size(self) -> int:
+        return min(N_FRAMES, self.content_frames - self.seek)
+
+    def next_job(self) -> WindowJob | None:
+        """The job for the current window at the next temperature, or None when the audio is done."""
+        if self.seek >= self.content_frames or self.aborted:
+            return None
+        tok, opts = self.tokenizer, self.options
+        prompt: list[int] = []
+        previous = self.all_tokens[self.prompt_reset_since :]
+        if previous:
+            # Whisper conditions on at most half the context of previous text
+            prompt = [tok.sot_prev] + previous[-(self.n_text_ctx // 2 - 1) :]
+        tail = [] if not opts.without_timestamps else [tok.no_timestamps]
+        detect = self.language is None
+        if detect:
+            prompt += [tok.sot]
+            forced = [tok.task_token(opts.task.value)] + tail
+        else:
+            prompt += tok.sot_sequence(self.language, opts.task.value) + tail
+            forced = []
+        window = self.mel[:, self.seek : self.seek + self.segment_size]
+        return WindowJob(
+            transcription=self,
+            mel=pad_or_trim(window, N_FRAMES),
+            prompt=prompt,
+            temperature=opts.temperatures[len(self.attempts)],
+            detect_language=detect,
+            forced_after_language=forced,
+            with_timestamps=not opts.without_timestamps,
+            fixed_decode_tokens=opts.fixed_decode_tokens,
+        )
+
+    def on_window_done(self, seq: Sequence) -> WindowJob | None:
+        """Judge a finished window: retry at a higher temperature, move on, or finish the request."""
+        if seq.language is not None and self.language is None:
+            self.language = seq.language
+        tokens = seq.tokens
+        text = self.tokenizer.decode(tokens).strip()
+        result = WindowResult(
+            tokens=tokens,
+            avg_logprob=seq.sum_logprob / (len(tokens) + 1),
+            compression_ratio=compression_ratio(text),
+            no_speech_prob=seq.no_speech_prob,
+            temperature=seq.job.temperature,
+        )
+        self.attempts.append(result)
+        if self._needs_fallback(result) and len(self.attempts) < len(self.options.temperatures):
+            return self.next_job()
+        self._accept(self._best_attempt())
+        self.attempts = []
+        job = self.next_job()
+        if job is None:
+            self._finish()
+        return job
+
+    def _needs_fallback(self, r: WindowResult) -> bool:
+        o = self.options
+        if o.fixed_decode_tokens is not None:
+            return False
+        too_repetitive = o.compression_ratio_threshold is not None and r.compression_ratio > o.compression_ratio_threshold
+        too_unlikely = o.log_prob_threshold is not None and r.avg_logprob < o.log_prob_threshold
+        silent = o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold and too_unlikely
+        return (too_repetitive or too_unlikely) and not silent
+
+    def _best_attempt(self) -> WindowResult:
+        last = self.attempts[-1]
+        if len(self.attempts) == 1 or not self._needs_fallback(last):
+            return last
+        # every temperature failed: take the likeliest decode that was not too repetitive
+        threshold = self.options.compression_ratio_threshold
+        ok = [a for a in self.attempts if threshold is None or a.compression_ratio <= threshold]
+        best = max(ok or self.attempts, key=lambda a: a.avg_logprob)
+        best.temperature = last.temperature  # the prompt-reset rule looks at the last temperature tried
+        return best
+
+    def _accept(self, r: WindowResult) -> None:
+        o, tok = self.options, self.tokenizer
+        segment_size = self.segment_size
+        if o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold:
+            if o.log_prob_threshold is None or r.avg_logprob <= o.log_prob_threshold:
+                self.seek += segment_size  # silence: skip the window
+                return
+        raw, next_seek = split_by_timestamps(r.tokens, tok.timestamp_begin, self.seek, segment_size)
+        new: list[Segment] = []
+        for piece in raw:
+            text = tok.decode(piece.tokens)
+            if piece.start == piece.end or not text.strip():
+                continue
+            self.all_tokens.extend(piece.tokens)
+            end = min(piece.end, self.duration)
+            new.append(
+                Segment(
+                    id=len(self.segments) + len(new),
+                    seek=self.seek,
+                    start=round(min(piece.start, end), 3),
+                    end=round(end, 3),
+                    text=text,
+                    tokens=piece.tokens,
+                    temperature=r.temperature,
+                    avg_logprob=r.avg_logprob,
+                    compression_ratio=r.compression_ratio,
+                    no_speech_prob=r.no_speech_prob,
+                )
+            )
+        if not o.condition_on_previous_text or r.temperature > o.prompt_reset_on_temperature:
+            self.prompt_reset_since = len(self.all_tokens)
+        self.seek = max(next_seek, self.seek + 1)  # always make progress
+        self.segments.extend(new)
+        if new:
+            self.emit(SegmentEvent(new))
+
+    def _finish(self) -> None:
+        self.done = True
+        text = "".join(s.text for s in self.segments).strip()
+        num_tokens = sum(len(s.tokens) for s in self.segments)
+        language = self.language or "en"
+        self.emit(TranscriptionResult(text, self.segments, language, self.duration, num_tokens))
+
+    @property
+    def time_offset(self) -> float:
+        return self.seek * FRAME_SECONDS
+
+    @property
+    def task(self) -> Task:
+        return self.options.task

@@ -1,0 +1,117 @@
+"""`whisper-server serve|transcribe`: flags map 1:1 onto Settings fields (env `WHISPER_*` works for each)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .protocol import ResponseFormat
+from .settings import Settings
+
+# Settings that matter to `transcribe` (no HTTP server there).
+ENGINE_FIELDS = ("model", "device", "dtype", "max_num_seqs", "num_threads", "enforce_eager", "dummy_weights",
+                 "seed", "log_level")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """One `--kebab-case` flag per Settings field; unset flags fall through to env vars, then defaults."""
+    for name in names:
+        field = Settings.model_fields[name]
+        env = f"{Settings.model_config['env_prefix']}{name.upper()}"
+        help_text = f"{field.description} (env {env}; default {field.default!r})"
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            continue
+        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else None
+        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, choices=choices, help=help_text,
+                            metavar=None if choices else name.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="whisper-server", description="OpenAI-compatible Whisper speech-to-text.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    add_settings_arguments(serve, Settings.model_fields)
+    transcribe = commands.add_parser("transcribe", help="transcribe audio files and print the result")
+    transcribe.add_argument("audio", nargs="+", type=Path, help="audio files (any format ffmpeg decodes)")
+    transcribe.add_argument("--language", help="ISO-639-1 code of the audio's language (default: detect)")
+    transcribe.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
+    transcribe.add_argument("--output-format", choices=[f.value for f in ResponseFormat], default="text")
+    transcribe.add_argument("--prompt", help="text that precedes the audio (style, spellings)")
+    transcribe.add_argument("--temperature", type=float, default=0.0, help="0 = fallback schedule 0.0..1.0")
+    add_settings_arguments(transcribe, ENGINE_FIELDS)
+    return parser
+
+
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        parser.error(f"--{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}")
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0
+
+
+def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> int:
+    from engine.audio import AudioDecodeError, decode_audio
+    from engine.engine import Engine
+    from engine.request import Task
+
+    from .errors import APIError
+    from .formatting import render
+    from .parsing import decode_options, parse_language
+
+    task = Task(args.task)
+    try:
+        language = parse_language(args.language)
+    except APIError as exc:
+        parser.error(exc.message)
+    if not 0.0 <= args.temperature <= 1.0:
+        parser.error("--temperature must be between 0 and 1")
+    options = decode_options(task, language, args.prompt, args.temperature)
+    response_format = ResponseFormat(args.output_format)
+    engine = Engine(settings.engine_config())
+    engine.start()
+    status = 0
+    try:
+        for path in args.audio:
+            try:
+                audio = decode_audio(path.read_bytes())
+            except (OSError, AudioDecodeError) as exc:
+                print(f"{path}: cannot read audio: {exc}", file=sys.stderr)
+                status = 1
+                continue
+            body = render(engine.transcribe(audio, options), response_format, task)
+            if len(args.audio) > 1:
+                print(f"==> {path} <==")
+            sys.stdout.write(body.content if body.content.endswith("\n") else body.content + "\n")
+            sys.stdout.flush()
+    finally:
+        engine.shutdown()
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = settings_from_args(parser, args)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return serve(settings)
+    return transcribe(parser, args, settings)

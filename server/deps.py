@@ -1,0 +1,33 @@
+"""Dependencies: the engine, settings and metrics live on `app.state`, built by `create_app`/lifespan."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from engine.engine import Engine
+
+from .errors import APIError
+from .metrics import Metrics
+from .settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+def get_engine(request: Request) -> Engine:
+    engine = request.app.state.engine
+    if engine is None or not engine.is_alive:
+        raise APIError(503, "The engine is not running.", code="engine_unavailable")
+    return engine
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+EngineDep = Annotated[Engine, Depends(get_engine)]

@@ -1,0 +1,134 @@
+"""TranscriptionResult → OpenAI's json / verbose_json / text / srt / vtt bodies (pure; shared by HTTP and CLI)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.request import Segment, Task, TranscriptionResult
+from engine.tokenizer import LANGUAGES
+
+from .protocol import (
+    DurationUsage,
+    ResponseFormat,
+    TranscriptionJSON,
+    TranscriptionSegment,
+    TranscriptionVerboseJSON,
+    TranslationJSON,
+    TranslationVerboseJSON,
+)
+
+JSON_MEDIA_TYPE = "application/json"
+# OpenAI answers text, srt and vtt alike with text/plain; the SDK hands the body back as a str.
+TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class FormattedBody:
+    content: str
+    media_type: str
+
+
+def language_name(code: str) -> str:
+    """ISO code → Whisper's lowercase English name ("en" → "english"), as verbose_json reports it."""
+    return LANGUAGES.get(code, code)
+
+
+def duration_usage(duration: float) -> DurationUsage:
+    return DurationUsage(seconds=math.ceil(duration))
+
+
+def _finite(value: float, default: float) -> float:
+    # JSON has no NaN/inf, and the SDK's models would reject a null.
+    return float(value) if math.isfinite(value) else default
+
+
+def segment_model(segment: Segment) -> TranscriptionSegment:
+    return TranscriptionSegment(
+        id=segment.id,
+        seek=segment.seek,
+        start=round(segment.start, 3),
+        end=round(segment.end, 3),
+        text=segment.text,
+        tokens=list(segment.tokens),
+        temperature=segment.temperature,
+        avg_logprob=_finite(segment.avg_logprob, -100.0),
+        compression_ratio=_finite(segment.compression_ratio, 0.0),
+        no_speech_prob=_finite(segment.no_speech_prob, 0.0),
+    )
+
+
+def transcription_json(result: TranscriptionResult) -> TranscriptionJSON:
+    return TranscriptionJSON(text=result.text.strip(), usage=duration_usage(result.duration))
+
+
+def transcription_verbose_json(result: TranscriptionResult) -> TranscriptionVerboseJSON:
+    return TranscriptionVerboseJSON(
+        language=language_name(result.language),
+        duration=float(result.duration),
+        text=result.text.strip(),
+        segments=[segment_model(s) for s in result.segments],
+        usage=duration_usage(result.duration),
+    )
+
+
+def translation_json(result: TranscriptionResult) -> TranslationJSON:
+    return TranslationJSON(text=result.text.strip())
+
+
+def translation_verbose_json(result: TranscriptionResult) -> TranslationVerboseJSON:
+    return TranslationVerboseJSON(
+        language="english",
+        duration=float(result.duration),
+        text=result.text.strip(),
+        segments=[segment_model(s) for s in result.segments],
+    )
+
+
+def _timestamp(seconds: float, decimal_marker: str) -> str:
+    total_ms = max(0, round(seconds * 1000))
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, ms = divmod(rest, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{ms:03d}"
+
+
+def _cue_text(segment: Segment) -> str:
+    # A blank line ends a cue and "-->" starts a timing line in both formats.
+    return " ".join(segment.text.split()).replace("-->", "->")
+
+
+def _cues(segments: list[Segment]) -> list[tuple[Segment, str]]:
+    return [(s, text) for s in segments if (text := _cue_text(s))]
+
+
+def format_srt(segments: list[Segment]) -> str:
+    blocks = [
+        f"{i}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{text}\n"
+        for i, (s, text) in enumerate(_cues(segments), start=1)
+    ]
+    return "\n".join(blocks)
+
+
+def format_vtt(segments: list[Segment]) -> str:
+    blocks = [f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{text}\n" for s, text in _cues(segments)]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def format_text(result: TranscriptionResult) -> str:
+    return result.text.strip() + "\n"
+
+
+def render(result: TranscriptionResult, response_format: ResponseFormat, task: Task) -> FormattedBody:
+    """The exact body OpenAI sends for `response_format`."""
+    if response_format is ResponseFormat.TEXT:
+        return FormattedBody(format_text(result), TEXT_MEDIA_TYPE)
+    if response_format is ResponseFormat.SRT:
+        return FormattedBody(format_srt(result.segments), TEXT_MEDIA_TYPE)
+    if response_format is ResponseFormat.VTT:
+        return FormattedBody(format_vtt(result.segments), TEXT_MEDIA_TYPE)
+    if response_format is ResponseFormat.VERBOSE_JSON:
+        verbose = translation_verbose_json if task is Task.TRANSLATE else transcription_verbose_json
+        return FormattedBody(verbose(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
+    plain = translation_json if task is Task.TRANSLATE else transcription_json
+    return FormattedBody(plain(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)

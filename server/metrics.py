@@ -1,0 +1,70 @@
+"""Prometheus collectors on a per-app registry, and the middleware that counts requests."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.request import EngineStats
+
+from .errors import CLIENT_CLOSED_REQUEST
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """All collectors of one app; a registry per app so that several apps can live in one process (tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("whisper_http_requests", "HTTP requests by route and status.",
+                                ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram("whisper_http_request_duration_seconds", "HTTP request latency by route.",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.audio_seconds = Counter("whisper_audio_seconds", "Seconds of audio transcribed or translated.",
+                                     ["task"], registry=self.registry)
+        self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.",
+                                 registry=self.registry)
+        self.running = Gauge("whisper_running_sequences", "Sequences being decoded.", registry=self.registry)
+        self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry)
+
+    def render(self, stats: EngineStats | None) -> bytes:
+        """Prometheus text exposition; engine gauges are read at scrape time."""
+        if stats is not None:
+            self.queue_depth.set(stats.num_waiting)
+            self.running.set(stats.num_running)
+            self.slots.set(stats.num_slots)
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by its route template (not the raw path, to bound label cardinality)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = CLIENT_CLOSED_REQUEST  # stays so if no response is ever started
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        except Exception:
+            status = 500
+            raise
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - start)

@@ -1,0 +1,235 @@
+"""Request bodies → validated params: raw multipart (bracketed SDK fields), size limits, audio decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Message, Receive
+
+from engine.audio import AudioDecodeError, decode_audio
+from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
+from engine.tokenizer import LANGUAGES
+
+from .errors import APIError, ClientDisconnectedError
+from .protocol import ResponseFormat, TranscriptionForm, TranscriptionParams, TranslationForm, Upload
+from .settings import MIB, Settings
+
+WHISPER_1 = "whisper-1"  # alias accepted for clients that hard-code OpenAI's model id
+FORM_OVERHEAD_BYTES = MIB  # room for the non-file fields and multipart framing
+MAX_FORM_FILES = 4
+MAX_FORM_FIELDS = 256
+LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
+RESPONSE_FORMATS = ", ".join(f"'{f.value}'" for f in ResponseFormat)
+
+
+def too_large(max_upload_bytes: int) -> APIError:
+    return APIError(413, f"Maximum content size limit ({max_upload_bytes} bytes) exceeded.", param="file",
+                    code="request_too_large")
+
+
+class BodyLimiter:
+    """ASGI `receive` wrapper that stops reading a body once it passes `max_body_bytes`."""
+
+    def __init__(self, receive: Receive, max_body_bytes: int, max_upload_bytes: int):
+        self.receive = receive
+        self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes
+        self.num_bytes = 0
+
+    async def __call__(self) -> Message:
+        message = await self.receive()
+        if message["type"] == "http.request":
+            self.num_bytes += len(message.get("body", b""))
+            if self.num_bytes > self.max_body_bytes:
+                raise too_large(self.max_upload_bytes)
+        return message
+
+
+def limited_request(request: Request, max_body_bytes: int, max_upload_bytes: int) -> Request:
+    """A view of `request` whose body may not pass `max_body_bytes`: checked from Content-Length, then while reading."""
+    content_length = request.headers.get("content-length")
+    if content_length is not None and content_length.isdigit() and int(content_length) > max_body_bytes:
+        raise too_large(max_upload_bytes)
+    return Request(request.scope, BodyLimiter(request.receive, max_body_bytes, max_upload_bytes))
+
+
+async def read_form(request: Request, max_upload_bytes: int) -> FormData:
+    """The multipart form of an upload of at most `max_upload_bytes` (plus room for the other fields)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        raise APIError(400, f"Content-Type must be multipart/form-data, got '{content_type or 'none'}'.",
+                       code="invalid_content_type")
+    max_body_bytes = max_upload_bytes + FORM_OVERHEAD_BYTES
+    try:
+        return await limited_request(request, max_body_bytes, max_upload_bytes).form(
+            max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS, max_part_size=FORM_OVERHEAD_BYTES
+        )
+    except ClientDisconnect as exc:
+        raise ClientDisconnectedError() from exc
+    except StarletteHTTPException as exc:  # malformed multipart
+        raise APIError(400, f"Could not parse the multipart form: {exc.detail}") from exc
+
+
+async def read_json(request: Request, max_upload_bytes: int) -> Any:
+    """A JSON body carrying base64 audio of at most `max_upload_bytes`."""
+    max_body_bytes = max_upload_bytes * 4 // 3 + FORM_OVERHEAD_BYTES  # base64 inflates by 4/3
+    try:
+        body = await limited_request(request, max_body_bytes, max_upload_bytes).body()
+    except ClientDisconnect as exc:
+        raise ClientDisconnectedError() from exc
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"The request body is not valid JSON: {exc}") from exc
+
+
+def form_fields(form: FormData) -> dict[str, Any]:
+    """Flatten the SDK's encoding: `a[]` repeated → list, `a[k]=v` → dict, `a=v` → str (last wins)."""
+    fields: dict[str, Any] = {}
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            value = "<file>"  # only `file` may be one; parse_upload reports it by name
+        if key.endswith("[]"):
+            fields.setdefault(key, []).append(value)
+        elif key.endswith("]") and "[" in key:
+            base, sub = key[:-1].split("[", 1)
+            nested = fields.get(base)
+            fields[base] = nested = nested if isinstance(nested, dict) else {}
+            nested[sub] = value
+        elif key != "file":
+            fields[key] = value
+    return fields
+
+
+def validate_model(model_cls: type[BaseModel], fields: dict[str, Any]) -> Any:
+    """Validate with pydantic; the first error becomes a 400 naming the wire field."""
+    try:
+        return model_cls.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "missing":
+            raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
+                           code="missing_required_parameter") from None
+        raise APIError(400, f"Invalid value for '{param}': {first['msg']}.", param=param, code="invalid_value") from None
+
+
+def check_model(model: str, settings: Settings) -> None:
+    if model not in (settings.model_id, WHISPER_1):
+        raise APIError(404, f"The model '{model}' does not exist. This server serves '{settings.model_id}' "
+                       f"(also reachable as '{WHISPER_1}').", param="model", code="model_not_found")
+
+
+def parse_language(language: str | None, param: str = "language") -> str | None:
+    """ISO-639-1 code (or Whisper's English name) → code; None or "" means detect."""
+    if not language:
+        return None
+    value = language.strip().lower()
+    if value in LANGUAGES:
+        return value
+    if value in LANGUAGE_CODES:
+        return LANGUAGE_CODES[value]
+    raise APIError(400, f"Invalid language '{language}'. Language parameter must be specified in ISO-639-1 format.",
+                   param=param, code="invalid_value")
+
+
+def parse_response_format(value: str) -> ResponseFormat:
+    if value == "diarized_json":
+        raise APIError(400, "response_format 'diarized_json' needs a diarization model; Whisper does not diarize.",
+                       param="response_format", code="unsupported_value")
+    try:
+        return ResponseFormat(value)
+    except ValueError:
+        raise APIError(400, f"Invalid value: '{value}'. Supported values are: {RESPONSE_FORMATS}.",
+                       param="response_format", code="invalid_value") from None
+
+
+def _unsupported(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_value")
+
+
+def check_supported(form: TranslationForm, response_format: ResponseFormat) -> None:
+    """Refuse, by name, what OpenAI accepts but this server does not implement yet."""
+    if form.stream:
+        raise _unsupported("stream", "stream=true is not supported yet; send the request without stream.")
+    if not isinstance(form, TranscriptionForm):
+        return
+    for granularity in form.timestamp_granularities or ():
+        if granularity == "word":
+            raise _unsupported("timestamp_granularities[]", "Word timestamps (timestamp_granularities[]=word) "
+                               "are not supported yet; use 'segment'.")
+        if granularity != "segment":
+            raise APIError(400, f"Invalid value: '{granularity}'. Supported values are: 'word' and 'segment'.",
+                           param="timestamp_granularities[]", code="invalid_value")
+    if form.timestamp_granularities and response_format is not ResponseFormat.VERBOSE_JSON:
+        raise APIError(400, "timestamp_granularities[] requires response_format 'verbose_json'.",
+                       param="timestamp_granularities[]", code="invalid_value")
+    if form.include:
+        raise _unsupported("include[]", f"include[]={form.include[0]} is not supported for Whisper models.")
+    if form.chunking_strategy is not None:
+        raise _unsupported("chunking_strategy", "chunking_strategy is not supported yet; omit it and the audio "
+                           "is transcribed whole.")
+    for name in ("known_speaker_names", "known_speaker_references", "keywords", "languages"):
+        if getattr(form, name):
+            raise _unsupported(f"{name}[]", f"{name}[] is not supported for Whisper models.")
+
+
+async def parse_upload(form: FormData, max_bytes: int) -> Upload:
+    value = form.get("file")
+    if value is None:
+        raise APIError(400, "Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
+    if not isinstance(value, UploadFile):
+        raise APIError(400, "'file' must be an uploaded file (multipart file part), not a text field.",
+                       param="file", code="invalid_value")
+    data = await value.read()
+    if len(data) > max_bytes:
+        raise too_large(max_bytes)
+    if not data:
+        raise APIError(400, "The audio file is empty.", param="file", code="invalid_value")
+    return Upload(data=data, filename=value.filename, content_type=value.content_type)
+
+
+async def parse_transcription(request: Request, settings: Settings, task: Task) -> TranscriptionParams:
+    """Read and validate a transcription (or translation) request; raises APIError."""
+    max_bytes = settings.max_upload_bytes
+    form = await read_form(request, max_bytes)
+    try:
+        form_cls = TranscriptionForm if task is Task.TRANSCRIBE else TranslationForm
+        fields: TranslationForm = validate_model(form_cls, form_fields(form))
+        check_model(fields.model, settings)
+        response_format = parse_response_format(fields.response_format)
+        check_supported(fields, response_format)
+        language = parse_language(fields.language) if isinstance(fields, TranscriptionForm) else None
+        upload = await parse_upload(form, max_bytes)
+    finally:
+        await form.close()
+    return TranscriptionParams(
+        upload=upload,
+        model=fields.model,
+        task=task,
+        response_format=response_format,
+        language=language,
+        prompt=fields.prompt or None,
+        temperature=fields.temperature,
+    )
+
+
+def decode_options(task: Task, language: str | None, prompt: str | None, temperature: float) -> DecodeOptions:
+    # temperature 0 is OpenAI's "raise the temperature until the thresholds pass", i.e. Whisper's fallback.
+    temperatures = DEFAULT_TEMPERATURES if temperature == 0 else (temperature,)
+    return DecodeOptions(task=task, language=language, prompt=prompt or None, temperatures=temperatures)
+
+
+async def decode_upload(data: bytes, param: str = "file") -> np.ndarray:
+    """Bytes → 16 kHz mono float32, off the event loop; undecodable input is a 400."""
+    try:
+        return await asyncio.to_thread(decode_audio, data)
+    except AudioDecodeError as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_value") from exc

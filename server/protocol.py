@@ -1,0 +1,143 @@
+"""Wire models: validated request forms and OpenAI's response types (reused from `openai.types`)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+from openai.types import Model
+from openai.types.audio import (
+    Transcription,
+    TranscriptionSegment,
+    TranscriptionVerbose,
+    Translation,
+    TranslationVerbose,
+)
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.completion_usage import CompletionUsage
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.request import Task
+
+__all__ = [
+    "ChatCompletion", "ChatCompletionMessage", "ChatCompletionRequest", "Choice", "CompletionUsage",
+    "DurationUsage", "Model", "ModelList", "ResponseFormat", "TranscriptionForm", "TranscriptionJSON",
+    "TranscriptionParams", "TranscriptionSegment", "TranscriptionVerboseJSON", "TranslationForm",
+    "TranslationJSON", "TranslationVerboseJSON", "Upload",
+]
+
+
+class ResponseFormat(str, enum.Enum):
+    JSON = "json"
+    TEXT = "text"
+    SRT = "srt"
+    VERBOSE_JSON = "verbose_json"
+    VTT = "vtt"
+
+
+class TranslationForm(BaseModel):
+    """`POST /v1/audio/translations` fields other than `file`, as the SDK puts them on the wire."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    model: str
+    prompt: str | None = None
+    response_format: str = "json"  # checked by hand so that unsupported values get their own message
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+    stream: bool = False
+
+
+class TranscriptionForm(TranslationForm):
+    """`POST /v1/audio/transcriptions` fields other than `file`; bracketed names are the SDK's list encoding."""
+
+    language: str | None = None
+    timestamp_granularities: list[str] | None = Field(default=None, alias="timestamp_granularities[]")
+    include: list[str] | None = Field(default=None, alias="include[]")
+    chunking_strategy: str | dict[str, str] | None = None
+    # Newer OpenAI fields (gpt-4o-transcribe family), refused with a clear message.
+    known_speaker_names: list[str] | None = Field(default=None, alias="known_speaker_names[]")
+    known_speaker_references: list[str] | None = Field(default=None, alias="known_speaker_references[]")
+    keywords: list[str] | None = Field(default=None, alias="keywords[]")
+    languages: list[str] | None = Field(default=None, alias="languages[]")
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    data: bytes
+    filename: str | None
+    content_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptionParams:
+    """One validated transcription or translation request."""
+
+    upload: Upload
+    model: str
+    task: Task
+    response_format: ResponseFormat
+    language: str | None  # ISO code
+    prompt: str | None
+    temperature: float
+
+
+class InputAudio(BaseModel):
+    data: str
+    format: str
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+    input_audio: InputAudio | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """The subset of chat completions this server acts on; other fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    language: str | None = None  # extension: ISO code of the audio's language
+
+
+class DurationUsage(BaseModel):
+    """`usage` of duration-billed models; OpenAI reports whole seconds."""
+
+    type: Literal["duration"] = "duration"
+    seconds: int
+
+
+class TranscriptionJSON(Transcription):
+    usage: DurationUsage | None = None
+
+
+class TranscriptionVerboseJSON(TranscriptionVerbose):
+    task: Literal["transcribe"] = "transcribe"
+    usage: DurationUsage | None = None
+
+
+class TranslationJSON(Translation):
+    pass
+
+
+class TranslationVerboseJSON(TranslationVerbose):
+    task: Literal["translate"] = "translate"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]

@@ -1,0 +1,45 @@
+"""POST /v1/audio/transcriptions and /v1/audio/translations: parse → decode → engine → format."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from engine.request import Task
+
+from ..deps import EngineDep, MetricsDep, SettingsDep
+from ..formatting import render
+from ..parsing import decode_options, decode_upload, parse_transcription
+from ..protocol import TranscriptionForm, TranslationForm
+from ..streaming import transcribe
+
+router = APIRouter(tags=["audio"])
+
+
+def _form_schema(form_cls: type[TranslationForm]) -> dict:
+    """OpenAPI body for the docs; the handler parses the raw form itself (bracketed field names)."""
+    schema = form_cls.model_json_schema(by_alias=True)
+    schema["properties"] = {"file": {"type": "string", "format": "binary"}, **schema["properties"]}
+    schema["required"] = ["file", *schema.get("required", [])]
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+async def _serve(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task) -> Response:
+    params = await parse_transcription(request, settings, task)
+    audio = await decode_upload(params.upload.data)
+    options = decode_options(params.task, params.language, params.prompt, params.temperature)
+    result = await transcribe(engine, audio, options, request)
+    metrics.audio_seconds.labels(task.value).inc(result.duration)
+    body = render(result, params.response_format, task)
+    return Response(body.content, media_type=body.media_type)
+
+
+@router.post("/v1/audio/transcriptions", openapi_extra=_form_schema(TranscriptionForm))
+async def create_transcription(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+    """Transcribe audio into its own language (OpenAI `audio.transcriptions.create`)."""
+    return await _serve(request, engine, settings, metrics, Task.TRANSCRIBE)
+
+
+@router.post("/v1/audio/translations", openapi_extra=_form_schema(TranslationForm))
+async def create_translation(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+    """Translate audio into English (OpenAI `audio.translations.create`)."""
+    return await _serve(request, engine, settings, metrics, Task.TRANSLATE)

@@ -1,0 +1,76 @@
+"""Settings: the one place that reads environment variables and CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.config import EngineConfig
+
+MIB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Server and engine settings. Every field is also `--kebab-case` on the CLI and `WHISPER_UPPER_CASE` in the env."""
+
+    model_config = SettingsConfigDict(env_prefix="WHISPER_", use_attribute_docstrings=True, extra="forbid")
+
+    model: str = "tiny.en"
+    """Model to load: a known name (tiny.en, base), a local directory or checkpoint, or a hub id."""
+    host: str = "127.0.0.1"
+    """Interface to bind the HTTP server to."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port of the HTTP server."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device to run the model on; auto picks cuda when available."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Weight and activation dtype; auto is float32 on CPU and float16 on CUDA."""
+    served_model_name: str | None = None
+    """Model id reported by /v1/models and accepted in requests (default: --model). `whisper-1` is always accepted too."""
+    max_upload_mb: float = Field(default=25.0, gt=0)
+    """Largest accepted audio upload, in MiB (OpenAI's limit is 25)."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Decode slots (sequences decoded together); default comes from the engine's memory plan."""
+    max_waiting: int = Field(default=256, ge=1)
+    """Requests queued beyond the running batch; past this the server answers 429."""
+    gpu_memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of GPU memory the engine may plan its caches into."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (debugging; slower)."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """CPU intra-op threads for torch; default is torch's own choice."""
+    dummy_weights: bool = False
+    """Random weights at the named model's size (benchmarks without downloads)."""
+    seed: int = 0
+    """Seed for sampling at temperature > 0."""
+    chat_template: Path | None = None
+    """Jinja template for /v1/chat/completions answers (default: chat_templates/transcript.jinja)."""
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    """Log level of the server and uvicorn."""
+
+    @property
+    def model_id(self) -> str:
+        """The id clients use for this model."""
+        return self.served_model_name or self.model
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * MIB)
+
+    def engine_config(self) -> EngineConfig:
+        """Build the engine's config from these settings."""
+        return EngineConfig(
+            model=self.model,
+            dummy_weights=self.dummy_weights,
+            device=self.device,
+            dtype=self.dtype,
+            max_num_seqs=self.max_num_seqs,
+            max_waiting=self.max_waiting,
+            gpu_memory_fraction=self.gpu_memory_fraction,
+            enforce_eager=self.enforce_eager,
+            num_threads=self.num_threads,
+            seed=self.seed,
+        )

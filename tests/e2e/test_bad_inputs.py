@@ -1,0 +1,113 @@
+"""Bad-input sweep: each gets OpenAI's error envelope and status, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from e2e_utils import JFK, JFK_WORDS, contains_words
+
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+SMALL = "g1_en_librispeech-test-clean_61-70968-0000.flac"  # 97 kB, under the small server's 1 MiB limit
+
+
+def flac_head(data_dir, num_bytes: int) -> bytes:
+    return (data_dir / JFK).read_bytes()[:num_bytes]
+
+
+BAD_UPLOADS = {
+    "empty file": lambda d: ("empty.wav", b"", "audio/wav"),
+    "garbage bytes": lambda d: ("noise.mp3", bytes(range(256)) * 64, "audio/mpeg"),
+    "text file": lambda d: ("speech.wav", b"this is not audio\n" * 100, "audio/wav"),
+    "truncated flac header": lambda d: ("cut.flac", flac_head(d, 60), "audio/flac"),
+    "flac magic only": lambda d: ("cut.flac", b"fLaC", "audio/flac"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_UPLOADS)
+def test_undecodable_uploads_are_400(server, data_dir, case):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(file=BAD_UPLOADS[case](data_dir), model="whisper-1")
+    assert set(info.value.body) == ENVELOPE_KEYS
+    assert info.value.body["param"] == "file"
+    assert info.value.body["type"] == "invalid_request_error"
+    assert contains_words(client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1").text, JFK_WORDS)
+
+
+BAD_FIELDS = {
+    "temperature not a number": (dict(temperature="hot"), "temperature"),
+    "temperature out of range": (dict(temperature=2.5), "temperature"),
+    "unknown response_format": (dict(response_format="xml"), "response_format"),
+    "diarized_json": (dict(response_format="diarized_json"), "response_format"),
+    "unknown language": (dict(language="klingon"), "language"),
+    "granularity value": (dict(timestamp_granularities=["sentence"], response_format="verbose_json"),
+                          "timestamp_granularities[]"),
+    "word granularity": (dict(timestamp_granularities=["word"], response_format="verbose_json"),
+                         "timestamp_granularities[]"),
+    "granularity without verbose_json": (dict(timestamp_granularities=["segment"]), "timestamp_granularities[]"),
+    "stream": (dict(stream=True), "stream"),
+    "stream not a bool": (dict(stream="sometimes"), "stream"),
+    "include logprobs": (dict(include=["logprobs"]), "include[]"),
+    "chunking_strategy auto": (dict(chunking_strategy="auto"), "chunking_strategy"),
+    "chunking_strategy server_vad": (dict(chunking_strategy={"type": "server_vad"}), "chunking_strategy"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FIELDS)
+def test_bad_field_values_are_400_naming_the_field(server, data_dir, case):
+    kwargs, param = BAD_FIELDS[case]
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(file=data_dir / SMALL, model="whisper-1", **kwargs)
+    assert info.value.body["param"] == param
+    assert set(info.value.body) == ENVELOPE_KEYS
+    assert client.audio.transcriptions.create(file=data_dir / SMALL, model="whisper-1").text
+
+
+def test_unknown_model_is_404(server, data_dir):
+    with pytest.raises(openai.NotFoundError) as info:
+        server.client().audio.transcriptions.create(file=data_dir / SMALL, model="gpt-4o-transcribe")
+    assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
+
+
+def test_missing_file_and_missing_model_and_not_multipart(server, data_dir):
+    url = f"{server.url}/v1/audio/transcriptions"
+    no_file = httpx.post(url, data={"model": "whisper-1"}, files={"other": ("a.txt", b"x", "text/plain")})
+    assert no_file.status_code == 400 and no_file.json()["error"]["param"] == "file"
+    no_model = httpx.post(url, files={"file": ("a.flac", (data_dir / SMALL).read_bytes(), "audio/flac")})
+    assert no_model.status_code == 400 and no_model.json()["error"]["param"] == "model"
+    as_json = httpx.post(url, json={"model": "whisper-1", "file": "abc"})
+    assert as_json.status_code == 400 and set(as_json.json()["error"]) == ENVELOPE_KEYS
+
+
+def test_unknown_route_and_method(server):
+    missing = httpx.get(f"{server.url}/v1/audio/speech")
+    assert missing.status_code == 404 and set(missing.json()["error"]) == ENVELOPE_KEYS
+    wrong = httpx.get(f"{server.url}/v1/audio/transcriptions")
+    assert wrong.status_code == 405 and set(wrong.json()["error"]) == ENVELOPE_KEYS
+
+
+def test_oversize_upload_is_413_and_server_keeps_serving(small_upload_server, data_dir):
+    client = small_upload_server.client()
+    big = data_dir / "g2_en_earnings22_4482311_3-62s.wav"  # 2.9 MB > 1 MiB
+    with pytest.raises(openai.APIStatusError) as info:
+        client.audio.transcriptions.create(file=big, model="whisper-1")
+    assert info.value.status_code == 413
+    assert set(info.value.body) == ENVELOPE_KEYS and info.value.body["param"] == "file"
+    # Without Content-Length (chunked upload) the limit is enforced while reading.
+    body = (data_dir / SMALL).read_bytes() * 16
+
+    def chunks():
+        boundary_head = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+                         b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.flac"\r\n\r\n')
+        yield boundary_head
+        for i in range(0, len(body), 65536):
+            yield body[i:i + 65536]
+        yield b"\r\n--b--\r\n"
+
+    chunked = httpx.post(f"{small_upload_server.url}/v1/audio/transcriptions", content=chunks(),
+                         headers={"content-type": "multipart/form-data; boundary=b"})
+    assert chunked.status_code == 413
+    assert client.audio.transcriptions.create(file=data_dir / SMALL, model="whisper-1").text

@@ -1,0 +1,40 @@
+"""GET /v1/models, /health and /metrics on a real server."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from e2e_utils import JFK
+
+
+def test_models_list_has_served_name_and_alias(server):
+    client = server.client()
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["tiny.en", "whisper-1"]
+    assert client.models.retrieve("whisper-1").owned_by
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o-transcribe")
+
+
+def test_health(server):
+    response = httpx.get(f"{server.url}/health")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+def test_metrics_after_a_request(server, data_dir):
+    server.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
+    response = httpx.get(f"{server.url}/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    text = response.text
+    for name in ("whisper_http_requests_total", "whisper_http_request_duration_seconds_bucket",
+                 "whisper_queue_depth", "whisper_running_sequences", "whisper_audio_seconds_total"):
+        assert name in text
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("whisper_http_requests_total") and 'route="/v1/audio/transcriptions"' in ln
+                and 'status="200"' in ln)
+    assert float(line.split()[-1]) >= 1
+    audio = next(ln for ln in text.splitlines() if ln.startswith('whisper_audio_seconds_total{task="transcribe"}'))
+    assert float(audio.split()[-1]) >= 11

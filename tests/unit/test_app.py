@@ -1,0 +1,281 @@
+"""Routes end to end in-process (ASGITransport + the real SDK) against a fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+
+import openai
+import pytest
+import srt
+import webvtt
+from openai.types.audio import TranscriptionVerbose
+from starlette.requests import Request
+
+from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
+from server.errors import ClientDisconnectedError
+from server.streaming import transcribe
+
+from fake_engine import FakeEngine, clients, wav_bytes
+
+WAV = wav_bytes(2.0)
+FILE = ("speech.wav", WAV, "audio/wav")
+pytestmark = pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # SDK marks translations
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_models_list_and_retrieve():
+    async def body():
+        async with clients(FakeEngine(), served_model_name="my-whisper") as (sdk, http, _):
+            page = await sdk.models.list()
+            assert [m.id for m in page.data] == ["my-whisper", "whisper-1"]
+            assert all(m.object == "model" and isinstance(m.created, int) for m in page.data)
+            assert (await sdk.models.retrieve("whisper-1")).id == "whisper-1"
+            with pytest.raises(openai.NotFoundError):
+                await sdk.models.retrieve("gpt-4o")
+            raw = (await http.get("/v1/models")).json()
+            assert raw["object"] == "list" and "shutdown_date" not in raw["data"][0]
+
+    run(body())
+
+
+def test_health_follows_engine_liveness():
+    async def body():
+        engine = FakeEngine()
+        async with clients(engine) as (_, http, _app):
+            ok = await http.get("/health")
+            assert ok.status_code == 200 and ok.json()["status"] == "ok"
+            engine.alive = False
+            dead = await http.get("/health")
+            assert dead.status_code == 503 and set(dead.json()["error"]) == {"message", "type", "param", "code"}
+        async with clients(None) as (_, http, _app):  # no engine yet (lifespan not run)
+            assert (await http.get("/health")).status_code == 503
+
+    run(body())
+
+
+def test_transcription_passes_options_to_engine():
+    async def body():
+        engine = FakeEngine()
+        async with clients(engine) as (sdk, _, _app):
+            result = await sdk.audio.transcriptions.create(file=FILE, model="whisper-1", language="de",
+                                                           prompt="Ein Satz.", temperature=0.5)
+            assert result.text == "Hello there. General Kenobi."
+            assert result.usage.type == "duration" and result.usage.seconds == 2
+            options = engine.last_options
+            assert (options.task, options.language, options.prompt) == (Task.TRANSCRIBE, "de", "Ein Satz.")
+            assert options.temperatures == (0.5,)
+            await sdk.audio.transcriptions.create(file=FILE, model="tiny.en")
+            assert engine.last_options.temperatures == DEFAULT_TEMPERATURES
+            assert engine.last_options.language is None
+            assert abs(len(engine.handles[-1].audio) - 32000) < 200  # decoded to 16 kHz
+
+    run(body())
+
+
+def test_every_response_format_through_the_sdk():
+    async def body():
+        async with clients(FakeEngine()) as (sdk, http, _):
+            create = sdk.audio.transcriptions.create
+            text = await create(file=FILE, model="whisper-1", response_format="text")
+            assert text == "Hello there. General Kenobi.\n"
+            subs = list(srt.parse(await create(file=FILE, model="whisper-1", response_format="srt")))
+            assert [s.content for s in subs] == ["Hello there.", "General Kenobi."]
+            vtt = await create(file=FILE, model="whisper-1", response_format="vtt")
+            assert [c.text for c in webvtt.from_string(vtt)] == ["Hello there.", "General Kenobi."]
+            verbose = await create(file=FILE, model="whisper-1", response_format="verbose_json",
+                                   timestamp_granularities=["segment"])
+            assert isinstance(verbose, TranscriptionVerbose)
+            assert verbose.language == "english" and verbose.duration == pytest.approx(2.0)
+            assert [s.id for s in verbose.segments] == [0, 1]
+            for fmt, media in [("json", "application/json"), ("verbose_json", "application/json"),
+                               ("text", "text/plain; charset=utf-8"), ("srt", "text/plain; charset=utf-8"),
+                               ("vtt", "text/plain; charset=utf-8")]:
+                response = await http.post("/v1/audio/transcriptions", files={"file": FILE},
+                                           data={"model": "whisper-1", "response_format": fmt})
+                assert response.status_code == 200
+                assert response.headers["content-type"] == media
+
+    run(body())
+
+
+def test_translation_is_english_task_without_language():
+    async def body():
+        engine = FakeEngine()
+        async with clients(engine) as (sdk, _, _app):
+            plain = await sdk.audio.translations.create(file=FILE, model="whisper-1")
+            assert plain.text == "Hello there. General Kenobi."
+            assert engine.last_options.task is Task.TRANSLATE and engine.last_options.language is None
+            verbose = await sdk.audio.translations.create(file=FILE, model="whisper-1", response_format="verbose_json")
+            assert verbose.language == "english"
+
+    run(body())
+
+
+def test_decoding_runs_off_the_event_loop(monkeypatch):
+    import server.parsing
+
+    threads = []
+    real = server.parsing.decode_audio
+
+    def spy(data):
+        threads.append(threading.current_thread())
+        return real(data)
+
+    monkeypatch.setattr(server.parsing, "decode_audio", spy)
+
+    async def body():
+        async with clients(FakeEngine()) as (sdk, _, _app):
+            await sdk.audio.transcriptions.create(file=FILE, model="whisper-1")
+        return threading.current_thread()
+
+    loop_thread = run(body())
+    assert threads and threads[0] is not loop_thread
+
+
+def test_disconnect_aborts_the_engine_request():
+    engine = FakeEngine(block=True)
+    options = DecodeOptions()
+
+    async def body():
+        received = asyncio.Event()
+
+        async def receive() -> dict:
+            await asyncio.sleep(0.05)
+            received.set()
+            return {"type": "http.disconnect"}
+
+        request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+        with pytest.raises(ClientDisconnectedError):
+            await asyncio.wait_for(transcribe(engine, WAV, options, request), timeout=5)
+        assert received.is_set()
+
+    run(body())
+    assert engine.aborted == [engine.handles[0].request_id]
+    assert engine.handles[0].aborted
+
+
+def test_cancelled_handler_aborts_too():
+    engine = FakeEngine(block=True)
+
+    async def body():
+        async def receive() -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+        request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+        task = asyncio.ensure_future(transcribe(engine, WAV, DecodeOptions(), request))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(body())
+    assert engine.handles[0].aborted
+
+
+def test_metrics_count_requests_engine_gauges_and_audio_seconds():
+    async def body():
+        async with clients(FakeEngine()) as (sdk, http, _):
+            await sdk.audio.transcriptions.create(file=FILE, model="whisper-1")
+            with pytest.raises(openai.NotFoundError):
+                await sdk.audio.transcriptions.create(file=FILE, model="nope")
+            await http.get("/no/such/route")
+            response = await http.get("/metrics")
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+            return response.text
+
+    text = run(body())
+    assert 'whisper_http_requests_total{method="POST",route="/v1/audio/transcriptions",status="200"} 1.0' in text
+    assert 'whisper_http_requests_total{method="POST",route="/v1/audio/transcriptions",status="404"} 1.0' in text
+    assert 'route="unmatched",status="404"' in text
+    assert "whisper_queue_depth 3.0" in text and "whisper_running_sequences 2.0" in text
+    assert 'whisper_audio_seconds_total{task="transcribe"} 2.0' in text
+    assert 'whisper_http_request_duration_seconds_count{route="/v1/audio/transcriptions"} 2.0' in text
+
+
+def test_two_apps_have_separate_registries():
+    async def body():
+        async with clients(FakeEngine()) as (sdk, _, _app), clients(FakeEngine()) as (_, other, _app2):
+            await sdk.audio.transcriptions.create(file=FILE, model="whisper-1")
+            return (await other.get("/metrics")).text
+
+    text = run(body())
+    assert 'whisper_audio_seconds_total{task="transcribe"}' not in text
+    assert 'route="/v1/audio/transcriptions"' not in text
+
+
+def chat_body(*, data: str | None = None, text: str | None = None, system: str | None = None, **extra) -> dict:
+    parts = [{"type": "input_audio", "input_audio": {"data": data or base64.b64encode(WAV).decode(), "format": "wav"}}]
+    if text:
+        parts.insert(0, {"type": "text", "text": text})
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": parts})
+    return {"model": "whisper-1", "messages": messages, **extra}
+
+
+def test_chat_completion_with_input_audio():
+    async def body():
+        engine = FakeEngine()
+        async with clients(engine) as (sdk, _, _app):
+            completion = await sdk.chat.completions.create(**chat_body(text="Transcribe this."))
+            assert completion.object == "chat.completion"
+            assert completion.choices[0].message.role == "assistant"
+            assert completion.choices[0].message.content == "Hello there. General Kenobi."
+            assert completion.choices[0].finish_reason == "stop"
+            assert completion.usage.completion_tokens == 11
+            assert engine.last_options.task is Task.TRANSCRIBE
+            await sdk.chat.completions.create(**chat_body(system="Translate the audio into English."))
+            assert engine.last_options.task is Task.TRANSLATE
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (chat_body(stream=True), openai.BadRequestError),
+        (chat_body(data="@@not base64@@"), openai.BadRequestError),
+        (chat_body(data=base64.b64encode(b"garbage" * 50).decode()), openai.BadRequestError),
+        ({"model": "whisper-1", "messages": [{"role": "user", "content": "hi"}]}, openai.BadRequestError),
+        ({"model": "whisper-1", "messages": []}, openai.BadRequestError),
+        ({"model": "gpt-4o", "messages": chat_body()["messages"]}, openai.NotFoundError),
+    ],
+)
+def test_chat_completion_errors(body, error):
+    async def go():
+        async with clients(FakeEngine()) as (sdk, _, _app):
+            with pytest.raises(error) as info:
+                await sdk.chat.completions.create(**body)
+            assert set(info.value.body) == {"message", "type", "param", "code"}
+            assert (await sdk.chat.completions.create(**chat_body())).choices[0].message.content
+
+    run(go())
+
+
+def test_chat_template_file_is_used(tmp_path):
+    template = tmp_path / "custom.jinja"
+    template.write_text("[{{ task }}/{{ language_name }}] {{ text }} ({{ segments|length }} segments)")
+
+    async def body():
+        async with clients(FakeEngine(), chat_template=str(template)) as (sdk, _, _app):
+            completion = await sdk.chat.completions.create(**chat_body())
+            return completion.choices[0].message.content
+
+    assert run(body()) == "[transcribe/english] Hello there. General Kenobi. (2 segments)"
+
+
+def test_openapi_schema_documents_multipart_fields():
+    async def body():
+        async with clients(FakeEngine()) as (_, http, _app):
+            return (await http.get("/openapi.json")).json()
+
+    schema = run(body())
+    form = schema["paths"]["/v1/audio/transcriptions"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert {"file", "model", "timestamp_granularities[]"} <= set(form["schema"]["properties"])
+    assert json.dumps(schema)  # serializable
