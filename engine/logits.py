@@ -14,15 +14,20 @@ NEG_INF = float("-inf")
 
 @dataclass(slots=True)
 class StepRules:
-    """Per-row flags for one step, built on the host from each sequence's state; each (batch,)."""
+    """
+    Which rows each rule applies to, built on the host from each sequence's state. A rule that
+    applies to no row is None, so the common step (greedy text, no timestamps) touches the logits once.
+    Row selectors are int64 index tensors; the timestamp fields are per timestamp row.
+    """
 
-    is_first: Tensor  # first sampled token of the window: begin-suppress rules apply
-    with_timestamps: Tensor
-    last_is_ts: Tensor
-    penultimate_is_ts: Tensor
-    min_timestamp: Tensor  # lowest timestamp token allowed (timestamps never decrease), int64
-    suppress_eot: Tensor  # benchmarks decoding a fixed number of tokens
-    detect_language: Tensor  # only language tokens allowed
+    is_first: Tensor | None = None  # rows sampling their window's first token: begin-suppress
+    suppress_eot: Tensor | None = None  # rows decoding a fixed number of tokens (benchmarks)
+    detect_language: Tensor | None = None  # rows whose next token is the language
+    with_timestamps: Tensor | None = None  # rows decoding with timestamp rules
+    last_is_ts: Tensor | None = None  # (n_ts,) bool
+    penultimate_is_ts: Tensor | None = None  # (n_ts,) bool
+    min_timestamp: Tensor | None = None  # (n_ts,) int64: timestamps never decrease
+    is_first_ts: Tensor | None = None  # (n_ts,) bool
 
 
 class LogitsProcessor:
@@ -40,13 +45,10 @@ class LogitsProcessor:
         self.eot = tokenizer.eot
         self.ts_begin = tokenizer.timestamp_begin
         self.no_timestamps = tokenizer.no_timestamps
-        self.max_initial_ts = self.ts_begin + max_initial_timestamp_index
-        vocab = torch.arange(n_vocab, device=device)
-        self.vocab = vocab
-        self.suppress = self._mask(suppress_tokens, n_vocab, device)
-        self.begin_suppress = self._mask(begin_suppress_tokens, n_vocab, device)
-        self.is_timestamp = vocab >= self.ts_begin
-        self.is_text = vocab < self.eot
+        self.max_initial_offset = max_initial_timestamp_index
+        self.ts_offsets = torch.arange(n_vocab - self.ts_begin, device=device)
+        self.suppress_ids = torch.tensor(sorted({i for i in suppress_tokens if 0 <= i < n_vocab}), device=device)
+        self.begin_suppress_ids = torch.tensor(sorted(set(begin_suppress_tokens)), device=device)
         self.not_language = ~self._mask(list(tokenizer.language_ids.values()), n_vocab, device)
 
     @staticmethod
@@ -57,31 +59,39 @@ class LogitsProcessor:
 
     def __call__(self, logits: Tensor, r: StepRules) -> Tensor:
         """logits : (batch, n_vocab) float32, modified in place and returned."""
-        logits.masked_fill_(self.suppress, NEG_INF)
-        logits.masked_fill_(r.is_first[:, None] & self.begin_suppress, NEG_INF)
-        logits.masked_fill_(r.suppress_eot[:, None] & (self.vocab == self.eot), NEG_INF)
-
-        ts = r.with_timestamps[:, None]
-        logits.masked_fill_(ts & (self.vocab == self.no_timestamps), NEG_INF)
-        # after a pair of timestamps comes text (or EOT); after a lone timestamp comes another timestamp
-        pair = (r.last_is_ts & r.penultimate_is_ts)[:, None]
-        logits.masked_fill_(ts & pair & self.is_timestamp, NEG_INF)
-        lone = (r.last_is_ts & ~r.penultimate_is_ts)[:, None]
-        logits.masked_fill_(ts & lone & self.is_text, NEG_INF)
-        # timestamps never go backwards
-        logits.masked_fill_(ts & self.is_timestamp & (self.vocab < r.min_timestamp[:, None]), NEG_INF)
-        # a window starts with a timestamp, no later than max_initial_timestamp
-        first = ts & r.is_first[:, None]
-        logits.masked_fill_(first & ~self.is_timestamp, NEG_INF)
-        logits.masked_fill_(first & (self.vocab > self.max_initial_ts), NEG_INF)
-        # if all timestamps together are likelier than any single text token, sample a timestamp
-        logprobs = torch.log_softmax(logits, dim=-1)
-        ts_logprob = logprobs.masked_fill(~self.is_timestamp, NEG_INF).logsumexp(dim=-1)
-        text_max = logprobs.masked_fill(self.is_timestamp, NEG_INF).amax(dim=-1)
-        logits.masked_fill_(ts & (ts_logprob > text_max)[:, None] & ~self.is_timestamp, NEG_INF)
-
-        logits.masked_fill_(r.detect_language[:, None] & self.not_language, NEG_INF)
+        logits.index_fill_(1, self.suppress_ids, NEG_INF)
+        if r.is_first is not None:
+            logits[r.is_first[:, None], self.begin_suppress_ids] = NEG_INF
+        if r.suppress_eot is not None:
+            logits[r.suppress_eot, self.eot] = NEG_INF
+        if r.with_timestamps is not None:
+            self._timestamp_rules(logits, r)
+        if r.detect_language is not None:
+            rows = logits[r.detect_language]
+            logits[r.detect_language] = rows.masked_fill(self.not_language, NEG_INF)
         return logits
+
+    def _timestamp_rules(self, logits: Tensor, r: StepRules) -> None:
+        """openai/whisper's ApplyTimestampRules on the rows that decode with timestamps."""
+        rows = r.with_timestamps
+        x = logits[rows]  # (n, n_vocab) copy of the timestamp rows; written back at the end
+        x[:, self.no_timestamps] = NEG_INF
+        ts, text = x[:, self.ts_begin :], x[:, : self.eot]  # views into x
+        # after a pair of timestamps comes text (or EOT); after a lone timestamp comes another timestamp
+        ts.masked_fill_((r.last_is_ts & r.penultimate_is_ts)[:, None], NEG_INF)
+        text.masked_fill_((r.last_is_ts & ~r.penultimate_is_ts)[:, None], NEG_INF)
+        # timestamps never go backwards
+        ts.masked_fill_(self.ts_offsets < (r.min_timestamp - self.ts_begin)[:, None], NEG_INF)
+        # a window starts with a timestamp, no later than max_initial_timestamp
+        first = r.is_first_ts[:, None]
+        x[:, : self.ts_begin].masked_fill_(first, NEG_INF)
+        ts.masked_fill_(first & (self.ts_offsets > self.max_initial_offset), NEG_INF)
+        # if all timestamps together are likelier than any single text token, sample a timestamp
+        logprobs = torch.log_softmax(x, dim=-1)
+        ts_logprob = logprobs[:, self.ts_begin :].logsumexp(dim=-1)
+        text_max = logprobs[:, : self.ts_begin].amax(dim=-1)
+        x[:, : self.ts_begin].masked_fill_((ts_logprob > text_max)[:, None], NEG_INF)
+        logits[rows] = x
 
 
 def sample(logits: Tensor, temperatures: list[float], generators: list[torch.Generator | None]) -> tuple[Tensor, Tensor]:

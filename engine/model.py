@@ -126,7 +126,7 @@ class TextDecoder(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output projection tied to the token embedding; always in float32 for stable sampling."""
-        return (hidden @ self.token_embedding.weight.T).float()
+        return F.linear(hidden, self.token_embedding.weight).float()
 
 
 class Whisper(nn.Module):

@@ -153,23 +153,37 @@ class ModelRunner:
 
     def _rules(self, seqs: list[Sequence]) -> StepRules:
         ts_begin = self.tokenizer.timestamp_begin
-        cols: dict[str, list] = {k: [] for k in StepRules.__slots__}
-        for s in seqs:
+        first, eot, detect, ts_rows = [], [], [], []
+        last_ts, penult_ts, min_ts, first_ts = [], [], [], []
+        for i, s in enumerate(seqs):
+            if s.detecting:
+                detect.append(i)
+            if not s.sampling:
+                continue
             toks = s.tokens
-            sampling = s.sampling
-            last_ts = bool(toks) and toks[-1] >= ts_begin
-            penult_ts = len(toks) < 2 or toks[-2] >= ts_begin
-            if s.last_timestamp < 0:
-                min_ts = ts_begin
-            else:
-                min_ts = s.last_timestamp if (last_ts and not penult_ts) else s.last_timestamp + 1
+            if not toks:
+                first.append(i)
             fixed = s.job.fixed_decode_tokens
-            cols["is_first"].append(sampling and not toks)
-            cols["with_timestamps"].append(sampling and s.job.with_timestamps)
-            cols["last_is_ts"].append(last_ts)
-            cols["penultimate_is_ts"].append(penult_ts)
-            cols["min_timestamp"].append(min_ts)
-            cols["suppress_eot"].append(fixed is not None and len(toks) < fixed)
-            cols["detect_language"].append(s.detecting)
-        dev = self.device
-        return StepRules(**{k: torch.tensor(v, device=dev) for k, v in cols.items()})
+            if fixed is not None and len(toks) < fixed:
+                eot.append(i)
+            if s.job.with_timestamps:
+                ts_rows.append(i)
+                last = bool(toks) and toks[-1] >= ts_begin
+                penult = len(toks) < 2 or toks[-2] >= ts_begin
+                last_ts.append(last)
+                penult_ts.append(penult)
+                first_ts.append(not toks)
+                if s.last_timestamp < 0:
+                    min_ts.append(ts_begin)
+                else:  # a lone timestamp may be repeated once to close its segment
+                    min_ts.append(s.last_timestamp + (0 if last and not penult else 1))
+
+        def rows(xs: list) -> Tensor | None:
+            return torch.tensor(xs, device=self.device) if xs else None
+
+        rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
+        if ts_rows:
+            rules.with_timestamps = rows(ts_rows)
+            rules.last_is_ts, rules.penultimate_is_ts = rows(last_ts), rows(penult_ts)
+            rules.min_timestamp, rules.is_first_ts = rows(min_ts), rows(first_ts)
+        return rules
