@@ -6,8 +6,12 @@ import io
 import os
 from typing import BinaryIO
 
-import av
 import numpy as np
+
+try:
+    import av
+except ImportError:  # the engine can run without PyAV (e.g. fed arrays on a GPU box); decoding cannot
+    av = None
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -32,7 +36,9 @@ AudioSource = bytes | bytearray | memoryview | str | os.PathLike | BinaryIO
 
 # What PyAV raises on malformed input: FFmpegError (InvalidDataError, EOFError, ...) from
 # FFmpeg itself, the rest from PyAV's Python layer (frame checks, empty stream tables).
-_DECODE_ERRORS = (av.FFmpegError, OSError, EOFError, ValueError, IndexError, KeyError, RuntimeError)
+_DECODE_ERRORS = (OSError, EOFError, ValueError, IndexError, KeyError, RuntimeError) + (
+    (av.FFmpegError,) if av is not None else ()
+)
 
 
 class AudioDecodeError(ValueError):
@@ -41,6 +47,8 @@ class AudioDecodeError(ValueError):
 
 def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np.ndarray:
     """Decode a file, its bytes or a binary file object to mono float32 at SAMPLE_RATE."""
+    if av is None:
+        raise RuntimeError("decoding audio needs PyAV: pip install av")
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise AudioDecodeError("The audio file is empty (0 bytes).")

@@ -12,11 +12,12 @@ DEVICES = ("auto", "cpu", "cuda")
 class EngineConfig:
     model: str = "tiny.en"  # a known name (tiny.en, base), a local path, or a hub id
     dummy_weights: bool = False  # random weights at the named size (benchmarks without downloads)
+    tokenizer: str | None = None  # tokenizer.json (or its folder) when the weights carry none
     device: str = "auto"
     dtype: str = "auto"  # auto = float32 on CPU, float16 on CUDA
     max_num_seqs: int | None = None  # decode slots; None = from the memory plan
     max_waiting: int = 256  # requests queued beyond this are refused (backpressure)
-    max_encoder_batch: int = 8  # windows encoded together per step; bounds the stall of running decodes
+    max_encoder_batch: int | None = None  # windows encoded per step (bounds the stall of running decodes); None = 4 on CPU, 32 on GPU
     max_audio_ctx: int | None = None  # cross-attention cache length; None = the encoder's own (1500)
     max_text_ctx: int | None = None  # self-attention cache length; None = the decoder's own (448)
     gpu_memory_fraction: float = 0.9
@@ -31,7 +32,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_encoder_batch < 1:
+        if self.max_encoder_batch is not None and self.max_encoder_batch < 1:
             raise ValueError(f"max_encoder_batch must be >= 1, got {self.max_encoder_batch}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")

@@ -14,6 +14,7 @@ import torch
 
 from .config import EngineConfig
 from .model_runner import ModelRunner
+from .scheduler import Scheduler
 from .request import (
     DecodeOptions,
     EngineDeadError,
@@ -92,9 +93,7 @@ class Engine:
         self.config = config
         self.runner = ModelRunner(config)
         self.tokenizer = self.runner.tokenizer
-        from .scheduler import Scheduler
-
-        self.scheduler = Scheduler(self.runner.num_slots, config.max_encoder_batch)
+        self.scheduler = Scheduler(self.runner.num_slots, self.runner.max_encoder_batch, self.runner.admissible_encoder_batch)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._num_pending = 0  # submitted, first window not admitted yet (backpressure counter)

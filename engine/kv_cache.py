@@ -73,8 +73,8 @@ def plan_num_slots(
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * memory_fraction) - (total - free) - reserve_bytes
     else:
-        # On CPU the caches live in RAM; a modest fixed budget keeps the footprint predictable.
-        budget = 2 * 1024**3 - reserve_bytes
+        # On CPU the caches live in RAM; a fixed budget keeps the footprint predictable.
+        budget = 4 * 1024**3
     num = budget // per_slot
     why = (
         f"{per_slot / 2**20:.1f} MiB per slot (self {shape.n_text_ctx} + cross {shape.n_audio_ctx} positions, "

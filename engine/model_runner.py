@@ -10,13 +10,15 @@ from torch import Tensor
 
 from .audio import N_FRAMES
 from .config import EngineConfig
+from .cuda_graphs import GraphRunner
 from .features import LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
 from .model import Whisper
 from .sequence import Sequence
 from .tokenizer import Tokenizer
-from .weights import Checkpoint, load_checkpoint, resolve_model
+from .dims import DUMMY_DIMS
+from .weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +47,9 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        ckpt = checkpoint or load_checkpoint(config.model, dummy=config.model if config.dummy_weights else None)
+        ckpt = checkpoint or self._load(config)
         self.dims = dims = ckpt.dims
-        tokenizer_file = ckpt.tokenizer_file or self._fallback_tokenizer(dims)
+        tokenizer_file = self._tokenizer_file(config.tokenizer) or ckpt.tokenizer_file or self._fallback_tokenizer(dims)
         self.tokenizer = Tokenizer.from_file(tokenizer_file, dims.num_languages, dims.is_multilingual)
         self.alignment_heads = ckpt.alignment_heads
         self.model = self._build_model(ckpt)
@@ -64,6 +66,11 @@ class ModelRunner:
             self.num_slots = min(self.num_slots, 64)  # more slots than this only slow a CPU down
         log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
         self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device)
+        self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
+        self.graphs: GraphRunner | None = None
+        if self.on_gpu and not config.enforce_eager:
+            self.graphs = GraphRunner(self.model, self.cache, self.num_slots, self.max_encoder_batch, self.dtype)
+            self.graphs.capture()
         tok = self.tokenizer
         self.logits_processor = LogitsProcessor(
             tok,
@@ -73,6 +80,27 @@ class ModelRunner:
             max_initial_timestamp_index=50,
             device=self.device,
         )
+
+    def _load(self, config: EngineConfig) -> Checkpoint:
+        if not config.dummy_weights:
+            return load_checkpoint(config.model)
+        if config.model not in DUMMY_DIMS:
+            raise ValueError(f"dummy weights need a size name, one of {sorted(DUMMY_DIMS)}; got {config.model!r}")
+        dims = DUMMY_DIMS[config.model]
+        # made on the target device in the target dtype: large sizes take seconds on a GPU, minutes on a CPU
+        state = dummy_state_dict(dims, dtype=self.dtype, device=self.device)
+        return Checkpoint(dims, state, None, None, None, None, "dummy")
+
+    @staticmethod
+    def _tokenizer_file(path: str | None) -> Path | None:
+        if path is None:
+            return None
+        p = Path(path)
+        return p / "tokenizer.json" if p.is_dir() else p
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
 
     @staticmethod
     def _fallback_tokenizer(dims) -> Path:
@@ -91,9 +119,10 @@ class ModelRunner:
         """Bytes kept free for activations: one encoder batch plus logits, generously rounded up."""
         d = self.dims
         elem = torch.empty((), dtype=self.dtype).element_size()
-        encoder = self.config.max_encoder_batch * d.n_audio_ctx * d.n_audio_state * 4 * elem * 4
-        logits = 512 * d.n_vocab * 4 * 3
-        return int(encoder + logits + 256 * 2**20)
+        max_encoder_batch = self.config.max_encoder_batch or 32
+        encoder = max_encoder_batch * d.n_audio_ctx * d.n_audio_state * elem * 12  # MLP is 4x wide, x2 buffers
+        logits = 512 * d.n_vocab * 4 * 4
+        return int(encoder + logits + 512 * 2**20)
 
     # ---- features and encoder -------------------------------------------------------------------
 
@@ -106,8 +135,11 @@ class ModelRunner:
         """Run the encoder on a batch of windows and write their cross-attention K/V into consecutive slots."""
         batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
         assert batch.shape[-1] == N_FRAMES
-        audio_features = self.model.encoder(batch)
+        audio_features = self.graphs.encode(batch) if self.graphs else self.model.encoder(batch)
         self.model.decoder.fill_cross_cache(audio_features, self.cache, slot_start)
+
+    def admissible_encoder_batch(self, n: int) -> int:
+        return self.graphs.admissible_encoder_batch(n) if self.graphs else n
 
     # ---- decoder ----------------------------------------------------------------------------------
 
@@ -135,12 +167,16 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
         """One token for every running sequence; seqs[i] lives in slot i."""
-        tokens = torch.tensor([s.pending for s in seqs], device=self.device)
-        positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)
+        host = torch.tensor([[s.pending[0], s.num_cached] for s in seqs], pin_memory=self.on_gpu)
+        host = host.to(self.device, non_blocking=True)
+        tokens, positions = host[:, :1], host[:, 1:]
         kv_len = max(s.num_cached for s in seqs) + 1
-        mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
-        hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
-        return self._sample(seqs, self.model.decoder.logits(hidden[:, -1]))
+        logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
+        if logits is None:
+            mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+            hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
+            logits = self.model.decoder.logits(hidden[:, -1])
+        return self._sample(seqs, logits)  # the rules edit logits in place; a graph's buffer is rewritten next replay
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
         rules = self._rules(seqs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from .kv_cache import KVCache
 from .sequence import Sequence, WindowJob
@@ -16,9 +17,10 @@ class Scheduler:
     encoder batch between decode steps.
     """
 
-    def __init__(self, num_slots: int, max_encoder_batch: int):
+    def __init__(self, num_slots: int, max_encoder_batch: int, admissible: Callable[[int], int] = lambda n: n):
         self.num_slots = num_slots
         self.max_encoder_batch = max_encoder_batch
+        self.admissible = admissible  # rounds a batch to a captured encoder size when padding would waste
         self.waiting_next: deque[WindowJob] = deque()  # windows of requests already in flight
         self.waiting_new: deque[WindowJob] = deque()  # first windows of new requests
         self.running: list[Sequence] = []  # running[i].slot == i
@@ -35,7 +37,8 @@ class Scheduler:
 
     def admit(self) -> list[Sequence]:
         """Give free slots to waiting windows; the new sequences take the slots right after the running ones."""
-        free = min(self.num_slots - len(self.running), self.max_encoder_batch)
+        free = min(self.num_slots - len(self.running), self.max_encoder_batch, self.num_waiting)
+        free = self.admissible(free) if free else 0
         admitted: list[Sequence] = []
         for queue in (self.waiting_next, self.waiting_new):
             while queue and len(admitted) < free:

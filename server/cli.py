@@ -15,8 +15,19 @@ from .protocol import ResponseFormat
 from .settings import Settings
 
 # Settings that matter to `transcribe` (no HTTP server there).
-ENGINE_FIELDS = ("model", "device", "dtype", "max_num_seqs", "num_threads", "enforce_eager", "dummy_weights",
-                 "seed", "log_level")
+ENGINE_FIELDS = (
+    "model",
+    "tokenizer",
+    "device",
+    "dtype",
+    "max_num_seqs",
+    "max_encoder_batch",
+    "num_threads",
+    "enforce_eager",
+    "dummy_weights",
+    "seed",
+    "log_level",
+)
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
@@ -30,8 +41,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
             continue
         choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else None
-        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, choices=choices, help=help_text,
-                            metavar=None if choices else name.upper())
+        parser.add_argument(
+            flag,
+            dest=name,
+            default=argparse.SUPPRESS,
+            choices=choices,
+            help=help_text,
+            metavar=None if choices else name.upper(),
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +88,7 @@ def serve(settings: Settings) -> int:
 def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> int:
     from engine.audio import AudioDecodeError, decode_audio
     from engine.engine import Engine
-    from engine.request import Task
+    from engine.request import InvalidRequestError, Task
 
     from .errors import APIError
     from .formatting import render
@@ -97,7 +114,12 @@ def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settin
                 print(f"{path}: cannot read audio: {exc}", file=sys.stderr)
                 status = 1
                 continue
-            body = render(engine.transcribe(audio, options), response_format, task)
+            try:
+                result = engine.transcribe(audio, options)
+            except InvalidRequestError as exc:  # e.g. --task translate on an English-only model
+                print(f"whisper-server transcribe: {exc}", file=sys.stderr)
+                return 2
+            body = render(result, response_format, task)
             if len(args.audio) > 1:
                 print(f"==> {path} <==")
             sys.stdout.write(body.content if body.content.endswith("\n") else body.content + "\n")

@@ -51,7 +51,8 @@ class APIError(Exception):
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or ERROR_TYPES.get(status_code, "server_error" if status_code >= 500 else "invalid_request_error")
+        default_type = "server_error" if status_code >= 500 else "invalid_request_error"
+        self.type = type or ERROR_TYPES.get(status_code, default_type)
         self.headers = headers
 
     def body(self) -> dict:
@@ -69,8 +70,12 @@ def from_engine_error(exc: Exception) -> APIError:
     """Map an engine exception to the status the SDK expects."""
     if isinstance(exc, EngineOverloadedError):
         retry_after = str(max(1, math.ceil(exc.retry_after_s)))
-        return APIError(429, f"The server is overloaded: {exc}. Retry later.", code="server_overloaded",
-                        headers={"Retry-After": retry_after})
+        return APIError(
+            429,
+            f"The server is overloaded: {exc}. Retry later.",
+            code="server_overloaded",
+            headers={"Retry-After": retry_after},
+        )
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), param=exc.param, code="invalid_value")
     if isinstance(exc, (EngineDeadError, RequestAbortedError)):

@@ -19,14 +19,23 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("whisper_http_requests", "HTTP requests by route and status.",
-                                ["route", "method", "status"], registry=self.registry)
-        self.latency = Histogram("whisper_http_request_duration_seconds", "HTTP request latency by route.",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.audio_seconds = Counter("whisper_audio_seconds", "Seconds of audio transcribed or translated.",
-                                     ["task"], registry=self.registry)
-        self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.",
-                                 registry=self.registry)
+        self.requests = Counter(
+            "whisper_http_requests",
+            "HTTP requests by route and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "whisper_http_request_duration_seconds",
+            "HTTP request latency by route.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.audio_seconds = Counter(
+            "whisper_audio_seconds", "Seconds of audio transcribed or translated.", ["task"], registry=self.registry
+        )
+        self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.", registry=self.registry)
         self.running = Gauge("whisper_running_sequences", "Sequences being decoded.", registry=self.registry)
         self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry)
 

@@ -30,8 +30,9 @@ RESPONSE_FORMATS = ", ".join(f"'{f.value}'" for f in ResponseFormat)
 
 
 def too_large(max_upload_bytes: int) -> APIError:
-    return APIError(413, f"Maximum content size limit ({max_upload_bytes} bytes) exceeded.", param="file",
-                    code="request_too_large")
+    return APIError(
+        413, f"Maximum content size limit ({max_upload_bytes} bytes) exceeded.", param="file", code="request_too_large"
+    )
 
 
 class BodyLimiter:
@@ -64,8 +65,11 @@ async def read_form(request: Request, max_upload_bytes: int) -> FormData:
     """The multipart form of an upload of at most `max_upload_bytes` (plus room for the other fields)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        raise APIError(400, f"Content-Type must be multipart/form-data, got '{content_type or 'none'}'.",
-                       code="invalid_content_type")
+        raise APIError(
+            400,
+            f"Content-Type must be multipart/form-data, got '{content_type or 'none'}'.",
+            code="invalid_content_type",
+        )
     max_body_bytes = max_upload_bytes + FORM_OVERHEAD_BYTES
     try:
         return await limited_request(request, max_body_bytes, max_upload_bytes).form(
@@ -116,15 +120,23 @@ def validate_model(model_cls: type[BaseModel], fields: dict[str, Any]) -> Any:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         if first["type"] == "missing":
-            raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
-                           code="missing_required_parameter") from None
-        raise APIError(400, f"Invalid value for '{param}': {first['msg']}.", param=param, code="invalid_value") from None
+            raise APIError(
+                400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+            ) from None
+        raise APIError(
+            400, f"Invalid value for '{param}': {first['msg']}.", param=param, code="invalid_value"
+        ) from None
 
 
 def check_model(model: str, settings: Settings) -> None:
     if model not in (settings.model_id, WHISPER_1):
-        raise APIError(404, f"The model '{model}' does not exist. This server serves '{settings.model_id}' "
-                       f"(also reachable as '{WHISPER_1}').", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model '{model}' does not exist. This server serves '{settings.model_id}' "
+            f"(also reachable as '{WHISPER_1}').",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def parse_language(language: str | None, param: str = "language") -> str | None:
@@ -136,19 +148,31 @@ def parse_language(language: str | None, param: str = "language") -> str | None:
         return value
     if value in LANGUAGE_CODES:
         return LANGUAGE_CODES[value]
-    raise APIError(400, f"Invalid language '{language}'. Language parameter must be specified in ISO-639-1 format.",
-                   param=param, code="invalid_value")
+    raise APIError(
+        400,
+        f"Invalid language '{language}'. Language parameter must be specified in ISO-639-1 format.",
+        param=param,
+        code="invalid_value",
+    )
 
 
 def parse_response_format(value: str) -> ResponseFormat:
     if value == "diarized_json":
-        raise APIError(400, "response_format 'diarized_json' needs a diarization model; Whisper does not diarize.",
-                       param="response_format", code="unsupported_value")
+        raise APIError(
+            400,
+            "response_format 'diarized_json' needs a diarization model; Whisper does not diarize.",
+            param="response_format",
+            code="unsupported_value",
+        )
     try:
         return ResponseFormat(value)
     except ValueError:
-        raise APIError(400, f"Invalid value: '{value}'. Supported values are: {RESPONSE_FORMATS}.",
-                       param="response_format", code="invalid_value") from None
+        raise APIError(
+            400,
+            f"Invalid value: '{value}'. Supported values are: {RESPONSE_FORMATS}.",
+            param="response_format",
+            code="invalid_value",
+        ) from None
 
 
 def _unsupported(param: str, message: str) -> APIError:
@@ -163,19 +187,30 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
         return
     for granularity in form.timestamp_granularities or ():
         if granularity == "word":
-            raise _unsupported("timestamp_granularities[]", "Word timestamps (timestamp_granularities[]=word) "
-                               "are not supported yet; use 'segment'.")
+            raise _unsupported(
+                "timestamp_granularities[]",
+                "Word timestamps (timestamp_granularities[]=word) are not supported yet; use 'segment'.",
+            )
         if granularity != "segment":
-            raise APIError(400, f"Invalid value: '{granularity}'. Supported values are: 'word' and 'segment'.",
-                           param="timestamp_granularities[]", code="invalid_value")
+            raise APIError(
+                400,
+                f"Invalid value: '{granularity}'. Supported values are: 'word' and 'segment'.",
+                param="timestamp_granularities[]",
+                code="invalid_value",
+            )
     if form.timestamp_granularities and response_format is not ResponseFormat.VERBOSE_JSON:
-        raise APIError(400, "timestamp_granularities[] requires response_format 'verbose_json'.",
-                       param="timestamp_granularities[]", code="invalid_value")
+        raise APIError(
+            400,
+            "timestamp_granularities[] requires response_format 'verbose_json'.",
+            param="timestamp_granularities[]",
+            code="invalid_value",
+        )
     if form.include:
         raise _unsupported("include[]", f"include[]={form.include[0]} is not supported for Whisper models.")
     if form.chunking_strategy is not None:
-        raise _unsupported("chunking_strategy", "chunking_strategy is not supported yet; omit it and the audio "
-                           "is transcribed whole.")
+        raise _unsupported(
+            "chunking_strategy", "chunking_strategy is not supported yet; omit it and the audio is transcribed whole."
+        )
     for name in ("known_speaker_names", "known_speaker_references", "keywords", "languages"):
         if getattr(form, name):
             raise _unsupported(f"{name}[]", f"{name}[] is not supported for Whisper models.")
@@ -186,8 +221,12 @@ async def parse_upload(form: FormData, max_bytes: int) -> Upload:
     if value is None:
         raise APIError(400, "Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
     if not isinstance(value, UploadFile):
-        raise APIError(400, "'file' must be an uploaded file (multipart file part), not a text field.",
-                       param="file", code="invalid_value")
+        raise APIError(
+            400,
+            "'file' must be an uploaded file (multipart file part), not a text field.",
+            param="file",
+            code="invalid_value",
+        )
     data = await value.read()
     if len(data) > max_bytes:
         raise too_large(max_bytes)

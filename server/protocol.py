@@ -22,10 +22,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.request import Task
 
 __all__ = [
-    "ChatCompletion", "ChatCompletionMessage", "ChatCompletionRequest", "Choice", "CompletionUsage",
-    "DurationUsage", "Model", "ModelList", "ResponseFormat", "TranscriptionForm", "TranscriptionJSON",
-    "TranscriptionParams", "TranscriptionSegment", "TranscriptionVerboseJSON", "TranslationForm",
-    "TranslationJSON", "TranslationVerboseJSON", "Upload",
+    "ChatCompletion",
+    "ChatCompletionMessage",
+    "ChatCompletionRequest",
+    "Choice",
+    "CompletionUsage",
+    "DurationUsage",
+    "Model",
+    "ModelList",
+    "ResponseFormat",
+    "TranscriptionForm",
+    "TranscriptionJSON",
+    "TranscriptionParams",
+    "TranscriptionSegment",
+    "TranscriptionVerboseJSON",
+    "TranslationForm",
+    "TranslationJSON",
+    "TranslationVerboseJSON",
+    "Upload",
 ]
 
 

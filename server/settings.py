@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """Weight and activation dtype; auto is float32 on CPU and float16 on CUDA."""
     served_model_name: str | None = None
-    """Model id reported by /v1/models and accepted in requests (default: --model). `whisper-1` is always accepted too."""
+    """Model id listed by /v1/models and accepted in requests (default: --model); `whisper-1` is accepted too."""
     max_upload_mb: float = Field(default=25.0, gt=0)
     """Largest accepted audio upload, in MiB (OpenAI's limit is 25)."""
     max_num_seqs: int | None = Field(default=None, ge=1)
@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     """CPU intra-op threads for torch; default is torch's own choice."""
     dummy_weights: bool = False
     """Random weights at the named model's size (benchmarks without downloads)."""
+    tokenizer: str | None = None
+    """tokenizer.json (or its folder) for weights that ship without one."""
+    max_encoder_batch: int | None = Field(default=None, ge=1)
+    """Windows encoded together per step (bounds the stall of running decodes); default depends on the device."""
+    max_audio_ctx: int | None = Field(default=None, ge=1)
+    """Cross-attention cache length; default is the encoder's own (1500)."""
+    max_text_ctx: int | None = Field(default=None, ge=1)
+    """Self-attention cache length; default is the decoder's own (448)."""
     seed: int = 0
     """Seed for sampling at temperature > 0."""
     chat_template: Path | None = None
@@ -65,6 +73,10 @@ class Settings(BaseSettings):
         return EngineConfig(
             model=self.model,
             dummy_weights=self.dummy_weights,
+            tokenizer=self.tokenizer,
+            max_encoder_batch=self.max_encoder_batch,
+            max_audio_ctx=self.max_audio_ctx,
+            max_text_ctx=self.max_text_ctx,
             device=self.device,
             dtype=self.dtype,
             max_num_seqs=self.max_num_seqs,

@@ -20,7 +20,9 @@ async def wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-async def transcribe(engine: Engine, audio: np.ndarray, options: DecodeOptions, request: Request) -> TranscriptionResult:
+async def transcribe(
+    engine: Engine, audio: np.ndarray, options: DecodeOptions, request: Request
+) -> TranscriptionResult:
     """Submit to the engine and wait for the whole result; abort it if the client disconnects first."""
     try:
         handle = engine.submit(audio, options)

@@ -23,7 +23,9 @@ def _form_schema(form_cls: type[TranslationForm]) -> dict:
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
-async def _serve(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task) -> Response:
+async def _serve(
+    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task
+) -> Response:
     params = await parse_transcription(request, settings, task)
     audio = await decode_upload(params.upload.data)
     options = decode_options(params.task, params.language, params.prompt, params.temperature)
@@ -34,12 +36,16 @@ async def _serve(request: Request, engine: EngineDep, settings: SettingsDep, met
 
 
 @router.post("/v1/audio/transcriptions", openapi_extra=_form_schema(TranscriptionForm))
-async def create_transcription(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+async def create_transcription(
+    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep
+) -> Response:
     """Transcribe audio into its own language (OpenAI `audio.transcriptions.create`)."""
     return await _serve(request, engine, settings, metrics, Task.TRANSCRIBE)
 
 
 @router.post("/v1/audio/translations", openapi_extra=_form_schema(TranslationForm))
-async def create_translation(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+async def create_translation(
+    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep
+) -> Response:
     """Translate audio into English (OpenAI `audio.translations.create`)."""
     return await _serve(request, engine, settings, metrics, Task.TRANSLATE)

@@ -16,14 +16,22 @@ from engine.request import DecodeOptions, Task
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..errors import APIError
 from ..parsing import check_model, decode_upload, parse_language, read_json, validate_model
-from ..protocol import ChatCompletion, ChatCompletionMessage, ChatCompletionRequest, ChatMessage, Choice, CompletionUsage
+from ..protocol import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    CompletionUsage,
+)
 from ..streaming import transcribe
 
 router = APIRouter(tags=["chat"])
 
 # OpenAI documents wav and mp3; the decoder sniffs the bytes, so the transcription formats work as well.
 AUDIO_FORMATS = {"wav", "mp3", "flac", "m4a", "mp4", "mpeg", "mpga", "oga", "ogg", "opus", "webm"}
-TRANSLATE_PATTERN = re.compile(r"\btranslat", re.IGNORECASE)
+# "Translate this", "translation please", but not "do not translate".
+TRANSLATE_PATTERN = re.compile(r"(?<!not )(?<!n't )(?<!no )\btranslat", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,44 +42,69 @@ class AudioTurn:
 
 def extract_audio_turn(messages: list[ChatMessage]) -> AudioTurn:
     """The one `input_audio` part of the last user message that has audio, plus the text around it."""
-    turns = [(i, m) for i, m in enumerate(messages) if m.role == "user" and isinstance(m.content, list)
-             and any(p.type == "input_audio" for p in m.content)]
+    turns = [
+        (i, m)
+        for i, m in enumerate(messages)
+        if m.role == "user" and isinstance(m.content, list) and any(p.type == "input_audio" for p in m.content)
+    ]
     if not turns:
-        raise APIError(400, "No audio found: send the audio as a user message part "
-                       '{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav"}}.',
-                       param="messages", code="invalid_value")
+        raise APIError(
+            400,
+            "No audio found: send the audio as a user message part "
+            '{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav"}}.',
+            param="messages",
+            code="invalid_value",
+        )
     index, message = turns[-1]
     audio_parts = [(j, p) for j, p in enumerate(message.content) if p.type == "input_audio"]
     if len(audio_parts) > 1:
-        raise APIError(400, "Only one input_audio part per request is supported.",
-                       param=f"messages[{index}].content", code="unsupported_value")
+        raise APIError(
+            400,
+            "Only one input_audio part per request is supported.",
+            param=f"messages[{index}].content",
+            code="unsupported_value",
+        )
     j, part = audio_parts[0]
     param = f"messages[{index}].content[{j}].input_audio"
     if part.input_audio is None:
         raise APIError(400, "input_audio part without an 'input_audio' object.", param=param, code="invalid_value")
     if part.input_audio.format not in AUDIO_FORMATS:
-        raise APIError(400, f"Unsupported input_audio format '{part.input_audio.format}'; use 'wav' or 'mp3'.",
-                       param=f"{param}.format", code="invalid_value")
+        raise APIError(
+            400,
+            f"Unsupported input_audio format '{part.input_audio.format}'; use 'wav' or 'mp3'.",
+            param=f"{param}.format",
+            code="invalid_value",
+        )
     try:
         data = base64.b64decode(part.input_audio.data, validate=True)
     except (binascii.Error, ValueError):
-        raise APIError(400, "input_audio.data is not valid base64.", param=f"{param}.data", code="invalid_value") from None
+        raise APIError(
+            400, "input_audio.data is not valid base64.", param=f"{param}.data", code="invalid_value"
+        ) from None
     if not data:
         raise APIError(400, "input_audio.data is empty.", param=f"{param}.data", code="invalid_value")
-    texts = [m.content for m in messages if m.role in ("system", "developer") and isinstance(m.content, str)]
-    texts += [p.text for p in message.content if p.type == "text" and p.text]
-    return AudioTurn(data=data, instruction="\n".join(texts))
+    texts = [message_text(m) for m in messages if m.role in ("system", "developer")]
+    return AudioTurn(data=data, instruction="\n".join([*texts, message_text(message)]))
+
+
+def message_text(message: ChatMessage) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    return "\n".join(p.text for p in message.content or () if p.type == "text" and p.text)
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request, engine: EngineDep, settings: SettingsDep,
-                                 metrics: MetricsDep) -> ChatCompletion:
+async def create_chat_completion(
+    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep
+) -> ChatCompletion:
     """Chat-shaped transcription: a system or user text that asks to translate selects task=translate."""
-    chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, await read_json(request, settings.max_upload_bytes))
+    body = await read_json(request, settings.max_upload_bytes)
+    chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, body)
     check_model(chat.model, settings)
     if chat.stream:
-        raise APIError(400, "stream=true is not supported yet for chat completions.", param="stream",
-                       code="unsupported_value")
+        raise APIError(
+            400, "stream=true is not supported yet for chat completions.", param="stream", code="unsupported_value"
+        )
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None
@@ -84,6 +117,8 @@ async def create_chat_completion(request: Request, engine: EngineDep, settings: 
         object="chat.completion",
         created=int(time.time()),
         model=chat.model,
-        choices=[Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content=content))],
+        choices=[
+            Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content=content))
+        ],
         usage=CompletionUsage(prompt_tokens=0, completion_tokens=result.num_tokens, total_tokens=result.num_tokens),
     )

@@ -1,4 +1,7 @@
-"""Real servers for end-to-end tests: `python -m server serve` on 127.0.0.1, real weights, real audio."""
+"""Real servers for end-to-end tests: `python -m server serve` on 127.0.0.1, real weights, real audio.
+
+`data_dir` (../shared/data) comes from tests/conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
-from e2e_utils import DATA, REPO
+from e2e_utils import REPO
 
 STARTUP_TIMEOUT_S = 600  # first start may load weights from a cold disk
 REQUEST_TIMEOUT_S = 600
@@ -33,7 +35,8 @@ class RemoteServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}/v1"
-        self.log = tempfile.NamedTemporaryFile(prefix="whisper-server-", suffix=".log", delete=False)
+        # Open for the server's whole life; stop() closes and removes it.
+        self.log = tempfile.NamedTemporaryFile(prefix="whisper-server-", suffix=".log", delete=False)  # noqa: SIM115
         cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -57,12 +60,14 @@ class RemoteServer:
         return Path(self.log.name).read_text(errors="replace")[-num_chars:]
 
     def client(self, **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0,
-                             timeout=REQUEST_TIMEOUT_S, **kwargs)
+        return openai.OpenAI(
+            base_url=self.base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S, **kwargs
+        )
 
     def async_client(self, **kwargs) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key="unused", max_retries=0,
-                                  timeout=REQUEST_TIMEOUT_S, **kwargs)
+        return openai.AsyncOpenAI(
+            base_url=self.base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S, **kwargs
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -74,12 +79,6 @@ class RemoteServer:
                 self.proc.wait()
         self.log.close()
         os.unlink(self.log.name)
-
-
-@pytest.fixture(scope="session")
-def data_dir() -> Path:
-    assert DATA.is_dir(), f"test audio not found at {DATA}"
-    return DATA
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,36 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO.parent / "shared" / "data"
 
 JFK = "g1_en_jfk.flac"
-COMMON_ENGLISH = {"the", "a", "an", "is", "are", "and", "of", "to", "in", "it", "i", "you", "that", "this", "we",
-                  "for", "on", "with", "be", "was", "my", "not", "have", "what", "your", "our"}
+COMMON_ENGLISH = {
+    "the",
+    "a",
+    "an",
+    "is",
+    "are",
+    "and",
+    "of",
+    "to",
+    "in",
+    "it",
+    "i",
+    "you",
+    "that",
+    "this",
+    "we",
+    "for",
+    "on",
+    "with",
+    "be",
+    "was",
+    "my",
+    "not",
+    "have",
+    "what",
+    "your",
+    "our",
+}
 
 
 def words(text: str) -> list[str]:
@@ -25,4 +50,4 @@ def contains_words(text: str, expected: list[str]) -> bool:
     """True when `expected` appears as a contiguous run of words in `text`."""
     got = words(text)
     n = len(expected)
-    return any(got[i:i + n] == expected for i in range(len(got) - n + 1))
+    return any(got[i : i + n] == expected for i in range(len(got) - n + 1))

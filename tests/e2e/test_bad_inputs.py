@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from e2e_utils import JFK, JFK_WORDS, contains_words
 
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
@@ -37,21 +36,25 @@ def test_undecodable_uploads_are_400(server, data_dir, case):
 
 
 BAD_FIELDS = {
-    "temperature not a number": (dict(temperature="hot"), "temperature"),
-    "temperature out of range": (dict(temperature=2.5), "temperature"),
-    "unknown response_format": (dict(response_format="xml"), "response_format"),
-    "diarized_json": (dict(response_format="diarized_json"), "response_format"),
-    "unknown language": (dict(language="klingon"), "language"),
-    "granularity value": (dict(timestamp_granularities=["sentence"], response_format="verbose_json"),
-                          "timestamp_granularities[]"),
-    "word granularity": (dict(timestamp_granularities=["word"], response_format="verbose_json"),
-                         "timestamp_granularities[]"),
-    "granularity without verbose_json": (dict(timestamp_granularities=["segment"]), "timestamp_granularities[]"),
-    "stream": (dict(stream=True), "stream"),
-    "stream not a bool": (dict(stream="sometimes"), "stream"),
-    "include logprobs": (dict(include=["logprobs"]), "include[]"),
-    "chunking_strategy auto": (dict(chunking_strategy="auto"), "chunking_strategy"),
-    "chunking_strategy server_vad": (dict(chunking_strategy={"type": "server_vad"}), "chunking_strategy"),
+    "temperature not a number": ({"temperature": "hot"}, "temperature"),
+    "temperature out of range": ({"temperature": 2.5}, "temperature"),
+    "unknown response_format": ({"response_format": "xml"}, "response_format"),
+    "diarized_json": ({"response_format": "diarized_json"}, "response_format"),
+    "unknown language": ({"language": "klingon"}, "language"),
+    "granularity value": (
+        {"timestamp_granularities": ["sentence"], "response_format": "verbose_json"},
+        "timestamp_granularities[]",
+    ),
+    "word granularity": (
+        {"timestamp_granularities": ["word"], "response_format": "verbose_json"},
+        "timestamp_granularities[]",
+    ),
+    "granularity without verbose_json": ({"timestamp_granularities": ["segment"]}, "timestamp_granularities[]"),
+    "stream": ({"stream": True}, "stream"),
+    "stream not a bool": ({"stream": "sometimes"}, "stream"),
+    "include logprobs": ({"include": ["logprobs"]}, "include[]"),
+    "chunking_strategy auto": ({"chunking_strategy": "auto"}, "chunking_strategy"),
+    "chunking_strategy server_vad": ({"chunking_strategy": {"type": "server_vad"}}, "chunking_strategy"),
 }
 
 
@@ -100,14 +103,19 @@ def test_oversize_upload_is_413_and_server_keeps_serving(small_upload_server, da
     body = (data_dir / SMALL).read_bytes() * 16
 
     def chunks():
-        boundary_head = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
-                         b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.flac"\r\n\r\n')
+        boundary_head = (
+            b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.flac"\r\n\r\n'
+        )
         yield boundary_head
         for i in range(0, len(body), 65536):
-            yield body[i:i + 65536]
+            yield body[i : i + 65536]
         yield b"\r\n--b--\r\n"
 
-    chunked = httpx.post(f"{small_upload_server.url}/v1/audio/transcriptions", content=chunks(),
-                         headers={"content-type": "multipart/form-data; boundary=b"})
+    chunked = httpx.post(
+        f"{small_upload_server.url}/v1/audio/transcriptions",
+        content=chunks(),
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
     assert chunked.status_code == 413
     assert client.audio.transcriptions.create(file=data_dir / SMALL, model="whisper-1").text

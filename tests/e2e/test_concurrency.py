@@ -36,7 +36,8 @@ def test_concurrent_equals_sequential(server, data_dir, response_format):
 
     async def one(client, name: str) -> str:
         raw = await client.audio.transcriptions.with_raw_response.create(
-            file=data_dir / name, model="whisper-1", response_format=response_format)
+            file=data_dir / name, model="whisper-1", response_format=response_format
+        )
         return raw.text  # the exact body bytes, decoded
 
     async def run() -> tuple[list[str], list[str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from e2e_utils import JFK
 
 
@@ -29,12 +28,21 @@ def test_metrics_after_a_request(server, data_dir):
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=")
     text = response.text
-    for name in ("whisper_http_requests_total", "whisper_http_request_duration_seconds_bucket",
-                 "whisper_queue_depth", "whisper_running_sequences", "whisper_audio_seconds_total"):
+    for name in (
+        "whisper_http_requests_total",
+        "whisper_http_request_duration_seconds_bucket",
+        "whisper_queue_depth",
+        "whisper_running_sequences",
+        "whisper_audio_seconds_total",
+    ):
         assert name in text
-    line = next(ln for ln in text.splitlines()
-                if ln.startswith("whisper_http_requests_total") and 'route="/v1/audio/transcriptions"' in ln
-                and 'status="200"' in ln)
+    line = next(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("whisper_http_requests_total")
+        and 'route="/v1/audio/transcriptions"' in ln
+        and 'status="200"' in ln
+    )
     assert float(line.split()[-1]) >= 1
     audio = next(ln for ln in text.splitlines() if ln.startswith('whisper_audio_seconds_total{task="transcribe"}'))
     assert float(audio.split()[-1]) >= 11

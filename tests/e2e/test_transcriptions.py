@@ -9,9 +9,8 @@ import openai
 import pytest
 import srt
 import webvtt
-from openai.types.audio import Transcription, TranscriptionVerbose
-
 from e2e_utils import JFK, JFK_WORDS, contains_words, words
+from openai.types.audio import Transcription, TranscriptionVerbose
 
 TEXT_PLAIN = "text/plain; charset=utf-8"
 
@@ -38,12 +37,18 @@ def test_json_default_sync_and_async_agree(server, data_dir):
 
 @pytest.mark.parametrize(
     ("response_format", "content_type"),
-    [("json", "application/json"), ("verbose_json", "application/json"), ("text", TEXT_PLAIN),
-     ("srt", TEXT_PLAIN), ("vtt", TEXT_PLAIN)],
+    [
+        ("json", "application/json"),
+        ("verbose_json", "application/json"),
+        ("text", TEXT_PLAIN),
+        ("srt", TEXT_PLAIN),
+        ("vtt", TEXT_PLAIN),
+    ],
 )
 def test_content_types(server, data_dir, response_format, content_type):
     raw = server.client().audio.transcriptions.with_raw_response.create(
-        file=data_dir / JFK, model="whisper-1", response_format=response_format)
+        file=data_dir / JFK, model="whisper-1", response_format=response_format
+    )
     assert raw.status_code == 200
     assert raw.headers["content-type"] == content_type
 
@@ -66,8 +71,7 @@ def test_all_formats_tell_the_same_story(server, data_dir):
     assert words(" ".join(c.text for c in captions)) == words(plain)
     assert [vtt_seconds(c.start) for c in captions] == pytest.approx([s.start.total_seconds() for s in subs])
 
-    verbose = create(file=path, model="whisper-1", response_format="verbose_json",
-                     timestamp_granularities=["segment"])
+    verbose = create(file=path, model="whisper-1", response_format="verbose_json", timestamp_granularities=["segment"])
     assert isinstance(verbose, TranscriptionVerbose)
     assert verbose.text == plain
     assert words(" ".join(s.text for s in verbose.segments)) == words(plain)
@@ -78,7 +82,8 @@ def test_all_formats_tell_the_same_story(server, data_dir):
 
 def test_verbose_json_fields_and_segment_times(server, data_dir):
     raw = server.client().audio.transcriptions.with_raw_response.create(
-        file=data_dir / JFK, model="whisper-1", response_format="verbose_json")
+        file=data_dir / JFK, model="whisper-1", response_format="verbose_json"
+    )
     body = json.loads(raw.text)
     assert body["task"] == "transcribe"
     assert body["language"] == "english"
@@ -87,8 +92,18 @@ def test_verbose_json_fields_and_segment_times(server, data_dir):
     segments = body["segments"]
     assert segments
     for i, seg in enumerate(segments):
-        assert set(seg) == {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
-                            "compression_ratio", "no_speech_prob"}
+        assert set(seg) == {
+            "id",
+            "seek",
+            "start",
+            "end",
+            "text",
+            "tokens",
+            "temperature",
+            "avg_logprob",
+            "compression_ratio",
+            "no_speech_prob",
+        }
         assert seg["id"] == i
         assert isinstance(seg["seek"], int) and all(isinstance(t, int) for t in seg["tokens"])
         assert 0.0 <= seg["start"] <= seg["end"] <= body["duration"] + 0.02
@@ -102,8 +117,7 @@ def test_verbose_json_fields_and_segment_times(server, data_dir):
 
 def test_long_audio_is_transcribed_whole(server, data_dir):
     path = data_dir / "g2_en_earnings22_4482311_3-62s.wav"  # ~60 s: more than two 30 s windows
-    verbose = server.client().audio.transcriptions.create(file=path, model="whisper-1",
-                                                          response_format="verbose_json")
+    verbose = server.client().audio.transcriptions.create(file=path, model="whisper-1", response_format="verbose_json")
     assert verbose.duration > 55
     assert verbose.segments[-1].end > 45, "later windows are missing"
     assert all(a.start <= b.start for a, b in zip(verbose.segments, verbose.segments[1:]))
@@ -113,9 +127,17 @@ def test_long_audio_is_transcribed_whole(server, data_dir):
     assert contains_words(verbose.text, words("profit from recurring operations"))  # last window
 
 
-@pytest.mark.parametrize("name", ["g4_en_sonnet1-excerpt_mp3.mp3", "g4_en_sonnet1-excerpt_ogg.ogg",
-                                  "g4_en_sonnet1-excerpt_m4a.m4a", "g4_en_sonnet1-excerpt_webm.webm",
-                                  "g4_en_timit-sample_LDC93S1_44k-stereo.wav", "g4_en_timit-sample_LDC93S1_8k.wav"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "g4_en_sonnet1-excerpt_mp3.mp3",
+        "g4_en_sonnet1-excerpt_ogg.ogg",
+        "g4_en_sonnet1-excerpt_m4a.m4a",
+        "g4_en_sonnet1-excerpt_webm.webm",
+        "g4_en_timit-sample_LDC93S1_44k-stereo.wav",
+        "g4_en_timit-sample_LDC93S1_8k.wav",
+    ],
+)
 def test_container_formats_rates_and_channels(server, data_dir, name):
     result = server.client().audio.transcriptions.create(file=data_dir / name, model="whisper-1")
     assert len(words(result.text)) >= 3, result.text
@@ -124,8 +146,9 @@ def test_container_formats_rates_and_channels(server, data_dir, name):
 def test_language_prompt_and_temperature_are_accepted(server, data_dir):
     client = server.client()
     path = data_dir / JFK
-    assert contains_words(client.audio.transcriptions.create(file=path, model="whisper-1", language="en").text,
-                          JFK_WORDS)
+    assert contains_words(
+        client.audio.transcriptions.create(file=path, model="whisper-1", language="en").text, JFK_WORDS
+    )
     prompted = client.audio.transcriptions.create(file=path, model="whisper-1", prompt="President Kennedy's speech.")
     assert contains_words(prompted.text, words("ask not what your country can do"))
     sampled = client.audio.transcriptions.create(file=path, model="whisper-1", temperature=0.2)

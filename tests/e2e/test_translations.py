@@ -6,9 +6,8 @@ import json
 
 import openai
 import pytest
-from openai.types.audio import TranslationVerbose
-
 from e2e_utils import COMMON_ENGLISH, JFK, words
+from openai.types.audio import TranslationVerbose
 
 pytestmark = pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks translations
 
@@ -31,15 +30,17 @@ def test_translation_gives_english(base_server, data_dir, language):
     assert ascii_fraction(result.text) > 0.95, result.text
     assert set(words(result.text)) & COMMON_ENGLISH, result.text
     # The same clip transcribed stays in its own language, which verbose_json names in full.
-    source = base_server.client().audio.transcriptions.create(file=path, model="whisper-1",
-                                                              response_format="verbose_json")
+    source = base_server.client().audio.transcriptions.create(
+        file=path, model="whisper-1", response_format="verbose_json"
+    )
     assert source.language == language
     assert words(source.text) != words(result.text)
 
 
 def test_translation_verbose_json(base_server, data_dir):
     raw = base_server.client().audio.translations.with_raw_response.create(
-        file=data_dir / CLIPS["german"], model="whisper-1", response_format="verbose_json")
+        file=data_dir / CLIPS["german"], model="whisper-1", response_format="verbose_json"
+    )
     assert raw.headers["content-type"] == "application/json"
     body = json.loads(raw.text)
     assert body["task"] == "translate" and body["language"] == "english"
@@ -51,7 +52,8 @@ def test_translation_verbose_json(base_server, data_dir):
 @pytest.mark.parametrize("response_format", ["text", "srt", "vtt"])
 def test_translation_text_formats(base_server, data_dir, response_format):
     raw = base_server.client().audio.translations.with_raw_response.create(
-        file=data_dir / CLIPS["spanish"], model="whisper-1", response_format=response_format)
+        file=data_dir / CLIPS["spanish"], model="whisper-1", response_format=response_format
+    )
     assert raw.headers["content-type"] == "text/plain; charset=utf-8"
     assert set(words(raw.text)) & COMMON_ENGLISH
 

@@ -34,14 +34,38 @@ def fake_result(audio: np.ndarray, options: DecodeOptions) -> TranscriptionResul
     duration = len(audio) / SAMPLE_RATE
     half = round(duration / 2, 2)
     segments = [
-        Segment(id=0, seek=0, start=0.0, end=half, text=" Hello there.", tokens=[50364, 2425, 456, 13, 50414],
-                temperature=options.temperatures[0], avg_logprob=-0.2, compression_ratio=0.9, no_speech_prob=0.01),
-        Segment(id=1, seek=0, start=half, end=round(duration, 2), text=" General Kenobi.",
-                tokens=[50414, 6996, 591, 996, 13, 50464], temperature=options.temperatures[0], avg_logprob=-0.3,
-                compression_ratio=0.9, no_speech_prob=0.02),
+        Segment(
+            id=0,
+            seek=0,
+            start=0.0,
+            end=half,
+            text=" Hello there.",
+            tokens=[50364, 2425, 456, 13, 50414],
+            temperature=options.temperatures[0],
+            avg_logprob=-0.2,
+            compression_ratio=0.9,
+            no_speech_prob=0.01,
+        ),
+        Segment(
+            id=1,
+            seek=0,
+            start=half,
+            end=round(duration, 2),
+            text=" General Kenobi.",
+            tokens=[50414, 6996, 591, 996, 13, 50464],
+            temperature=options.temperatures[0],
+            avg_logprob=-0.3,
+            compression_ratio=0.9,
+            no_speech_prob=0.02,
+        ),
     ]
-    return TranscriptionResult(text=" Hello there. General Kenobi.", segments=segments,
-                               language=options.language or "en", duration=duration, num_tokens=11)
+    return TranscriptionResult(
+        text=" Hello there. General Kenobi.",
+        segments=segments,
+        language=options.language or "en",
+        duration=duration,
+        num_tokens=11,
+    )
 
 
 class FakeHandle:
@@ -72,8 +96,15 @@ class FakeHandle:
 class FakeEngine:
     model_name = "tiny.en"
 
-    def __init__(self, *, alive: bool = True, submit_error: Exception | None = None,
-                 result_error: BaseException | None = None, block: bool = False, is_multilingual: bool = True):
+    def __init__(
+        self,
+        *,
+        alive: bool = True,
+        submit_error: Exception | None = None,
+        result_error: BaseException | None = None,
+        block: bool = False,
+        is_multilingual: bool = True,
+    ):
         self.alive = alive
         self.submit_error = submit_error
         self.result_error = result_error

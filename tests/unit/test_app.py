@@ -11,14 +11,13 @@ import openai
 import pytest
 import srt
 import webvtt
+from fake_engine import FakeEngine, clients, wav_bytes
 from openai.types.audio import TranscriptionVerbose
 from starlette.requests import Request
 
 from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
 from server.errors import ClientDisconnectedError
 from server.streaming import transcribe
-
-from fake_engine import FakeEngine, clients, wav_bytes
 
 WAV = wav_bytes(2.0)
 FILE = ("speech.wav", WAV, "audio/wav")
@@ -63,8 +62,9 @@ def test_transcription_passes_options_to_engine():
     async def body():
         engine = FakeEngine()
         async with clients(engine) as (sdk, _, _app):
-            result = await sdk.audio.transcriptions.create(file=FILE, model="whisper-1", language="de",
-                                                           prompt="Ein Satz.", temperature=0.5)
+            result = await sdk.audio.transcriptions.create(
+                file=FILE, model="whisper-1", language="de", prompt="Ein Satz.", temperature=0.5
+            )
             assert result.text == "Hello there. General Kenobi."
             assert result.usage.type == "duration" and result.usage.seconds == 2
             options = engine.last_options
@@ -88,16 +88,24 @@ def test_every_response_format_through_the_sdk():
             assert [s.content for s in subs] == ["Hello there.", "General Kenobi."]
             vtt = await create(file=FILE, model="whisper-1", response_format="vtt")
             assert [c.text for c in webvtt.from_string(vtt)] == ["Hello there.", "General Kenobi."]
-            verbose = await create(file=FILE, model="whisper-1", response_format="verbose_json",
-                                   timestamp_granularities=["segment"])
+            verbose = await create(
+                file=FILE, model="whisper-1", response_format="verbose_json", timestamp_granularities=["segment"]
+            )
             assert isinstance(verbose, TranscriptionVerbose)
             assert verbose.language == "english" and verbose.duration == pytest.approx(2.0)
             assert [s.id for s in verbose.segments] == [0, 1]
-            for fmt, media in [("json", "application/json"), ("verbose_json", "application/json"),
-                               ("text", "text/plain; charset=utf-8"), ("srt", "text/plain; charset=utf-8"),
-                               ("vtt", "text/plain; charset=utf-8")]:
-                response = await http.post("/v1/audio/transcriptions", files={"file": FILE},
-                                           data={"model": "whisper-1", "response_format": fmt})
+            for fmt, media in [
+                ("json", "application/json"),
+                ("verbose_json", "application/json"),
+                ("text", "text/plain; charset=utf-8"),
+                ("srt", "text/plain; charset=utf-8"),
+                ("vtt", "text/plain; charset=utf-8"),
+            ]:
+                response = await http.post(
+                    "/v1/audio/transcriptions",
+                    files={"file": FILE},
+                    data={"model": "whisper-1", "response_format": fmt},
+                )
                 assert response.status_code == 200
                 assert response.headers["content-type"] == media
 
@@ -232,6 +240,12 @@ def test_chat_completion_with_input_audio():
             assert engine.last_options.task is Task.TRANSCRIBE
             await sdk.chat.completions.create(**chat_body(system="Translate the audio into English."))
             assert engine.last_options.task is Task.TRANSLATE
+            await sdk.chat.completions.create(**chat_body(text="Do not translate, just transcribe."))
+            assert engine.last_options.task is Task.TRANSCRIBE
+            body = chat_body()
+            body["messages"].insert(0, {"role": "system", "content": [{"type": "text", "text": "Translate it."}]})
+            await sdk.chat.completions.create(**body)
+            assert engine.last_options.task is Task.TRANSLATE
 
     run(body())
 
@@ -279,3 +293,46 @@ def test_openapi_schema_documents_multipart_fields():
     form = schema["paths"]["/v1/audio/transcriptions"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert {"file", "model", "timestamp_granularities[]"} <= set(form["schema"]["properties"])
     assert json.dumps(schema)  # serializable
+
+
+def test_settings_from_env_flags_and_engine_config(monkeypatch):
+    from server.cli import build_parser, settings_from_args
+    from server.settings import Settings
+
+    monkeypatch.setenv("WHISPER_MAX_UPLOAD_MB", "3")
+    monkeypatch.setenv("WHISPER_PORT", "1234")
+    monkeypatch.setenv("WHISPER_ENFORCE_EAGER", "true")
+    parser = build_parser()
+    settings = settings_from_args(
+        parser,
+        parser.parse_args(
+            ["serve", "--port", "9000", "--model", "base", "--dtype", "float16", "--served-model-name", "w"]
+        ),
+    )
+    assert (settings.port, settings.max_upload_mb, settings.model, settings.model_id) == (9000, 3.0, "base", "w")
+    assert settings.max_upload_bytes == 3 * 1024 * 1024
+    config = settings.engine_config()
+    assert (config.model, config.dtype, config.enforce_eager, config.device) == ("base", "float16", True, "auto")
+    defaults = Settings(_env_prefix="UNUSED_PREFIX_")
+    assert (defaults.model, defaults.host, defaults.port, defaults.device) == ("tiny.en", "127.0.0.1", 8000, "auto")
+    assert all(field.description for field in Settings.model_fields.values())
+    serve_flags = {a.dest for a in parser._subparsers._group_actions[0].choices["serve"]._actions}
+    assert set(Settings.model_fields) <= serve_flags
+    with pytest.raises(SystemExit):
+        settings_from_args(parser, parser.parse_args(["serve", "--max-upload-mb", "-1"]))
+
+
+def test_every_engine_config_field_is_a_setting():
+    """One settings object for every knob: a new EngineConfig field needs a Settings field (and flag, env var)."""
+    import dataclasses
+
+    from engine.config import EngineConfig
+    from server.settings import Settings
+
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert names <= set(Settings.model_fields), names - set(Settings.model_fields)
+    config = Settings(max_encoder_batch=3, max_text_ctx=224, tokenizer="tok.json").engine_config()
+    assert (config.max_encoder_batch, config.max_text_ctx, config.tokenizer) == (3, 224, "tok.json")
+    defaults = EngineConfig()
+    from_settings = Settings(_env_prefix="UNUSED_PREFIX_").engine_config()
+    assert all(getattr(from_settings, n) == getattr(defaults, n) for n in names)  # same defaults both sides

@@ -6,11 +6,10 @@ import asyncio
 
 import openai
 import pytest
+from fake_engine import FakeEngine, clients, wav_bytes
 
 from engine.request import EngineDeadError, EngineOverloadedError, InvalidRequestError, RequestAbortedError
 from server.errors import APIError, from_engine_error
-
-from fake_engine import FakeEngine, clients, wav_bytes
 
 FILE = ("speech.wav", wav_bytes(1.0), "audio/wav")
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
@@ -22,8 +21,14 @@ def run(coro):
 
 def test_api_error_body_is_openai_envelope():
     err = APIError(400, "bad language", param="language", code="invalid_value")
-    assert err.body() == {"error": {"message": "bad language", "type": "invalid_request_error",
-                                    "param": "language", "code": "invalid_value"}}
+    assert err.body() == {
+        "error": {
+            "message": "bad language",
+            "type": "invalid_request_error",
+            "param": "language",
+            "code": "invalid_value",
+        }
+    }
     assert APIError(500, "x").type == "server_error"
     assert APIError(429, "x").type == "rate_limit_exceeded"
     assert APIError(404, "x").body()["error"]["code"] is None  # code is a string or null, never an int
@@ -56,6 +61,7 @@ def test_unknown_route_and_wrong_method():
 def test_fastapi_validation_errors_become_400_envelopes():
     async def body():
         async with clients(FakeEngine()) as (_, http, app):
+
             @app.get("/test/{number}")
             async def typed(number: int) -> dict:
                 return {"number": number}
@@ -102,14 +108,14 @@ def test_engine_failures_reach_the_sdk_as_its_exceptions_and_server_keeps_servin
 @pytest.mark.parametrize(
     ("kwargs", "exception", "status", "param"),
     [
-        (dict(file=("a.wav", b"", "audio/wav")), openai.BadRequestError, 400, "file"),
-        (dict(file=("a.mp3", b"\xff\xfb garbage " * 64, "audio/mpeg")), openai.BadRequestError, 400, "file"),
-        (dict(response_format="yaml"), openai.BadRequestError, 400, "response_format"),
-        (dict(temperature=3), openai.BadRequestError, 400, "temperature"),
-        (dict(language="zz"), openai.BadRequestError, 400, "language"),
-        (dict(stream=True), openai.BadRequestError, 400, "stream"),
-        (dict(model="gpt-4o-transcribe"), openai.NotFoundError, 404, "model"),
-        (dict(file=("big.wav", wav_bytes(30.0), "audio/wav")), openai.APIStatusError, 413, "file"),
+        ({"file": ("a.wav", b"", "audio/wav")}, openai.BadRequestError, 400, "file"),
+        ({"file": ("a.mp3", b"\xff\xfb garbage " * 64, "audio/mpeg")}, openai.BadRequestError, 400, "file"),
+        ({"response_format": "yaml"}, openai.BadRequestError, 400, "response_format"),
+        ({"temperature": 3}, openai.BadRequestError, 400, "temperature"),
+        ({"language": "zz"}, openai.BadRequestError, 400, "language"),
+        ({"stream": True}, openai.BadRequestError, 400, "stream"),
+        ({"model": "gpt-4o-transcribe"}, openai.NotFoundError, 404, "model"),
+        ({"file": ("big.wav", wav_bytes(30.0), "audio/wav")}, openai.APIStatusError, 413, "file"),
     ],
 )
 def test_bad_inputs_through_the_sdk(kwargs, exception, status, param):

@@ -22,14 +22,33 @@ from server.formatting import (
 )
 from server.protocol import ResponseFormat
 
-SEGMENT_FIELDS = {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
-                  "compression_ratio", "no_speech_prob"}
+SEGMENT_FIELDS = {
+    "id",
+    "seek",
+    "start",
+    "end",
+    "text",
+    "tokens",
+    "temperature",
+    "avg_logprob",
+    "compression_ratio",
+    "no_speech_prob",
+}
 
 
 def segment(i: int, start: float, end: float, text: str, **overrides) -> Segment:
-    fields = dict(id=i, seek=int(start * 100) // 3000 * 3000, start=start, end=end, text=text,
-                  tokens=[50364 + i, 400 + i, 50414 + i], temperature=0.0, avg_logprob=-0.31,
-                  compression_ratio=1.4, no_speech_prob=0.02)
+    fields = {
+        "id": i,
+        "seek": int(start * 100) // 3000 * 3000,
+        "start": start,
+        "end": end,
+        "text": text,
+        "tokens": [50364 + i, 400 + i, 50414 + i],
+        "temperature": 0.0,
+        "avg_logprob": -0.31,
+        "compression_ratio": 1.4,
+        "no_speech_prob": 0.02,
+    }
     return Segment(**{**fields, **overrides})
 
 
@@ -40,8 +59,9 @@ def result() -> TranscriptionResult:
         segment(1, 7.6, 10.5, " ask what you can do for your country."),
         segment(2, 3725.25, 3727.0, " An hour later."),
     ]
-    return TranscriptionResult(text="".join(s.text for s in segments), segments=segments, language="en",
-                               duration=3727.4, num_tokens=9)
+    return TranscriptionResult(
+        text="".join(s.text for s in segments), segments=segments, language="en", duration=3727.4, num_tokens=9
+    )
 
 
 def test_json_is_sdk_transcription_with_whole_second_usage(result):
@@ -116,7 +136,10 @@ def test_vtt_parses_with_webvtt_package(result):
     assert body.content.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:07.600\n")
     captions = list(webvtt.from_string(body.content))
     assert [(c.start, c.end) for c in captions] == [
-        ("00:00:00.000", "00:00:07.600"), ("00:00:07.600", "00:00:10.500"), ("01:02:05.250", "01:02:07.000")]
+        ("00:00:00.000", "00:00:07.600"),
+        ("00:00:07.600", "00:00:10.500"),
+        ("01:02:05.250", "01:02:07.000"),
+    ]
     assert [c.text for c in captions] == [s.text.strip() for s in result.segments]
 
 

@@ -1,0 +1,140 @@
+"""Engine throughput and latency on a GPU against transformers `generate`, same weights, same run.
+
+    python benchmarks/gpu_throughput.py --models large-v3 large-v3-turbo --concurrency 1 8 64 256
+
+Dummy (random) weights at the real shapes, float16, random 30 s inputs, exactly --tokens tokens per
+window (EOS ignored, so both systems do the same work). RTFx = seconds of audio / seconds of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+WINDOW_S = 30.0
+# The floor from the card (PERF.md): minimum GPU time per 30 s window at ~100 tokens.
+FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
+
+
+def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool):
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.request import DecodeOptions
+
+    engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
+                                 tokenizer=tokenizer, enforce_eager=eager))
+    engine.start()
+    # no quality thresholds: random input must not be judged silent and skipped
+    options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=tokens,
+                            no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)
+    rng = np.random.default_rng(0)
+    audio = (rng.standard_normal(int(WINDOW_S * 16000)) * 0.1).astype(np.float32)
+    engine.transcribe(audio, options)  # warm-up
+    results = {}
+    for c in concurrency:
+        times = []
+        for _ in range(repeats):
+            before = engine.num_tokens
+            start = time.perf_counter()
+            handles = [engine.submit(audio, options) for _ in range(c)]
+            for h in handles:
+                h.wait(timeout=600)
+            times.append(time.perf_counter() - start)
+            assert engine.num_tokens - before == c * tokens, (engine.num_tokens - before, c * tokens)
+        results[c] = statistics.median(times)
+    stats = engine.runner.graphs.stats if engine.runner.graphs else None
+    slots = engine.runner.num_slots
+    engine.shutdown()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return results, stats, slots
+
+
+def run_transformers(model: str, concurrency: list[int], tokens: int, repeats: int):
+    import transformers
+
+    from engine.dims import DUMMY_DIMS
+    from engine.weights import Checkpoint, dummy_state_dict
+    from weights_export import hf_configs, to_hf_names
+
+    dims = DUMMY_DIMS[model]
+    state = dummy_state_dict(dims, dtype=torch.float16, device="cuda")
+    config, _ = hf_configs(Checkpoint(dims, state, None, None, None, None, "dummy"))
+    config["dtype"] = "float16"
+    hf = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**config)).half()
+    hf.load_state_dict(to_hf_names(state), strict=False)
+    hf.tie_weights()
+    hf = hf.cuda().eval()
+    del state
+    eot = 50257 if dims.is_multilingual else 50256
+    results = {}
+    for c in concurrency:
+        feats = torch.randn(c, dims.n_mels, 3000, device="cuda", dtype=torch.float16)
+        prompt = torch.tensor([[eot + 1]] * c, device="cuda")
+
+        def once():
+            with torch.inference_mode():
+                out = hf.generate(input_features=feats, decoder_input_ids=prompt, max_new_tokens=tokens,
+                                  min_new_tokens=tokens, do_sample=False, num_beams=1, suppress_tokens=[eot])
+            torch.cuda.synchronize()
+            return out
+
+        once()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            once()
+            times.append(time.perf_counter() - start)
+        results[c] = statistics.median(times)
+        del feats
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["large-v3", "large-v3-turbo"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 64, 256])
+    ap.add_argument("--peer-concurrency", nargs="+", type=int, default=None, help="default: same as --concurrency")
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json for dummy multilingual models")
+    ap.add_argument("--no-peer", action="store_true")
+    args = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, {args.tokens} tokens per window")
+    rows = []
+    for model in args.models:
+        ours, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False)
+        print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
+        peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
+                                                         args.tokens, max(1, args.repeats - 1))
+        for c in args.concurrency:
+            rtfx = c * WINDOW_S / ours[c]
+            p = peer.get(c)
+            rows.append((model, c, ours[c], rtfx, p, c * WINDOW_S / p if p else None))
+            print(rows[-1], flush=True)
+    print("\n| model | concurrency | engine s | engine RTFx | transformers s | transformers RTFx | ratio | floor RTFx | of floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model, c, t, rtfx, p, prtfx in rows:
+        floor = FLOOR_RTFX.get(model)
+        peer_cols = f"{p:.3f} | {prtfx:.0f} | {rtfx / prtfx:.1f}x" if p else "- | - | -"
+        of_floor = f"{rtfx / floor * 100:.0f}%" if floor else "-"
+        print(f"| {model} | {c} | {t:.3f} | {rtfx:.0f} | {peer_cols} | {floor or '-'} | {of_floor} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""CUDA graphs: the encoder keyed on batch size, the one-token decoder step keyed on (batch, context) buckets."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .audio import N_FRAMES
+from .kv_cache import KVCache
+from .model import Whisper
+
+log = logging.getLogger(__name__)
+
+DECODE_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+KV_BUCKET = 64  # self-attention context is attended in multiples of this many positions
+MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while padding stays under this share
+
+
+def buckets_up_to(candidates: tuple[int, ...], limit: int) -> list[int]:
+    sizes = [b for b in candidates if b < limit]
+    return sizes + [limit]
+
+
+@dataclass(slots=True)
+class DecoderBuffers:
+    """Static inputs and outputs the decoder graphs read and write (mini-sglang's capture buffer)."""
+
+    tokens: Tensor  # (max_bs, 1) int64
+    positions: Tensor  # (max_bs, 1) int64
+    logits: Tensor  # (max_bs, n_vocab) float32
+
+
+@dataclass(slots=True)
+class EncoderBuffers:
+    mel: Tensor  # (max_bs, n_mels, N_FRAMES) model dtype
+    features: Tensor  # (max_bs, n_audio_ctx, n_audio_state) model dtype
+
+
+@dataclass(slots=True)
+class GraphStats:
+    encoder_replays: int = 0
+    encoder_eager: int = 0
+    decoder_replays: int = 0
+    decoder_eager: int = 0
+    encoder_padded_windows: int = 0
+
+
+class GraphRunner:
+    """Captures at start-up; replays copy inputs into static buffers, pad to the bucket and slice the outputs."""
+
+    def __init__(self, model: Whisper, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype):
+        self.model = model
+        self.cache = cache
+        self.device = cache.self_k.device
+        dims = model.dims
+        self.decode_sizes = buckets_up_to(DECODE_BATCH_BUCKETS, num_slots)
+        self.encoder_sizes = buckets_up_to(ENCODER_BATCH_BUCKETS, min(max_encoder_batch, num_slots))
+        n_ctx = cache.shape.n_text_ctx
+        self.kv_sizes = sorted({min(k, n_ctx) for k in range(KV_BUCKET, n_ctx + KV_BUCKET, KV_BUCKET)})
+        max_bs = self.decode_sizes[-1]
+        dev = self.device
+        self.dec = DecoderBuffers(
+            tokens=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
+            positions=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
+            logits=torch.zeros(max_bs, dims.n_vocab, dtype=torch.float32, device=dev),
+        )
+        max_enc = self.encoder_sizes[-1]
+        self.enc = EncoderBuffers(
+            mel=torch.zeros(max_enc, dims.n_mels, N_FRAMES, dtype=dtype, device=dev),
+            features=torch.zeros(max_enc, dims.n_audio_ctx, dims.n_audio_state, dtype=dtype, device=dev),
+        )
+        self.decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.stats = GraphStats()
+
+    # ---- capture ----------------------------------------------------------------------------------
+
+    def _decode_step(self, bs: int, kv_len: int) -> None:
+        positions = self.dec.positions[:bs]
+        mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+        hidden = self.model.decoder(self.dec.tokens[:bs], positions, self.cache, 0, kv_len, mask)
+        self.dec.logits[:bs] = self.model.decoder.logits(hidden[:, -1])
+
+    def _encode(self, bs: int) -> None:
+        self.enc.features[:bs] = self.model.encoder(self.enc.mel[:bs])
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        pool = torch.cuda.graph_pool_handle()  # one pool shared by every graph: they never run at once
+        stream = torch.cuda.Stream(self.device)
+        # Capture the largest first so later, smaller graphs fit in the pool the first ones reserved.
+        for bs in reversed(self.encoder_sizes):
+            self.encoder_graphs[bs] = self._capture_one(lambda: self._encode(bs), pool, stream)
+        for kv in reversed(self.kv_sizes):
+            for bs in reversed(self.decode_sizes):
+                self.decoder_graphs[(bs, kv)] = self._capture_one(lambda: self._decode_step(bs, kv), pool, stream)
+        torch.cuda.synchronize(self.device)
+        used = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        log.info(
+            "captured %d encoder graphs (batch %s) and %d decoder graphs (batch %s x context %s); pool %.0f MiB",
+            len(self.encoder_graphs), self.encoder_sizes, len(self.decoder_graphs),
+            self.decode_sizes, self.kv_sizes, used,
+        )  # fmt: skip
+
+    def _capture_one(self, fn, pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            fn()  # warm-up: lazy kernel and workspace initialisation must not happen during capture
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            fn()
+        return graph
+
+    # ---- replay -----------------------------------------------------------------------------------
+
+    def encoder_size_for(self, n: int) -> int | None:
+        """The captured batch size to pad n windows to, or None (run eagerly) when padding would waste too much."""
+        for size in self.encoder_sizes:
+            if size >= n:
+                return size if (size - n) / size <= MAX_ENCODER_PADDING else None
+        return None
+
+    def admissible_encoder_batch(self, n: int) -> int:
+        """How many of n waiting windows to admit now so the batch lands on a captured size."""
+        if self.encoder_size_for(n) is not None:
+            return n
+        below = [s for s in self.encoder_sizes if s <= n]
+        return below[-1] if below else n
+
+    @torch.inference_mode()
+    def encode(self, mels: Tensor) -> Tensor:
+        n = mels.shape[0]
+        size = self.encoder_size_for(n)
+        if size is None:
+            self.stats.encoder_eager += 1
+            return self.model.encoder(mels)
+        self.enc.mel[:n].copy_(mels)
+        if size > n:
+            self.enc.mel[n:size].zero_()  # padding rows: their output is ignored
+            self.stats.encoder_padded_windows += size - n
+        self.encoder_graphs[size].replay()
+        self.stats.encoder_replays += 1
+        return self.enc.features[:n]
+
+    @torch.inference_mode()
+    def decode(self, tokens: Tensor, positions: Tensor, kv_needed: int) -> Tensor | None:
+        """One decoder step for rows 0..n-1 (slots 0..n-1); None if no graph fits (caller runs eagerly)."""
+        n = tokens.shape[0]
+        bs = next((b for b in self.decode_sizes if b >= n), None)
+        kv = next((k for k in self.kv_sizes if k >= kv_needed), None)
+        if bs is None or kv is None:
+            self.stats.decoder_eager += 1
+            return None
+        self.dec.tokens[:n].copy_(tokens)
+        self.dec.positions[:n].copy_(positions)
+        if bs > n:
+            # Padding rows decode into free slots (running sequences always occupy slots 0..n-1).
+            self.dec.tokens[n:bs].zero_()
+            self.dec.positions[n:bs].zero_()
+        self.decoder_graphs[(bs, kv)].replay()
+        self.stats.decoder_replays += 1
+        return self.dec.logits[:n]
