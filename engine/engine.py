@@ -212,12 +212,13 @@ class Engine:
         except Exception as exc:
             handle.emit(exc)
             return
-        job = t.next_job()
-        if job is None:  # empty audio: nothing to decode
-            t._finish()
+        jobs = t.start_jobs()
+        if not jobs:  # empty audio: nothing to decode
+            t.finish()
             return
         self._transcriptions[handle.request_id] = (t, handle)
-        self.scheduler.add(job, continuing=False)
+        for job in jobs:
+            self.scheduler.add(job, continuing=False)
 
     def _abort(self, request_id: str) -> None:
         entry = self._transcriptions.pop(request_id, None)

@@ -68,6 +68,11 @@ class Transcription:
     def segment_size(self) -> int:
         return min(N_FRAMES, self.content_frames - self.seek)
 
+    def start_jobs(self) -> list[WindowJob]:
+        """The windows to queue when the request arrives: sequential decoding starts with the first only."""
+        job = self.next_job()
+        return [job] if job is not None else []
+
     def next_job(self) -> WindowJob | None:
         """The job for the current window at the next temperature, or None when the audio is done."""
         if self.seek >= self.content_frames or self.aborted:
@@ -118,7 +123,7 @@ class Transcription:
         self.attempts = []
         job = self.next_job()
         if job is None:
-            self._finish()
+            self.finish()
         return job
 
     def _needs_fallback(self, r: WindowResult) -> bool:
@@ -179,7 +184,7 @@ class Transcription:
         if new:
             self.emit(SegmentEvent(new))
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         self.done = True
         text = "".join(s.text for s in self.segments).strip()
         num_tokens = sum(len(s.tokens) for s in self.segments)
