@@ -108,11 +108,10 @@ class TextDecoder(nn.Module):
         for i, block in enumerate(self.blocks):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
             attn, h = block.attn, block.attn_ln(x)
-            k_new = attn.key(h).view(b, -1, attn.n_head, cache.head_dim)
-            v_new = attn.value(h).view(b, -1, attn.n_head, cache.head_dim)
+            q, k_new, v_new = self._qkv(attn, h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
             cache.self_k[i][rows, :, positions] = k_new
             cache.self_v[i][rows, :, positions] = v_new
-            q = attn.split_heads(attn.query(h))
+            q = q.transpose(1, 2)
             k = cache.self_k[i, slots, :, :kv_len]
             v = cache.self_v[i, slots, :, :kv_len]
             x = x + attn.out(attn.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)))
@@ -123,6 +122,56 @@ class TextDecoder(nn.Module):
             x = x + cross.out(cross.merge_heads(o))
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x)
+
+    def align(
+        self, tokens: Tensor, cache: KVCache, slot: int, heads: list[tuple[int, int]]
+    ) -> tuple[Tensor, Tensor]:
+        """
+        Teacher-forced pass of one sequence against its slot's cross cache, for word timestamps.
+        tokens : (1, T); returns (the alignment heads' pre-softmax cross-attention (n_heads, T, n_audio_ctx),
+        logits (T, n_vocab)). Self-attention runs over the tokens directly; the slot's self cache is untouched.
+        """
+        t = tokens.shape[1]
+        positions = torch.arange(t, device=tokens.device)
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        causal = (positions[:, None] >= positions[None, :])[None, None]
+        qks = []
+        for i, block in enumerate(self.blocks):
+            attn, h = block.attn, block.attn_ln(x)
+            q, k, v = self._qkv(attn, h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal)
+            x = x + attn.out(attn.merge_heads(o))
+            cross, h = block.cross_attn, block.cross_attn_ln(x)
+            q = cross.split_heads(cross.query(h))
+            ck, cv = cache.cross_k[i, slot : slot + 1], cache.cross_v[i, slot : slot + 1]
+            layer_heads = [head for layer, head in heads if layer == i]
+            if layer_heads:
+                qks.append((q[0, layer_heads] @ ck[0, layer_heads].transpose(-1, -2)) * cache.head_dim**-0.5)
+            x = x + cross.out(cross.merge_heads(F.scaled_dot_product_attention(q, ck, cv)))
+            x = x + block.mlp(block.mlp_ln(x))
+        return torch.cat(qks), self.logits(self.ln(x))[0]
+
+    @staticmethod
+    def _qkv(attn: MultiHeadAttention, h: Tensor) -> Tensor:
+        if hasattr(attn, "qkv_weight"):
+            return F.linear(h, attn.qkv_weight, attn.qkv_bias)
+        return torch.cat([attn.query(h), attn.key(h), attn.value(h)], dim=-1)
+
+    def fuse_qkv(self) -> None:
+        """One matmul for each self-attention's q, k and v: a decode step launches two kernels fewer per layer.
+
+        The separate projections become views of the fused weight, so no memory is added."""
+        for block in self.blocks:
+            attn = block.attn
+            d = attn.query.weight.shape[0]
+            weight = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
+            bias = torch.cat([attn.query.bias, torch.zeros_like(attn.query.bias), attn.value.bias])
+            attn.register_buffer("qkv_weight", weight, persistent=False)
+            attn.register_buffer("qkv_bias", bias, persistent=False)
+            for j, proj in enumerate((attn.query, attn.key, attn.value)):
+                proj.weight = nn.Parameter(weight[j * d : (j + 1) * d], requires_grad=False)
+            attn.query.bias = nn.Parameter(bias[:d], requires_grad=False)
+            attn.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output projection tied to the token embedding; always in float32 for stable sampling."""

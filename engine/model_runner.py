@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .audio import N_FRAMES
 from .config import EngineConfig
-from .cuda_graphs import GraphRunner
+from .cuda_graphs import KV_BUCKET, GraphRunner
 from .features import LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
@@ -63,7 +63,7 @@ class ModelRunner:
         )
         self.num_slots = min(planned, config.max_num_seqs) if config.max_num_seqs else planned
         if self.device.type == "cpu" and not config.max_num_seqs:
-            self.num_slots = min(self.num_slots, 64)  # more slots than this only slow a CPU down
+            self.num_slots = min(self.num_slots, 32)  # a CPU is saturated long before this many sequences
         log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
         self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device)
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
@@ -113,7 +113,9 @@ class ModelRunner:
         with torch.device("meta"):
             model = Whisper(ckpt.dims)
         model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
-        return model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        model.decoder.fuse_qkv()
+        return model
 
     def _activation_reserve(self) -> int:
         """Bytes kept free for activations: one encoder batch plus logits, generously rounded up."""
@@ -173,6 +175,8 @@ class ModelRunner:
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
         if logits is None:
+            # attend over a multiple of KV_BUCKET positions: few distinct shapes, so kernels are reused
+            kv_len = min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
             mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
             hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
             logits = self.model.decoder.logits(hidden[:, -1])
