@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .alignment import AlignmentInput
 from .audio import N_FRAMES
 from .config import EngineConfig
 from .cuda_graphs import KV_BUCKET, GraphRunner
@@ -51,7 +52,10 @@ class ModelRunner:
         self.dims = dims = ckpt.dims
         tokenizer_file = self._tokenizer_file(config.tokenizer) or ckpt.tokenizer_file or self._fallback_tokenizer(dims)
         self.tokenizer = Tokenizer.from_file(tokenizer_file, dims.num_languages, dims.is_multilingual)
-        self.alignment_heads = ckpt.alignment_heads
+        # CTranslate2's default when a checkpoint names none: every head of the last half of the decoder
+        self.alignment_heads = ckpt.alignment_heads or [
+            (layer, head) for layer in range(dims.n_text_layer // 2, dims.n_text_layer) for head in range(dims.n_text_head)
+        ]
         self.model = self._build_model(ckpt)
         self.log_mel = LogMelSpectrogram(dims.n_mels, self.device)
 
@@ -181,6 +185,19 @@ class ModelRunner:
             hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
             logits = self.model.decoder.logits(hidden[:, -1])
         return self._sample(seqs, logits)  # the rules edit logits in place; a graph's buffer is rewritten next replay
+
+    @torch.inference_mode()
+    def align(self, seq: Sequence, language: str | None, task: str, num_frames: int) -> AlignmentInput:
+        """Alignment-head cross-attention for a finished window, read from its slot before the slot is reused."""
+        tok = self.tokenizer
+        text = [t for t in seq.tokens if t < tok.eot]
+        prompt = tok.sot_sequence(language, task)
+        tokens = torch.tensor([prompt + [tok.no_timestamps] + text + [tok.eot]], device=self.device)
+        qk, logits = self.model.decoder.align(tokens, self.cache, seq.slot, self.alignment_heads)
+        # probability of each text token given the ones before it (rows from <|notimestamps|> on)
+        probs = logits[len(prompt) : len(prompt) + len(text), : tok.eot].float().softmax(dim=-1)
+        token_probs = probs[torch.arange(len(text)), torch.tensor(text, dtype=torch.long)].tolist() if text else []
+        return AlignmentInput(text, qk.float().cpu(), token_probs, num_frames, len(prompt))
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
         rules = self._rules(seqs)
