@@ -12,6 +12,8 @@ import time
 import numpy as np
 import torch
 
+from .audio import CHUNK_LENGTH
+from .chunked import ChunkedTranscription
 from .config import EngineConfig
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
@@ -28,6 +30,7 @@ from .request import (
 )
 from .sequence import Sequence
 from .transcription import Transcription
+from .vad import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -102,6 +105,7 @@ class Engine:
         self._stopped = threading.Event()
         self._error: BaseException | None = None
         self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
+        self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
         self.num_steps = 0
         self.num_tokens = 0
 
@@ -135,8 +139,20 @@ class Engine:
             num_waiting=self._num_pending + self.scheduler.num_waiting,
             num_running=len(self.scheduler.running),
             num_slots=self.runner.num_slots,
-            extra={"steps": float(self.num_steps), "tokens": float(self.num_tokens)},
+            extra=self._totals(),
         )
+
+    def _totals(self) -> dict[str, float]:
+        totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens)}
+        graphs = self.runner.graphs
+        if graphs is not None:
+            s = graphs.stats
+            totals.update(
+                encoder_graph_replays=s.encoder_replays, encoder_eager_runs=s.encoder_eager,
+                decoder_graph_replays=s.decoder_replays, decoder_eager_runs=s.decoder_eager,
+                encoder_padded_windows=s.encoder_padded_windows,
+            )  # fmt: skip
+        return totals
 
     def validate(self, options: DecodeOptions) -> None:
         tok = self.tokenizer
@@ -206,9 +222,12 @@ class Engine:
             self._num_pending -= 1
         try:
             mel = self.runner.mel(torch.from_numpy(audio))
-            t = Transcription(
-                handle.request_id, mel, len(audio) / 16000, options, self.tokenizer, self.runner.n_text_ctx, handle.emit
-            )
+            args = (handle.request_id, mel, len(audio) / 16000, options, self.tokenizer, self.runner.n_text_ctx)
+            if options.chunking is None:
+                t = Transcription(*args, handle.emit)
+            else:
+                spans = self.vad.speech_spans(audio, options.chunking, max_span_s=CHUNK_LENGTH)
+                t = ChunkedTranscription(*args, handle.emit, spans)
         except Exception as exc:
             handle.emit(exc)
             return

@@ -38,6 +38,11 @@ class Metrics:
         self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.", registry=self.registry)
         self.running = Gauge("whisper_running_sequences", "Sequences being decoded.", registry=self.registry)
         self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry)
+        # Engine totals (steps, tokens, CUDA-graph replays and eager fallbacks), so a silent fall back to
+        # eager execution shows up on a dashboard.
+        self.engine_totals = Gauge(
+            "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry
+        )
 
     def render(self, stats: EngineStats | None) -> bytes:
         """Prometheus text exposition; engine gauges are read at scrape time."""
@@ -45,6 +50,8 @@ class Metrics:
             self.queue_depth.set(stats.num_waiting)
             self.running.set(stats.num_running)
             self.slots.set(stats.num_slots)
+            for name, value in stats.extra.items():
+                self.engine_totals.labels(name).set(value)
         return generate_latest(self.registry)
 
 
