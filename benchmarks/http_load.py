@@ -15,7 +15,8 @@ of the response body.
 and prints both rows and the throughput ratio (what continuous batching buys).
 
 --spawn "ARGS" starts `python -m server serve ARGS --host 127.0.0.1 --port <free port>` from the repository root,
-waits for GET /health to answer 200, runs the benchmark against it and stops it.
+waits for GET /health to answer 200, runs the benchmark against it and stops it. `--spawn` alone starts the
+defaults (tiny.en); write a single flag as `--spawn=--dummy-weights` so that it is not read as this script's own.
 """
 
 from __future__ import annotations
