@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -115,6 +116,13 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json for dummy multilingual models")
     ap.add_argument("--no-peer", action="store_true")
     args = ap.parse_args()
+    if len(args.models) > 1:
+        # one process per model: a finished engine's caches and graph pools are then surely returned
+        for model in args.models:
+            i = sys.argv.index("--models")
+            rest = [a for a in sys.argv[1:i]] + sys.argv[i + 1 + len(args.models):]
+            subprocess.run([sys.executable, __file__, "--models", model, *rest], check=True)
+        return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, {args.tokens} tokens per window")
     rows = []
     for model in args.models:
