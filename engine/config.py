@@ -24,6 +24,9 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     seed: int = 0
+    # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
+    # so runs with random weights do the same work as peers told the same.
+    fixed_decode_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -38,5 +41,7 @@ class EngineConfig:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
+            raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -171,6 +172,11 @@ class Engine:
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         self.validate(options)
+        if self.config.fixed_decode_tokens is not None:
+            options = dataclasses.replace(
+                options, fixed_decode_tokens=self.config.fixed_decode_tokens, temperatures=(0.0,),
+                no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None,
+            )  # fmt: skip
         with self._lock:
             if self._num_pending >= self.config.max_waiting:
                 raise EngineOverloadedError(f"{self._num_pending} requests are already waiting; retry later")

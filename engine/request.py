@@ -15,6 +15,24 @@ class Task(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkingOptions:
+    """Chunked mode: cut the audio at silences found by voice activity detection (OpenAI's `server_vad`)."""
+
+    threshold: float = 0.5  # speech probability above which a 32 ms frame is speech
+    prefix_padding_ms: int = 300  # audio kept on each side of a speech span
+    silence_duration_ms: int = 500  # a pause at least this long ends a speech span
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0:
+            raise ValueError(
+                f"prefix_padding_ms and silence_duration_ms must be >= 0, "
+                f"got {self.prefix_padding_ms} and {self.silence_duration_ms}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class DecodeOptions:
     """Per-request decoding knobs (openai/whisper's DecodingOptions + transcribe() arguments)."""
 
@@ -33,6 +51,8 @@ class DecodeOptions:
     seed: int = 0  # seeds sampling at temperature > 0 so a result can be reproduced
     # Benchmarks only: decode exactly this many tokens per window, EOS ignored.
     fixed_decode_tokens: int | None = None
+    # Set: VAD cuts the audio into windows decoded in parallel (no previous-text conditioning across them).
+    chunking: ChunkingOptions | None = None
 
     def __post_init__(self) -> None:
         if not self.temperatures:

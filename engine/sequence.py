@@ -25,6 +25,7 @@ class WindowJob:
     with_timestamps: bool = True
     max_new_tokens: int | None = None
     fixed_decode_tokens: int | None = None
+    window_index: int = 0  # which of the request's windows (chunked mode decodes several at once)
 
 
 @dataclass(slots=True, eq=False)

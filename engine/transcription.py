@@ -77,54 +77,64 @@ class Transcription:
         """The job for the current window at the next temperature, or None when the audio is done."""
         if self.seek >= self.content_frames or self.aborted:
             return None
+        window = self.mel[:, self.seek : self.seek + self.segment_size]
+        previous = self.all_tokens[self.prompt_reset_since :]
+        return self._window_job(window, previous, self.language, self.options.temperatures[len(self.attempts)])
+
+    def _window_job(
+        self, window: Tensor, previous: list[int], language: str | None, temperature: float, index: int = 0
+    ) -> WindowJob:
+        """A decode of `window` (mel frames), conditioned on `previous` text; language None detects it."""
         tok, opts = self.tokenizer, self.options
         prompt: list[int] = []
-        previous = self.all_tokens[self.prompt_reset_since :]
         if previous:
             # Whisper conditions on at most half the context of previous text
             prompt = [tok.sot_prev] + previous[-(self.n_text_ctx // 2 - 1) :]
         tail = [] if not opts.without_timestamps else [tok.no_timestamps]
-        detect = self.language is None
+        detect = language is None
         if detect:
             prompt += [tok.sot]
             forced = [tok.task_token(opts.task.value)] + tail
         else:
-            prompt += tok.sot_sequence(self.language, opts.task.value) + tail
+            prompt += tok.sot_sequence(language, opts.task.value) + tail
             forced = []
-        window = self.mel[:, self.seek : self.seek + self.segment_size]
         return WindowJob(
             transcription=self,
             mel=pad_or_trim(window, N_FRAMES),
             prompt=prompt,
-            temperature=opts.temperatures[len(self.attempts)],
+            temperature=temperature,
             detect_language=detect,
             forced_after_language=forced,
             with_timestamps=not opts.without_timestamps,
             fixed_decode_tokens=opts.fixed_decode_tokens,
+            window_index=index,
         )
 
     def on_window_done(self, seq: Sequence) -> WindowJob | None:
         """Judge a finished window: retry at a higher temperature, move on, or finish the request."""
         if seq.language is not None and self.language is None:
             self.language = seq.language
+        result = self._window_result(seq)
+        self.attempts.append(result)
+        if self._needs_fallback(result) and len(self.attempts) < len(self.options.temperatures):
+            return self.next_job()
+        self._accept(self._best_attempt(self.attempts))
+        self.attempts = []
+        job = self.next_job()
+        if job is None:
+            self.finish()
+        return job
+
+    def _window_result(self, seq: Sequence) -> WindowResult:
         tokens = seq.tokens
         text = self.tokenizer.decode(tokens).strip()
-        result = WindowResult(
+        return WindowResult(
             tokens=tokens,
             avg_logprob=seq.sum_logprob / (len(tokens) + 1),
             compression_ratio=compression_ratio(text),
             no_speech_prob=seq.no_speech_prob,
             temperature=seq.job.temperature,
         )
-        self.attempts.append(result)
-        if self._needs_fallback(result) and len(self.attempts) < len(self.options.temperatures):
-            return self.next_job()
-        self._accept(self._best_attempt())
-        self.attempts = []
-        job = self.next_job()
-        if job is None:
-            self.finish()
-        return job
 
     def _needs_fallback(self, r: WindowResult) -> bool:
         o = self.options
@@ -135,24 +145,30 @@ class Transcription:
         silent = o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold and too_unlikely
         return (too_repetitive or too_unlikely) and not silent
 
-    def _best_attempt(self) -> WindowResult:
-        last = self.attempts[-1]
-        if len(self.attempts) == 1 or not self._needs_fallback(last):
+    def _best_attempt(self, attempts: list[WindowResult]) -> WindowResult:
+        """The decode to keep from one window's attempts, one per temperature tried."""
+        last = attempts[-1]
+        if len(attempts) == 1 or not self._needs_fallback(last):
             return last
         # every temperature failed: take the likeliest decode that was not too repetitive
         threshold = self.options.compression_ratio_threshold
-        ok = [a for a in self.attempts if threshold is None or a.compression_ratio <= threshold]
-        best = max(ok or self.attempts, key=lambda a: a.avg_logprob)
+        ok = [a for a in attempts if threshold is None or a.compression_ratio <= threshold]
+        best = max(ok or attempts, key=lambda a: a.avg_logprob)
         best.temperature = last.temperature  # the prompt-reset rule looks at the last temperature tried
         return best
+
+    def _is_silence(self, r: WindowResult) -> bool:
+        o = self.options
+        if o.no_speech_threshold is None or r.no_speech_prob <= o.no_speech_threshold:
+            return False
+        return o.log_prob_threshold is None or r.avg_logprob <= o.log_prob_threshold
 
     def _accept(self, r: WindowResult) -> None:
         o, tok = self.options, self.tokenizer
         segment_size = self.segment_size
-        if o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold:
-            if o.log_prob_threshold is None or r.avg_logprob <= o.log_prob_threshold:
-                self.seek += segment_size  # silence: skip the window
-                return
+        if self._is_silence(r):
+            self.seek += segment_size  # silence: skip the window
+            return
         raw, next_seek = split_by_timestamps(r.tokens, tok.timestamp_begin, self.seek, segment_size)
         if o.fixed_decode_tokens is not None:
             next_seek = self.seek + segment_size  # benchmarks: one window per 30 s, whatever tokens came out
@@ -162,27 +178,32 @@ class Transcription:
             if piece.start == piece.end or not text.strip():
                 continue
             self.all_tokens.extend(piece.tokens)
-            end = min(piece.end, self.duration)
-            new.append(
-                Segment(
-                    id=len(self.segments) + len(new),
-                    seek=self.seek,
-                    start=round(min(piece.start, end), 3),
-                    end=round(end, 3),
-                    text=text,
-                    tokens=piece.tokens,
-                    temperature=r.temperature,
-                    avg_logprob=r.avg_logprob,
-                    compression_ratio=r.compression_ratio,
-                    no_speech_prob=r.no_speech_prob,
-                )
-            )
+            segment_id = len(self.segments) + len(new)
+            new.append(self._segment(segment_id, self.seek, piece.start, piece.end, text, piece.tokens, r))
         if not o.condition_on_previous_text or r.temperature > o.prompt_reset_on_temperature:
             self.prompt_reset_since = len(self.all_tokens)
         self.seek = max(next_seek, self.seek + 1)  # always make progress
         self.segments.extend(new)
         if new:
             self.emit(SegmentEvent(new))
+
+    def _segment(
+        self, id: int, seek: int, start: float, end: float, text: str, tokens: list[int], r: WindowResult
+    ) -> Segment:
+        """A segment of the transcript, its times (seconds) clamped to the audio."""
+        end = min(end, self.duration)
+        return Segment(
+            id=id,
+            seek=seek,
+            start=round(min(start, end), 3),
+            end=round(end, 3),
+            text=text,
+            tokens=tokens,
+            temperature=r.temperature,
+            avg_logprob=r.avg_logprob,
+            compression_ratio=r.compression_ratio,
+            no_speech_prob=r.no_speech_prob,
+        )
 
     def finish(self) -> None:
         self.done = True

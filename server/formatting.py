@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from openai.types.audio.transcription_text_done_event import Usage as TokenUsage
+from openai.types.audio.transcription_text_done_event import UsageInputTokenDetails
+
+from engine.audio import TOKENS_PER_SECOND
 from engine.request import Segment, Task, TranscriptionResult
 from engine.tokenizer import LANGUAGES
 
@@ -36,6 +40,18 @@ def language_name(code: str) -> str:
 
 def duration_usage(duration: float) -> DurationUsage:
     return DurationUsage(seconds=math.ceil(duration))
+
+
+def token_usage(result: TranscriptionResult) -> TokenUsage:
+    """The tokens-shaped usage of OpenAI's `transcript.text.done`: audio in as encoder positions, text out."""
+    audio_tokens = math.ceil(result.duration * TOKENS_PER_SECOND)
+    return TokenUsage(
+        type="tokens",
+        input_tokens=audio_tokens,
+        input_token_details=UsageInputTokenDetails(audio_tokens=audio_tokens, text_tokens=0),
+        output_tokens=result.num_tokens,
+        total_tokens=audio_tokens + result.num_tokens,
+    )
 
 
 def _finite(value: float, default: float) -> float:

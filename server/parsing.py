@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive
 
 from engine.audio import AudioDecodeError, decode_audio
-from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
+from engine.request import DEFAULT_TEMPERATURES, ChunkingOptions, DecodeOptions, Task
 from engine.tokenizer import LANGUAGES
 
 from .errors import APIError, ClientDisconnectedError
@@ -27,6 +27,13 @@ MAX_FORM_FILES = 4
 MAX_FORM_FIELDS = 256
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 RESPONSE_FORMATS = ", ".join(f"'{f.value}'" for f in ResponseFormat)
+STREAM_FORMATS = (ResponseFormat.JSON, ResponseFormat.TEXT)  # the stream carries text only
+# chunking_strategy's server_vad fields (OpenAI's names) and what each must be
+CHUNKING_FIELDS = {
+    "threshold": "a number in [0, 1]",
+    "prefix_padding_ms": "a whole number of milliseconds >= 0",
+    "silence_duration_ms": "a whole number of milliseconds >= 0",
+}
 
 
 def too_large(max_upload_bytes: int) -> APIError:
@@ -181,10 +188,18 @@ def _unsupported(param: str, message: str) -> APIError:
 
 def check_supported(form: TranslationForm, response_format: ResponseFormat) -> None:
     """Refuse, by name, what OpenAI accepts but this server does not implement yet."""
-    if form.stream:
-        raise _unsupported("stream", "stream=true is not supported yet; send the request without stream.")
     if not isinstance(form, TranscriptionForm):
+        if form.stream:  # OpenAI has no streaming translations either
+            raise _unsupported("stream", "Translations cannot be streamed; send the request without stream.")
         return
+    if form.stream and response_format not in STREAM_FORMATS:
+        raise APIError(
+            400,
+            f"stream=true sends transcript.text events and needs response_format 'json' or 'text', "
+            f"not '{response_format.value}'.",
+            param="stream",
+            code="invalid_value",
+        )
     for granularity in form.timestamp_granularities or ():
         if granularity == "word":
             raise _unsupported(
@@ -207,13 +222,57 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
         )
     if form.include:
         raise _unsupported("include[]", f"include[]={form.include[0]} is not supported for Whisper models.")
-    if form.chunking_strategy is not None:
-        raise _unsupported(
-            "chunking_strategy", "chunking_strategy is not supported yet; omit it and the audio is transcribed whole."
-        )
     for name in ("known_speaker_names", "known_speaker_references", "keywords", "languages"):
         if getattr(form, name):
             raise _unsupported(f"{name}[]", f"{name}[] is not supported for Whisper models.")
+
+
+def _bad_chunking(message: str) -> APIError:
+    return APIError(400, f"Invalid chunking_strategy: {message}", param="chunking_strategy", code="invalid_value")
+
+
+def _chunking_number(name: str, value: Any, kind: type) -> float | int:
+    """A form string ("0.5", "300") or, from a JSON object, a number."""
+    if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+        raise _bad_chunking(f"'{name}' must be {CHUNKING_FIELDS[name]}, got {value!r}.")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise _bad_chunking(f"'{name}' must be {CHUNKING_FIELDS[name]}, got {value!r}.") from None
+
+
+def parse_chunking(value: str | dict[str, Any] | None) -> ChunkingOptions | None:
+    """`chunking_strategy` as the SDK sends it: `auto`, or `chunking_strategy[type]=server_vad` with its knobs.
+
+    A JSON object in one field (`-F 'chunking_strategy={"type": "server_vad"}'`) is accepted too.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _bad_chunking("not valid JSON.") from None
+        if not isinstance(value, dict):
+            raise _bad_chunking("expected an object.")
+    if isinstance(value, str):
+        if value == "auto":
+            return ChunkingOptions()
+        raise _bad_chunking(f"expected 'auto' or an object with type 'server_vad', got '{value}'.")
+    if value.get("type") != "server_vad":
+        raise _bad_chunking(f"'type' must be 'server_vad', got {value.get('type')!r}.")
+    unknown = sorted(set(value) - {"type", *CHUNKING_FIELDS})
+    if unknown:
+        raise _bad_chunking(f"unknown field '{unknown[0]}'; expected {', '.join(CHUNKING_FIELDS)}.")
+    numbers = {
+        name: _chunking_number(name, value[name], float if name == "threshold" else int)
+        for name in CHUNKING_FIELDS
+        if name in value
+    }
+    try:
+        return ChunkingOptions(**numbers)
+    except ValueError as exc:
+        raise _bad_chunking(f"{exc}.") from None
 
 
 async def parse_upload(form: FormData, max_bytes: int) -> Upload:
@@ -245,7 +304,9 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         check_model(fields.model, settings)
         response_format = parse_response_format(fields.response_format)
         check_supported(fields, response_format)
-        language = parse_language(fields.language) if isinstance(fields, TranscriptionForm) else None
+        is_transcription = isinstance(fields, TranscriptionForm)
+        language = parse_language(fields.language) if is_transcription else None
+        chunking = parse_chunking(fields.chunking_strategy) if is_transcription else None
         upload = await parse_upload(form, max_bytes)
     finally:
         await form.close()
@@ -257,13 +318,23 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         language=language,
         prompt=fields.prompt or None,
         temperature=fields.temperature,
+        stream=fields.stream,
+        chunking=chunking,
     )
 
 
-def decode_options(task: Task, language: str | None, prompt: str | None, temperature: float) -> DecodeOptions:
+def decode_options(
+    task: Task,
+    language: str | None,
+    prompt: str | None,
+    temperature: float,
+    chunking: ChunkingOptions | None = None,
+) -> DecodeOptions:
     # temperature 0 is OpenAI's "raise the temperature until the thresholds pass", i.e. Whisper's fallback.
     temperatures = DEFAULT_TEMPERATURES if temperature == 0 else (temperature,)
-    return DecodeOptions(task=task, language=language, prompt=prompt or None, temperatures=temperatures)
+    return DecodeOptions(
+        task=task, language=language, prompt=prompt or None, temperatures=temperatures, chunking=chunking
+    )
 
 
 async def decode_upload(data: bytes, param: str = "file") -> np.ndarray:

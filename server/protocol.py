@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.request import Task
+from engine.request import ChunkingOptions, Task
 
 __all__ = [
     "ChatCompletion",
@@ -95,6 +95,8 @@ class TranscriptionParams:
     language: str | None  # ISO code
     prompt: str | None
     temperature: float
+    stream: bool = False  # answer with transcript.text.* server-sent events
+    chunking: ChunkingOptions | None = None  # chunking_strategy: VAD windows decoded in parallel
 
 
 class InputAudio(BaseModel):

@@ -53,7 +53,9 @@ class Settings(BaseSettings):
     max_text_ctx: int | None = Field(default=None, ge=1)
     """Self-attention cache length; default is the decoder's own (448)."""
     seed: int = 0
-    """Seed for sampling at temperature > 0."""
+    """Seed for sampling at temperature > 0 (requests are reproducible)."""
+    fixed_decode_tokens: int | None = Field(default=None, ge=1)
+    """Benchmarks only: decode exactly this many tokens per 30 s window (EOS ignored, no fallbacks)."""
     chat_template: Path | None = None
     """Jinja template for /v1/chat/completions answers (default: chat_templates/transcript.jinja)."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
@@ -85,4 +87,5 @@ class Settings(BaseSettings):
             enforce_eager=self.enforce_eager,
             num_threads=self.num_threads,
             seed=self.seed,
+            fixed_decode_tokens=self.fixed_decode_tokens,
         )

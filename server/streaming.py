@@ -1,17 +1,29 @@
-"""Waiting on the engine while watching the client: a disconnect aborts the request's decoding."""
+"""Waiting on the engine while watching the client (a disconnect aborts the request's decoding), and
+OpenAI's transcription stream: server-sent `transcript.text.delta` events as windows finish, then `.done`."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
+from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from engine.engine import Engine
+from engine.engine import Engine, RequestHandle
 from engine.request import DecodeOptions, EngineError, TranscriptionResult
 
 from .errors import ClientDisconnectedError, from_engine_error
+from .formatting import token_usage
+
+SSE_MEDIA_TYPE = "text/event-stream"
+# No caching, and no buffering in a reverse proxy (nginx honours X-Accel-Buffering), so each event goes out at once.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -20,14 +32,19 @@ async def wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
+def submit(engine: Engine, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
+    """Queue a request; a full queue, a bad option or a dead engine is an APIError before any response starts."""
+    try:
+        return engine.submit(audio, options)
+    except EngineError as exc:
+        raise from_engine_error(exc) from exc
+
+
 async def transcribe(
     engine: Engine, audio: np.ndarray, options: DecodeOptions, request: Request
 ) -> TranscriptionResult:
     """Submit to the engine and wait for the whole result; abort it if the client disconnects first."""
-    try:
-        handle = engine.submit(audio, options)
-    except EngineError as exc:
-        raise from_engine_error(exc) from exc
+    handle = submit(engine, audio, options)
     result_task = asyncio.ensure_future(handle.result())
     disconnect_task = asyncio.ensure_future(wait_for_disconnect(request.receive))
     finished = False
@@ -46,3 +63,65 @@ async def transcribe(
         return result_task.result()
     except EngineError as exc:
         raise from_engine_error(exc) from exc
+
+
+def sse_event(data: BaseModel | dict) -> str:
+    body = data.model_dump_json(exclude_none=True) if isinstance(data, BaseModel) else json.dumps(data)
+    return f"data: {body}\n\n"
+
+
+class DeltaText:
+    """Turns segment texts into deltas whose concatenation is exactly the final, stripped transcript."""
+
+    def __init__(self) -> None:
+        self.sent = ""  # text of the deltas so far
+        self.held = ""  # trailing whitespace, sent only once more text follows it
+
+    def add(self, text: str) -> str:
+        text = self.held + text
+        if not self.sent:
+            text = text.lstrip()  # the transcript is stripped, so the first delta starts at its first word
+        delta = text.rstrip()
+        self.held = text[len(delta) :]
+        self.sent += delta
+        return delta
+
+
+async def transcript_events(
+    handle: RequestHandle, on_done: Callable[[TranscriptionResult], None]
+) -> AsyncIterator[str]:
+    """OpenAI's transcription stream: a delta for each window's final segments, then the whole text and usage.
+
+    Dropping the stream (the client went away) aborts the request. A failure after the response has started is
+    sent as an `{"error": ...}` event, which the SDK raises as an APIError.
+    """
+    finished = False
+    try:
+        deltas = DeltaText()
+        try:
+            async for event in handle.events():
+                delta = deltas.add("".join(segment.text for segment in event.segments))
+                if delta:
+                    yield sse_event(TranscriptionTextDeltaEvent(type="transcript.text.delta", delta=delta))
+            result = await handle.result()
+        except EngineError as exc:
+            finished = True
+            yield sse_event(from_engine_error(exc).body())
+            return
+        finished = True
+        done = TranscriptionTextDoneEvent(
+            type="transcript.text.done", text=result.text.strip(), usage=token_usage(result)
+        )
+        yield sse_event(done)
+        on_done(result)
+    finally:
+        if not finished:  # cancelled mid-stream: never leave a slot decoding for nobody
+            handle.abort()
+
+
+def sse_response(handle: RequestHandle, events: AsyncIterator[str]) -> StreamingResponse:
+    # The abort after the response also covers a client gone before the stream's first event (the generator's
+    # own cleanup never runs then); once the result is in, abort does nothing.
+    return StreamingResponse(
+        events, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS, background=BackgroundTask(handle.abort)
+    )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from engine.request import Task
+from engine.request import Task, TranscriptionResult
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import render
 from ..parsing import decode_options, decode_upload, parse_transcription
 from ..protocol import TranscriptionForm, TranslationForm
-from ..streaming import transcribe
+from ..streaming import sse_response, submit, transcribe, transcript_events
 
 router = APIRouter(tags=["audio"])
 
@@ -28,9 +28,16 @@ async def _serve(
 ) -> Response:
     params = await parse_transcription(request, settings, task)
     audio = await decode_upload(params.upload.data)
-    options = decode_options(params.task, params.language, params.prompt, params.temperature)
+    options = decode_options(params.task, params.language, params.prompt, params.temperature, params.chunking)
+
+    def count_audio(result: TranscriptionResult) -> None:
+        metrics.audio_seconds.labels(task.value).inc(result.duration)
+
+    if params.stream:
+        handle = submit(engine, audio, options)
+        return sse_response(handle, transcript_events(handle, on_done=count_audio))
     result = await transcribe(engine, audio, options, request)
-    metrics.audio_seconds.labels(task.value).inc(result.duration)
+    count_audio(result)
     body = render(result, params.response_format, task)
     return Response(body.content, media_type=body.media_type)
 

@@ -50,11 +50,18 @@ BAD_FIELDS = {
         "timestamp_granularities[]",
     ),
     "granularity without verbose_json": ({"timestamp_granularities": ["segment"]}, "timestamp_granularities[]"),
-    "stream": ({"stream": True}, "stream"),
+    "stream with srt": ({"stream": True, "response_format": "srt"}, "stream"),
     "stream not a bool": ({"stream": "sometimes"}, "stream"),
     "include logprobs": ({"include": ["logprobs"]}, "include[]"),
-    "chunking_strategy auto": ({"chunking_strategy": "auto"}, "chunking_strategy"),
-    "chunking_strategy server_vad": ({"chunking_strategy": {"type": "server_vad"}}, "chunking_strategy"),
+    "chunking_strategy unknown": ({"chunking_strategy": "manual"}, "chunking_strategy"),
+    "chunking_strategy threshold": (
+        {"chunking_strategy": {"type": "server_vad", "threshold": 1.5}},
+        "chunking_strategy",
+    ),
+    "chunking_strategy padding": (
+        {"chunking_strategy": {"type": "server_vad", "prefix_padding_ms": "lots"}},
+        "chunking_strategy",
+    ),
 }
 
 

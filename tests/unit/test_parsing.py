@@ -14,7 +14,7 @@ import openai
 import pytest
 from starlette.requests import Request
 
-from engine.request import DEFAULT_TEMPERATURES, Task
+from engine.request import DEFAULT_TEMPERATURES, ChunkingOptions, Task
 from server.errors import APIError
 from server.parsing import (
     decode_options,
@@ -171,15 +171,12 @@ def test_every_response_format(fmt):
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"stream": True}, "stream"),
         ({"timestamp_granularities": ["word"], "response_format": "verbose_json"}, "timestamp_granularities[]"),
         (
             {"timestamp_granularities": ["segment", "word"], "response_format": "verbose_json"},
             "timestamp_granularities[]",
         ),
         ({"include": ["logprobs"]}, "include[]"),
-        ({"chunking_strategy": "auto"}, "chunking_strategy"),
-        ({"chunking_strategy": {"type": "server_vad", "threshold": 0.5}}, "chunking_strategy"),
         ({"response_format": "diarized_json"}, "response_format"),
         ({"known_speaker_names": ["a"]}, "known_speaker_names[]"),
     ],
@@ -189,6 +186,54 @@ def test_unimplemented_fields_are_refused_by_name(kwargs, param):
     assert err.status_code == 400
     assert err.param == param
     assert err.code == "unsupported_value"
+
+
+def test_stream_and_chunking_strategy_as_the_sdk_sends_them():
+    assert parse(transcribe(stream=True)).stream is True
+    assert parse(transcribe(stream=True, response_format="text")).stream is True
+    assert parse(transcribe()).stream is False and parse(transcribe()).chunking is None
+    assert parse(transcribe(chunking_strategy="auto")).chunking == ChunkingOptions()
+    vad = {"type": "server_vad", "threshold": 0.3, "prefix_padding_ms": 100, "silence_duration_ms": 700}
+    assert parse(transcribe(chunking_strategy=vad)).chunking == ChunkingOptions(0.3, 100, 700)
+    only_type = parse(transcribe(chunking_strategy={"type": "server_vad"})).chunking
+    assert only_type == ChunkingOptions()
+    as_json = parse(raw_form({"model": "whisper-1", "chunking_strategy": '{"type": "server_vad", "threshold": 0.2}'}))
+    assert as_json.chunking == ChunkingOptions(threshold=0.2)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "manual",
+        {"type": "semantic_vad"},
+        {"threshold": 0.5},
+        {"type": "server_vad", "threshold": 1.5},
+        {"type": "server_vad", "threshold": "high"},
+        {"type": "server_vad", "threshold": "nan"},
+        {"type": "server_vad", "prefix_padding_ms": -1},
+        {"type": "server_vad", "silence_duration_ms": 2.5},
+        {"type": "server_vad", "eagerness": "low"},
+        '{"type": "server_vad", "threshold": true}',
+        '{"type": "server_vad", "silence_duration_ms": 2.5}',
+        "{not json",
+        "[1, 2]",
+    ],
+)
+def test_bad_chunking_strategy_is_400(strategy):
+    if isinstance(strategy, str):
+        err = error_of(raw_form({"model": "whisper-1", "chunking_strategy": strategy}))
+    else:
+        err = error_of(transcribe(chunking_strategy=strategy))
+    assert (err.status_code, err.param, err.code) == (400, "chunking_strategy", "invalid_value"), err.message
+
+
+def test_stream_needs_a_text_format_and_translations_do_not_stream():
+    for fmt in ("srt", "vtt", "verbose_json"):
+        err = error_of(transcribe(stream=True, response_format=fmt))
+        assert (err.status_code, err.param) == (400, "stream")
+    # the SDK has no stream argument for translations; a hand-made form can still send one
+    err = error_of(raw_form({"model": "whisper-1", "stream": "true"}), task=Task.TRANSLATE)
+    assert (err.status_code, err.param, err.code) == (400, "stream", "unsupported_value")
 
 
 @pytest.mark.parametrize(
@@ -302,6 +347,7 @@ def test_temperature_zero_is_fallback_schedule_else_single():
     assert options.temperatures == (0.3,)
     assert (options.task, options.language, options.prompt) == (Task.TRANSLATE, "de", "Hallo")
     assert decode_options(Task.TRANSCRIBE, None, "", 0.0).prompt is None
+    assert decode_options(Task.TRANSCRIBE, None, None, 0.0, ChunkingOptions()).chunking == ChunkingOptions()
 
 
 def test_decode_upload_real_audio_and_garbage():

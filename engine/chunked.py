@@ -1,0 +1,124 @@
+"""ChunkedTranscription: speech found by VAD, packed into windows that all decode at once (chunking_strategy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES
+from .chunking import Window, pack_spans
+from .request import DecodeOptions, Segment, SegmentEvent, TranscriptionResult
+from .segments import FRAME_SECONDS
+from .sequence import Sequence, WindowJob
+from .tokenizer import Tokenizer
+from .transcription import Transcription
+
+JOIN_TOLERANCE_MS = 1000
+
+
+class ChunkedTranscription(Transcription):
+    """Decodes every window of a request at once, in the shared batch, instead of one after another.
+
+    The windows hold only speech: VAD spans packed end to end, up to 30 s each. Each window is decoded by a
+    `Transcription` of its own (Whisper's algorithm: temperature fallback, and a second decode of what a first
+    one left unfinished), so no window is conditioned on another's text, only on the request's prompt; with no
+    language given, each window detects its own. Segments go out in time order, their times mapped back to the
+    original audio. The engine sees only this object: every window's job names it and carries its window index,
+    so sampling at temperature > 0 draws from the request's one generator in the order windows happen to run.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        mel: Tensor,
+        duration: float,
+        options: DecodeOptions,
+        tokenizer: Tokenizer,
+        n_text_ctx: int,
+        emit: Callable[[object], None],
+        spans: list[tuple[int, int]],
+    ):
+        """spans : speech (start, end) in samples of the 16 kHz audio, each at most 30 s long."""
+        super().__init__(request_id, mel, duration, options, tokenizer, n_text_ctx, emit)
+        frames = [(start // HOP_LENGTH, min(end // HOP_LENGTH, self.content_frames)) for start, end in spans]
+        self.windows: list[Window] = pack_spans(frames, N_FRAMES)
+        padding_ms = options.chunking.prefix_padding_ms if options.chunking is not None else 0
+        # frames around a join where a segment boundary is taken to be the join: the non-speech kept around each
+        # span, plus how far Whisper's segment boundaries stray (they come early, when a pause was cut short)
+        self.margin = (padding_ms + JOIN_TOLERANCE_MS) * FRAMES_PER_SECOND // 1000
+        self.parts = [self._part(index) for index in range(len(self.windows))]
+        self.pending: list[list[Segment]] = [[] for _ in self.windows]  # mapped, not yet sent
+        self.parts_done = [False] * len(self.windows)
+        self.head = 0  # the earliest unfinished window: its segments go out as they come, later ones wait
+
+    def _part(self, index: int) -> Transcription:
+        window = self.windows[index]
+        slices = [self.mel[:, p.start : p.end] for p in window.pieces]
+        # Transcription takes a mel's last frame for STFT padding and never reads it
+        mel = torch.cat([*slices, slices[-1][:, -1:]], dim=-1)
+        duration = window.length * FRAME_SECONDS
+        args = (self.request_id, mel, duration, self.options, self.tokenizer, self.n_text_ctx)
+        return Transcription(*args, emit=lambda item: self._on_part_output(index, item))
+
+    def _own(self, index: int, job: WindowJob) -> WindowJob:
+        """A part's job, addressed to this request (which the engine tracks and aborts) and to its window."""
+        job.transcription = self
+        job.window_index = index
+        return job
+
+    def start_jobs(self) -> list[WindowJob]:
+        jobs: list[WindowJob] = []
+        for index, part in enumerate(self.parts):
+            if self.aborted:
+                return []
+            part_jobs = part.start_jobs()
+            if not part_jobs:  # nothing to decode in this window (cannot happen with non-empty pieces)
+                part.finish()
+            jobs += [self._own(index, job) for job in part_jobs]
+        return jobs
+
+    def on_window_done(self, seq: Sequence) -> WindowJob | None:
+        """The window's next decode (a fallback retry or the rest of the window), or None."""
+        index = seq.job.window_index
+        job = self.parts[index].on_window_done(seq)
+        return None if job is None else self._own(index, job)
+
+    def _on_part_output(self, index: int, item: object) -> None:
+        if isinstance(item, SegmentEvent):
+            self.pending[index].extend(self._to_original(index, segment) for segment in item.segments)
+        elif isinstance(item, TranscriptionResult):
+            self.parts_done[index] = True
+        self._emit_in_order()
+        if self.head == len(self.windows) and not self.done:
+            self.finish()
+
+    def _to_original(self, index: int, segment: Segment) -> Segment:
+        window = self.windows[index]
+        # whole frames (timestamps are 20 ms steps): a time on a join must land exactly on it
+        start_frame, end_frame = round(segment.start * FRAMES_PER_SECOND), round(segment.end * FRAMES_PER_SECOND)
+        start, end = window.span_to_original(start_frame, end_frame, self.margin)
+        segment.seek = int(window.to_original(segment.seek))
+        segment.end = round(min(end * FRAME_SECONDS, self.duration), 3)
+        segment.start = round(min(start * FRAME_SECONDS, segment.end), 3)
+        return segment
+
+    def _emit_in_order(self) -> None:
+        while self.head < len(self.windows):
+            new, self.pending[self.head] = self.pending[self.head], []
+            for segment in new:
+                segment.id = len(self.segments)
+                self.segments.append(segment)
+            if new:
+                self.emit(SegmentEvent(new))
+            if not self.parts_done[self.head]:
+                return
+            self.head += 1
+
+    def finish(self) -> None:
+        if self.done:  # the last window finished while the request started: the engine calls finish() again
+            return
+        if self.language is None:  # like Whisper: the language of the first speech
+            self.language = next((part.language for part in self.parts if part.language is not None), None)
+        super().finish()

@@ -1,0 +1,151 @@
+"""Voice activity detection: speech spans of 16 kHz audio from Silero VAD, run batched on the CPU.
+
+Silero's own `get_speech_timestamps` calls its recurrent TorchScript model once per 32 ms frame from Python,
+which costs tens of ms per second of audio on a CPU core and would stall the engine loop. The network is small:
+a strided-conv front end that needs no state, then one LSTM cell. So this file runs the front end on every
+frame at once and the LSTM as one `nn.LSTM` call, with the weights of the wheel's TorchScript model, and hands
+the probabilities to silero's own span logic (`get_speech_timestamps_from_probs`).
+tests/unit/test_vad.py checks the probabilities against silero's JIT model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .audio import SAMPLE_RATE
+from .request import ChunkingOptions
+
+FRAME_SAMPLES = 512  # silero's frame at 16 kHz (32 ms)
+CONTEXT_SAMPLES = 64  # each frame sees the last samples of the previous one
+MIN_SPEECH_MS = 250  # silero's default: shorter bursts are dropped
+ENCODE_BLOCK_FRAMES = 8192  # bounds the front end's memory on long audio (~4.4 min per block)
+
+
+class SileroVAD(nn.Module):
+    """Silero VAD's 16 kHz network: STFT as a conv, four conv layers, an LSTM cell, a sigmoid head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stft_conv = nn.Conv1d(1, 258, kernel_size=256, stride=128, bias=False)  # real + imaginary, 129 bins
+        self.conv1 = nn.Conv1d(129, 128, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(128, 64, kernel_size=3, stride=2, padding=1)
+        self.conv3 = nn.Conv1d(64, 64, kernel_size=3, stride=2, padding=1)
+        self.conv4 = nn.Conv1d(64, 128, kernel_size=3, padding=1)
+        self.lstm = nn.LSTM(128, 128, batch_first=True)
+        self.final_conv = nn.Conv1d(128, 1, kernel_size=1)
+
+    @classmethod
+    def from_package(cls) -> SileroVAD:
+        """The network of the `silero-vad` wheel's default model (`load_silero_vad()`, TorchScript)."""
+        with warnings.catch_warnings():  # its loader uses deprecated importlib and TorchScript calls
+            warnings.simplefilter("ignore", DeprecationWarning)
+            jit = _import_silero().load_silero_vad(onnx=False)._model  # the 16 kHz network
+        renames = {"stft.forward_basis_buffer": "stft_conv.weight", "decoder.decoder.2.": "final_conv."}
+        renames |= {f"encoder.{i}.reparam_conv.": f"conv{i + 1}." for i in range(4)}
+        renames |= {
+            f"decoder.rnn.{name}": f"lstm.{name}_l0" for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        }
+        state = {}
+        for key, value in jit.state_dict().items():
+            prefix = next(p for p in renames if key.startswith(p))
+            state[renames[prefix] + key[len(prefix) :]] = value
+        model = cls()
+        model.load_state_dict(state)  # strict: every layer is accounted for
+        return model.eval()
+
+    def encode(self, frames: Tensor) -> Tensor:
+        """frames : Tensor, shape = (num_frames, CONTEXT_SAMPLES + FRAME_SAMPLES) -> (num_frames, 128)"""
+        x = F.pad(frames.unsqueeze(1), (0, CONTEXT_SAMPLES), mode="reflect")
+        x = self.stft_conv(x)
+        x = (x[:, :129] ** 2 + x[:, 129:] ** 2).sqrt()
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.relu(self.conv3(x))
+        return F.relu(self.conv4(x)).squeeze(-1)
+
+    def forward(self, frames: Tensor) -> Tensor:
+        """Speech probability of each frame, in order: (num_frames, 576) -> (num_frames,)"""
+        features = torch.cat([self.encode(block) for block in frames.split(ENCODE_BLOCK_FRAMES)])
+        with _one_thread():  # one 128-wide step after another: fanning each out to threads costs more than it saves
+            hidden, _ = self.lstm(features.unsqueeze(0))
+        out = self.final_conv(F.relu(hidden[0]).unsqueeze(-1))
+        return torch.sigmoid(out).flatten()
+
+
+def frame_audio(audio: Tensor) -> Tensor:
+    """Cut 16 kHz audio into silero's frames, each led by the previous frame's tail (zeros before the first).
+
+    Returns frames : Tensor, shape = (ceil(samples / FRAME_SAMPLES), CONTEXT_SAMPLES + FRAME_SAMPLES)
+    """
+    num_frames = -(-audio.shape[-1] // FRAME_SAMPLES)
+    padded = F.pad(audio, (CONTEXT_SAMPLES, num_frames * FRAME_SAMPLES - audio.shape[-1]))
+    return padded.unfold(0, CONTEXT_SAMPLES + FRAME_SAMPLES, FRAME_SAMPLES)
+
+
+class VoiceActivityDetector:
+    """Speech spans of whole recordings; the model is loaded once, on first use, and runs on the CPU."""
+
+    def __init__(self) -> None:
+        self._model: SileroVAD | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> SileroVAD:
+        with self._lock:
+            if self._model is None:
+                self._model = SileroVAD.from_package()
+        return self._model
+
+    @torch.inference_mode()
+    def speech_probs(self, audio: np.ndarray) -> list[float]:
+        """One probability per 32 ms frame of 16 kHz mono audio."""
+        if len(audio) == 0:
+            return []
+        frames = frame_audio(torch.as_tensor(audio, dtype=torch.float32).cpu())
+        return self.model(frames).tolist()
+
+    def speech_spans(
+        self, audio: np.ndarray, options: ChunkingOptions, max_span_s: float = float("inf")
+    ) -> list[tuple[int, int]]:
+        """(start, end) sample ranges of speech, padded by `prefix_padding_ms`, split at pauses of at least
+        `silence_duration_ms`; a span longer than `max_span_s` is cut at its longest pause."""
+        probs = self.speech_probs(audio)
+        if not probs:
+            return []
+        spans = _import_silero().get_speech_timestamps_from_probs(
+            probs,
+            sampling_rate=SAMPLE_RATE,
+            threshold=options.threshold,
+            min_speech_duration_ms=MIN_SPEECH_MS,
+            max_speech_duration_s=max_span_s,
+            min_silence_duration_ms=options.silence_duration_ms,
+            speech_pad_ms=options.prefix_padding_ms,
+            audio_length_samples=len(audio),
+        )
+        return [(int(s["start"]), int(s["end"])) for s in spans if s["end"] > s["start"]]
+
+
+@contextlib.contextmanager
+def _one_thread():
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(num_threads)
+
+
+def _import_silero():
+    """The silero_vad package, imported without its side effect on the process."""
+    num_threads = torch.get_num_threads()
+    import silero_vad  # its import calls torch.set_num_threads(1), which would slow the engine down
+
+    torch.set_num_threads(num_threads)
+    return silero_vad

@@ -1,0 +1,89 @@
+"""Engine behaviour on real weights: batch invariance, refused languages, empty audio, the context limit, timestamps."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from engine_utils import GREEDY, WAIT_S, submit_all, tokens_of
+
+from engine.request import DecodeOptions, InvalidRequestError
+
+JFK = "g1_en_jfk.flac"
+JFK_DURATION_S = 11.0
+# Lengths from 1.5 s to 27 s, several speakers and codecs: a batch whose sequences finish at different steps.
+BATCH = (
+    JFK,
+    "g1_en_ljspeech_LJ002-0020.wav",
+    "g1_en_librispeech-test-clean_1221-135766-0001.wav",
+    "g1_en_librispeech-test-other_1688-142285-0002.flac",
+    "g1_en_timit-sample_LDC93S1.wav",
+    "g1_en_spontaneous_mfa-acoustic-corpus.wav",
+    "g1_en_3speakers_picovoice-diarization.wav",
+    "g4_en_sonnet1-excerpt_mp3.mp3",
+)
+# Whisper's defaults (timestamps, temperature fallback): the path the server takes for a plain request.
+DEFAULTS = DecodeOptions()
+
+
+def exact_fields(result) -> tuple:
+    segments = [(s.id, s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for s in result.segments]
+    return result.text, result.language, result.num_tokens, segments
+
+
+def scores(result) -> list[float]:
+    return [x for s in result.segments for x in (s.avg_logprob, s.no_speech_prob)]
+
+
+def test_concurrent_equals_one_by_one(tiny_engine, load_clip):
+    audios = {name: load_clip(name) for name in BATCH}
+    together = submit_all(tiny_engine, audios, DEFAULTS)
+    alone = {name: tiny_engine.submit(audio, DEFAULTS).wait(timeout=WAIT_S) for name, audio in audios.items()}
+    for name in BATCH:
+        assert together[name].text, name
+        assert exact_fields(together[name]) == exact_fields(alone[name]), name
+        # Scores are float32 sums: a CPU matmul rounds differently at another batch size (~1e-7 seen).
+        assert scores(together[name]) == pytest.approx(scores(alone[name]), rel=1e-4)
+
+
+def test_english_only_model_refuses_german(tiny_engine, load_clip):
+    with pytest.raises(InvalidRequestError, match="English-only") as info:
+        tiny_engine.submit(load_clip(JFK), DecodeOptions(language="de"))
+    assert info.value.param == "language"
+    assert tiny_engine.transcribe(load_clip(JFK), DecodeOptions(language="en", temperatures=(0.0,))).text
+
+
+@pytest.mark.parametrize("options", [GREEDY, DEFAULTS], ids=["greedy-no-timestamps", "defaults"])
+def test_empty_audio_gives_empty_text(tiny_engine, options):
+    result = tiny_engine.submit(np.zeros(0, dtype=np.float32), options).wait(timeout=30)
+    assert result.text == "" and result.segments == [] and result.duration == 0.0
+
+
+def test_decoding_stops_at_the_context_limit(tiny_engine, load_clip):
+    tokenizer, n_text_ctx = tiny_engine.tokenizer, tiny_engine.runner.n_text_ctx
+    prompt = [tokenizer.sot, tokenizer.no_timestamps]  # tiny.en takes no language or task token
+    options = DecodeOptions(without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=1000)
+    result = tiny_engine.submit(load_clip(JFK), options).wait(timeout=WAIT_S)
+    assert n_text_ctx == 448
+    assert len(result.segments) == 1
+    assert len(prompt) + len(result.segments[0].tokens) == n_text_ctx
+    assert result.num_tokens == n_text_ctx - len(prompt)
+    # The engine goes on serving, and the slot it freed is clean.
+    assert tokens_of(tiny_engine.submit(load_clip(JFK), GREEDY).wait(timeout=WAIT_S)) == tokens_of(
+        tiny_engine.submit(load_clip(JFK), GREEDY).wait(timeout=WAIT_S)
+    )
+
+
+def test_timestamped_segments_are_ordered_and_inside_the_audio(tiny_engine, load_clip):
+    result = tiny_engine.submit(load_clip(JFK), DecodeOptions(temperatures=(0.0,))).wait(timeout=WAIT_S)
+    segments = result.segments
+    assert len(segments) >= 2, [(s.start, s.end, s.text) for s in segments]
+    assert "ask not what your country can do for you" in result.text.lower()
+    for previous, segment in itertools.pairwise(segments):
+        assert previous.start < segment.start and previous.end <= segment.start < segment.end
+    for segment in segments:
+        assert 0.0 <= segment.start < segment.end <= JFK_DURATION_S
+        assert segment.text.strip()
+        assert segment.tokens[0] >= tiny_engine.tokenizer.timestamp_begin  # the segment opens with its timestamp
+    assert [s.id for s in segments] == list(range(len(segments)))

@@ -1,0 +1,111 @@
+"""One set of tiny.en weights in three formats: CTranslate2 float16 (the package), HF safetensors, CTranslate2 int8."""
+
+from __future__ import annotations
+
+import jiwer
+import pytest
+from engine_utils import normalize_english, submit_all, tokens_of
+
+from tests.weights_export import write_hf_export
+
+# A spread of speakers, lengths and codecs; submitting them together also exercises batching.
+CLIPS = (
+    "g1_en_jfk.flac",
+    "g1_en_librispeech-test-clean_1089-134686-0001.wav",
+    "g1_en_librispeech-test-clean_1995-1837-0001.wav",
+    "g1_en_librispeech-test-other_1688-142285-0001.flac",
+    "g1_en_librivox_sense-and-sensibility-0890.wav",
+    "g1_en_ljspeech_LJ002-0020.wav",
+    "g1_en_timit-sample_LDC93S1.wav",
+    "g1_en_one-two-three.wav",
+    "g1_en_spontaneous_mfa-acoustic-corpus.wav",
+    "g1_en_whispered_mfa-whisper.flac",
+    "g1_en_3speakers_picovoice-diarization.wav",
+    "g4_en_sonnet1-excerpt_m4a.m4a",
+    "g4_en_timit-sample_LDC93S1_44k-stereo.wav",
+)
+# int8 rounds every weight row to 1/254 of its range, so greedy decoding takes another word where the float16 model
+# was unsure. Observed with CTranslate2 4.x's converter (float16 words -> int8 words, after normalize_english).
+INT8_WORD_DIFFERENCES = {
+    "g1_en_librispeech-test-clean_1995-1837-0001.wav": "the loss of the carton itself -> the loss of the cotton itself",
+    "g1_en_librispeech-test-other_1688-142285-0001.flac": "having been a shopboy -> having been a shop boy",
+    "g1_en_librivox_sense-and-sensibility-0890.wav": "is to be ill disposed -> is to be old sposed",
+    "g1_en_whispered_mfa-whisper.flac": "this is all very whispered -> this is all very whisper",
+    "g4_en_sonnet1-excerpt_m4a.m4a": "we desire increase -> we desire and crease",
+    "g4_en_timit-sample_LDC93S1_44k-stereo.wav": "she had your duck suit -> she had your dog suit",
+}
+MAX_INT8_WORD_EDITS = 2  # per allow-listed clip: a word or two, never a different transcript
+
+
+@pytest.fixture(scope="module")
+def audios(load_clip):
+    return {name: load_clip(name) for name in CLIPS}
+
+
+@pytest.fixture(scope="module")
+def package(tiny_transcripts):
+    """Transcripts from the packaged CTranslate2 float16 weights: the reference for the other formats."""
+    return tiny_transcripts(CLIPS)
+
+
+@pytest.fixture(scope="module")
+def hf_export_dir(tiny_engine, tmp_path_factory):
+    """The packaged tiny.en written out as a Hugging Face directory (model.safetensors, configs, tokenizer)."""
+    from engine.weights import load_checkpoint
+
+    return write_hf_export(load_checkpoint("tiny.en"), tmp_path_factory.mktemp("hf") / "tiny.en")
+
+
+@pytest.fixture(scope="module")
+def int8_dir(hf_export_dir, tmp_path_factory):
+    """That export quantized by CTranslate2's own converter, as a user would make an int8 model."""
+    converters = pytest.importorskip("ctranslate2.converters")
+    out = tmp_path_factory.mktemp("ct2-int8") / "tiny.en-int8"
+    return converters.TransformersConverter(str(hf_export_dir)).convert(str(out), quantization="int8")
+
+
+def transcripts_from(model_dir, audios):
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    engine = Engine(EngineConfig(model=str(model_dir), device="cpu"))
+    engine.start()
+    try:
+        return submit_all(engine, audios)
+    finally:
+        engine.shutdown()
+
+
+def test_all_clips_are_in_the_manifest(short_english_clips):
+    assert set(CLIPS) <= {row["file"] for row in short_english_clips}
+    assert set(INT8_WORD_DIFFERENCES) <= set(CLIPS)
+
+
+def test_safetensors_export_gives_identical_tokens(package, hf_export_dir, audios):
+    from engine.weights import resolve_model
+
+    assert resolve_model(str(hf_export_dir)).source_format == "hf"
+    export = transcripts_from(hf_export_dir, audios)
+    different = [name for name in CLIPS if tokens_of(export[name]) != tokens_of(package[name])]
+    assert not different, {name: (package[name].text, export[name].text) for name in different}
+
+
+def test_int8_gives_the_same_words(package, int8_dir, audios):
+    from engine.weights import resolve_model
+
+    assert resolve_model(str(int8_dir)).source_format == "ct2"
+    int8 = transcripts_from(int8_dir, audios)
+    unexpected, seen = {}, {}
+    for name in CLIPS:
+        want, got = normalize_english(package[name].text), normalize_english(int8[name].text)
+        if want == got:
+            continue
+        seen[name] = f"{want!r} -> {got!r}"
+        edits = jiwer.process_words(want, got)
+        num_edits = edits.substitutions + edits.deletions + edits.insertions
+        if name not in INT8_WORD_DIFFERENCES or num_edits > MAX_INT8_WORD_EDITS:
+            unexpected[name] = seen[name]
+    print(f"\nint8 words differ from float16 on {len(seen)}/{len(CLIPS)} clips:")
+    for name, difference in seen.items():
+        print(f"  {name}: {difference}")
+    assert not unexpected, unexpected

@@ -1,0 +1,62 @@
+"""Batched Silero VAD (engine/vad.py) against the silero-vad package's own frame-by-frame model and span logic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.request import ChunkingOptions
+from engine.vad import VoiceActivityDetector
+
+CLIP = "g2_en_earnings22_4483589_261-321s.wav"  # 60 s of a conference call, with pauses
+
+
+@pytest.fixture(scope="module")
+def audio(load_clip) -> np.ndarray:
+    return load_clip(CLIP)
+
+
+@pytest.fixture(scope="module")
+def vad() -> VoiceActivityDetector:
+    return VoiceActivityDetector()
+
+
+def test_loading_keeps_torch_thread_count(vad):
+    num_threads = torch.get_num_threads()
+    assert vad.model is vad.model  # loaded once
+    assert torch.get_num_threads() == num_threads  # silero's import sets it to 1 for the whole process
+
+
+def test_probabilities_match_silero_frame_by_frame(vad, audio):
+    silero_vad = pytest.importorskip("silero_vad")
+    clip = torch.from_numpy(audio[: 20 * 16000])
+    model = silero_vad.load_silero_vad()
+    model.reset_states()
+    expected = [model(chunk, 16000).item() for chunk in torch.nn.functional.pad(clip, (0, -len(clip) % 512)).split(512)]
+    assert np.allclose(vad.speech_probs(clip.numpy()), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("options", [ChunkingOptions(), ChunkingOptions(0.3, 100, 200), ChunkingOptions(0.7, 0, 1000)])
+def test_spans_match_silero_get_speech_timestamps(vad, audio, options):
+    silero_vad = pytest.importorskip("silero_vad")
+    expected = silero_vad.get_speech_timestamps(
+        torch.from_numpy(audio),
+        silero_vad.load_silero_vad(),
+        threshold=options.threshold,
+        min_silence_duration_ms=options.silence_duration_ms,
+        speech_pad_ms=options.prefix_padding_ms,
+    )
+    spans = vad.speech_spans(audio, options)
+    assert spans == [(s["start"], s["end"]) for s in expected]
+    assert len(spans) >= 2
+
+
+def test_long_speech_is_cut_under_the_limit(vad, audio):
+    spans = vad.speech_spans(audio, ChunkingOptions(silence_duration_ms=5000), max_span_s=10.0)
+    assert spans and all(end - start <= 10 * 16000 for start, end in spans)
+
+
+def test_silence_and_empty_audio_have_no_speech(vad):
+    assert vad.speech_spans(np.zeros(16000 * 5, dtype=np.float32), ChunkingOptions()) == []
+    assert vad.speech_spans(np.zeros(0, dtype=np.float32), ChunkingOptions()) == []
