@@ -79,6 +79,9 @@ class ChunkedTranscription(Transcription):
             jobs += [self._own(index, job) for job in part_jobs]
         return jobs
 
+    def tokens_to_align(self, seq: Sequence) -> list[int]:
+        return self.parts[seq.job.window_index].tokens_to_align(seq)
+
     def on_window_done(self, seq: Sequence) -> WindowJob | None:
         """The window's next decode (a fallback retry or the rest of the window), or None."""
         index = seq.job.window_index
@@ -102,6 +105,11 @@ class ChunkedTranscription(Transcription):
         segment.seek = int(window.to_original(segment.seek))
         segment.end = round(min(end * FRAME_SECONDS, self.duration), 3)
         segment.start = round(min(start * FRAME_SECONDS, segment.end), 3)
+        for word in segment.words or []:  # words inside the segment, mapped the same way
+            w_start = window.to_original(round(word.start * FRAMES_PER_SECOND)) * FRAME_SECONDS
+            w_end = window.to_original(round(word.end * FRAMES_PER_SECOND)) * FRAME_SECONDS
+            word.start = round(min(max(w_start, segment.start), segment.end), 2)
+            word.end = round(min(max(w_end, word.start), segment.end), 2)
         return segment
 
     def _emit_in_order(self) -> None:

@@ -266,6 +266,12 @@ class Engine:
             self._release()
         self.num_steps += 1
 
+    def _align(self, seq: Sequence) -> None:
+        t = seq.job.transcription
+        language = seq.language or t.language or "en"
+        text = t.tokens_to_align(seq)
+        seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
+
     def _advance(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
         tok = self.tokenizer
         for seq, token, logprob in zip(seqs, tokens, logprobs):
@@ -293,6 +299,9 @@ class Engine:
                 seq.finished = True  # clean stop at the decoder's context limit
 
     def _release(self) -> None:
+        for seq in self.scheduler.running:
+            if seq.finished and not seq.aborted and seq.job.word_timestamps:
+                self._align(seq)  # needs the slot's cross-attention cache, so before the slot is reused
         for seq in self.scheduler.release_finished(self.runner.cache):
             if seq.aborted:
                 continue

@@ -187,10 +187,9 @@ class ModelRunner:
         return self._sample(seqs, logits)  # the rules edit logits in place; a graph's buffer is rewritten next replay
 
     @torch.inference_mode()
-    def align(self, seq: Sequence, language: str | None, task: str, num_frames: int) -> AlignmentInput:
-        """Alignment-head cross-attention for a finished window, read from its slot before the slot is reused."""
+    def align(self, seq: Sequence, text: list[int], language: str, task: str, num_frames: int) -> AlignmentInput:
+        """Alignment-head cross-attention for a finished window's text tokens, read from its slot."""
         tok = self.tokenizer
-        text = [t for t in seq.tokens if t < tok.eot]
         prompt = tok.sot_sequence(language, task)
         tokens = torch.tensor([prompt + [tok.no_timestamps] + text + [tok.eot]], device=self.device)
         qk, logits = self.model.decoder.align(tokens, self.cache, seq.slot, self.alignment_heads)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from .alignment import AlignmentInput
     from .transcription import Transcription
 
 
@@ -25,7 +26,9 @@ class WindowJob:
     with_timestamps: bool = True
     max_new_tokens: int | None = None
     fixed_decode_tokens: int | None = None
-    window_index: int = 0  # which of the request's windows (chunked mode decodes several at once)
+    window_index: int = 0
+    word_timestamps: bool = False
+    num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)  # which of the request's windows (chunked mode decodes several at once)
 
 
 @dataclass(slots=True, eq=False)
@@ -43,6 +46,7 @@ class Sequence:
     last_timestamp: int = -1  # last sampled timestamp token, -1 if none
     finished: bool = False
     aborted: bool = False
+    alignment: AlignmentInput | None = None  # word-timestamp inputs, read from the slot before it is reused
 
     @property
     def num_sampled(self) -> int:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .audio import N_FRAMES
+from .alignment import AlignmentInput, add_word_timestamps, find_alignment
+from .audio import FRAMES_PER_SECOND, N_FRAMES
 from .features import pad_or_trim
 from .request import DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
-from .segments import FRAME_SECONDS, compression_ratio, split_by_timestamps
+from .segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 from .sequence import Sequence, WindowJob
 from .tokenizer import Tokenizer
 
@@ -23,6 +24,7 @@ class WindowResult:
     compression_ratio: float
     no_speech_prob: float
     temperature: float
+    alignment: AlignmentInput | None = None
 
 
 class Transcription:
@@ -51,6 +53,7 @@ class Transcription:
         self.initial_tokens = tokenizer.encode(" " + options.prompt.strip()) if options.prompt else []
         self.all_tokens = list(self.initial_tokens)
         self.prompt_reset_since = 0
+        self.last_speech = 0.0  # end of the last word so far (word-timestamp heuristics)
         self.segments: list[Segment] = []
         self.attempts: list[WindowResult] = []  # this window's decodes so far, one per temperature
         self.aborted = False
@@ -108,6 +111,8 @@ class Transcription:
             with_timestamps=not opts.without_timestamps,
             fixed_decode_tokens=opts.fixed_decode_tokens,
             window_index=index,
+            word_timestamps=opts.word_timestamps,
+            num_frames=window.shape[-1],
         )
 
     def on_window_done(self, seq: Sequence) -> WindowJob | None:
@@ -134,7 +139,19 @@ class Transcription:
             compression_ratio=compression_ratio(text),
             no_speech_prob=seq.no_speech_prob,
             temperature=seq.job.temperature,
+            alignment=seq.alignment,
         )
+
+    def _kept_pieces(self, tokens: list[int], segment_size: int) -> tuple[list[RawSegment], int]:
+        """The window's segments that become part of the transcript (not instantaneous, not empty)."""
+        raw, next_seek = split_by_timestamps(tokens, self.tokenizer.timestamp_begin, self.seek, segment_size)
+        kept = [p for p in raw if p.start != p.end and self.tokenizer.decode(p.tokens).strip()]
+        return kept, next_seek
+
+    def tokens_to_align(self, seq: Sequence) -> list[int]:
+        """Text tokens whose words get timestamps: those of the segments this window would keep."""
+        kept, _ = self._kept_pieces(seq.tokens, self.segment_size)
+        return [t for p in kept for t in p.tokens if t < self.tokenizer.eot]
 
     def _needs_fallback(self, r: WindowResult) -> bool:
         o = self.options
@@ -169,17 +186,23 @@ class Transcription:
         if self._is_silence(r):
             self.seek += segment_size  # silence: skip the window
             return
-        raw, next_seek = split_by_timestamps(r.tokens, tok.timestamp_begin, self.seek, segment_size)
+        kept, next_seek = self._kept_pieces(r.tokens, segment_size)
         if o.fixed_decode_tokens is not None:
             next_seek = self.seek + segment_size  # benchmarks: one window per 30 s, whatever tokens came out
         new: list[Segment] = []
-        for piece in raw:
-            text = tok.decode(piece.tokens)
-            if piece.start == piece.end or not text.strip():
-                continue
+        for piece in kept:
             self.all_tokens.extend(piece.tokens)
             segment_id = len(self.segments) + len(new)
+            text = tok.decode(piece.tokens)
             new.append(self._segment(segment_id, self.seek, piece.start, piece.end, text, piece.tokens, r))
+        if o.word_timestamps and new and r.alignment is not None:
+            timings = find_alignment(tok, r.alignment)
+            self.last_speech = add_word_timestamps(new, timings, tok.eot, self.time_offset, self.last_speech)
+            single_ending = len(r.tokens) >= 2 and r.tokens[-2] < tok.timestamp_begin <= r.tokens[-1]
+            last_word_end = next((s.words[-1].end for s in reversed(new) if s.words), None)
+            if not single_ending and last_word_end is not None and last_word_end > self.time_offset:
+                # resume right after the last word, which is sharper than the last timestamp token
+                next_seek = round(last_word_end * FRAMES_PER_SECOND)
         if not o.condition_on_previous_text or r.temperature > o.prompt_reset_on_temperature:
             self.prompt_reset_since = len(self.all_tokens)
         self.seek = max(next_seek, self.seek + 1)  # always make progress

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from openai.types.audio.transcription_text_done_event import Usage as TokenUsage
 from openai.types.audio.transcription_text_done_event import UsageInputTokenDetails
+from openai.types.audio.transcription_word import TranscriptionWord
 
 from engine.audio import TOKENS_PER_SECOND
 from engine.request import Segment, Task, TranscriptionResult
@@ -78,12 +79,21 @@ def transcription_json(result: TranscriptionResult) -> TranscriptionJSON:
     return TranscriptionJSON(text=result.text.strip(), usage=duration_usage(result.duration))
 
 
-def transcription_verbose_json(result: TranscriptionResult) -> TranscriptionVerboseJSON:
+def transcription_verbose_json(
+    result: TranscriptionResult, granularities: frozenset[str] = frozenset({"segment"})
+) -> TranscriptionVerboseJSON:
+    """OpenAI sends `segments` for the segment granularity (the default) and `words` for the word one."""
+    words = [
+        TranscriptionWord(word=w.word.strip(), start=w.start, end=w.end)
+        for s in result.segments
+        for w in s.words or ()
+    ]
     return TranscriptionVerboseJSON(
         language=language_name(result.language),
         duration=float(result.duration),
         text=result.text.strip(),
-        segments=[segment_model(s) for s in result.segments],
+        segments=[segment_model(s) for s in result.segments] if "segment" in granularities else None,
+        words=words if "word" in granularities else None,
         usage=duration_usage(result.duration),
     )
 
@@ -135,7 +145,12 @@ def format_text(result: TranscriptionResult) -> str:
     return result.text.strip() + "\n"
 
 
-def render(result: TranscriptionResult, response_format: ResponseFormat, task: Task) -> FormattedBody:
+def render(
+    result: TranscriptionResult,
+    response_format: ResponseFormat,
+    task: Task,
+    granularities: frozenset[str] = frozenset({"segment"}),
+) -> FormattedBody:
     """The exact body OpenAI sends for `response_format`."""
     if response_format is ResponseFormat.TEXT:
         return FormattedBody(format_text(result), TEXT_MEDIA_TYPE)
@@ -144,7 +159,10 @@ def render(result: TranscriptionResult, response_format: ResponseFormat, task: T
     if response_format is ResponseFormat.VTT:
         return FormattedBody(format_vtt(result.segments), TEXT_MEDIA_TYPE)
     if response_format is ResponseFormat.VERBOSE_JSON:
-        verbose = translation_verbose_json if task is Task.TRANSLATE else transcription_verbose_json
-        return FormattedBody(verbose(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
+        if task is Task.TRANSLATE:
+            verbose = translation_verbose_json(result)
+        else:
+            verbose = transcription_verbose_json(result, granularities)
+        return FormattedBody(verbose.model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
     plain = translation_json if task is Task.TRANSLATE else transcription_json
     return FormattedBody(plain(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)

@@ -201,12 +201,7 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
             code="invalid_value",
         )
     for granularity in form.timestamp_granularities or ():
-        if granularity == "word":
-            raise _unsupported(
-                "timestamp_granularities[]",
-                "Word timestamps (timestamp_granularities[]=word) are not supported yet; use 'segment'.",
-            )
-        if granularity != "segment":
+        if granularity not in ("word", "segment"):
             raise APIError(
                 400,
                 f"Invalid value: '{granularity}'. Supported values are: 'word' and 'segment'.",
@@ -320,6 +315,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         temperature=fields.temperature,
         stream=fields.stream,
         chunking=chunking,
+        granularities=frozenset(getattr(fields, "timestamp_granularities", None) or ("segment",)),
     )
 
 
@@ -329,11 +325,17 @@ def decode_options(
     prompt: str | None,
     temperature: float,
     chunking: ChunkingOptions | None = None,
+    word_timestamps: bool = False,
 ) -> DecodeOptions:
     # temperature 0 is OpenAI's "raise the temperature until the thresholds pass", i.e. Whisper's fallback.
     temperatures = DEFAULT_TEMPERATURES if temperature == 0 else (temperature,)
     return DecodeOptions(
-        task=task, language=language, prompt=prompt or None, temperatures=temperatures, chunking=chunking
+        task=task,
+        language=language,
+        prompt=prompt or None,
+        temperatures=temperatures,
+        chunking=chunking,
+        word_timestamps=word_timestamps,
     )
 
 

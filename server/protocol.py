@@ -97,6 +97,7 @@ class TranscriptionParams:
     temperature: float
     stream: bool = False  # answer with transcript.text.* server-sent events
     chunking: ChunkingOptions | None = None  # chunking_strategy: VAD windows decoded in parallel
+    granularities: frozenset[str] = frozenset({"segment"})  # timestamp_granularities[]: segment and/or word
 
 
 class InputAudio(BaseModel):

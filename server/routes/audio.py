@@ -28,7 +28,8 @@ async def _serve(
 ) -> Response:
     params = await parse_transcription(request, settings, task)
     audio = await decode_upload(params.upload.data)
-    options = decode_options(params.task, params.language, params.prompt, params.temperature, params.chunking)
+    words = "word" in params.granularities
+    options = decode_options(params.task, params.language, params.prompt, params.temperature, params.chunking, words)
 
     def count_audio(result: TranscriptionResult) -> None:
         metrics.audio_seconds.labels(task.value).inc(result.duration)
@@ -38,7 +39,7 @@ async def _serve(
         return sse_response(handle, transcript_events(handle, on_done=count_audio))
     result = await transcribe(engine, audio, options, request)
     count_audio(result)
-    body = render(result, params.response_format, task)
+    body = render(result, params.response_format, task, params.granularities)
     return Response(body.content, media_type=body.media_type)
 
 

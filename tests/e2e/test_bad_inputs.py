@@ -45,10 +45,6 @@ BAD_FIELDS = {
         {"timestamp_granularities": ["sentence"], "response_format": "verbose_json"},
         "timestamp_granularities[]",
     ),
-    "word granularity": (
-        {"timestamp_granularities": ["word"], "response_format": "verbose_json"},
-        "timestamp_granularities[]",
-    ),
     "granularity without verbose_json": ({"timestamp_granularities": ["segment"]}, "timestamp_granularities[]"),
     "stream with srt": ({"stream": True, "response_format": "srt"}, "stream"),
     "stream not a bool": ({"stream": "sometimes"}, "stream"),

@@ -163,3 +163,20 @@ def test_served_model_name_is_accepted(server, data_dir):
     served = server.client().models.list().data[0].id
     result = server.client().audio.transcriptions.create(file=data_dir / JFK, model=served)
     assert contains_words(result.text, JFK_WORDS)
+
+
+def test_word_timestamps_through_the_sdk(server, data_dir):
+    client = server.client()
+    both = client.audio.transcriptions.create(
+        file=data_dir / JFK, model="whisper-1", response_format="verbose_json",
+        timestamp_granularities=["segment", "word"],
+    )  # fmt: skip
+    assert isinstance(both, TranscriptionVerbose)
+    assert [w.word for w in both.words][:4] == ["And", "so", "my", "fellow"]
+    assert all(0 <= w.start <= w.end <= both.duration for w in both.words)
+    assert [w.start for w in both.words] == sorted(w.start for w in both.words)
+    assert both.segments and words(" ".join(w.word for w in both.words)) == words(both.text)
+    only_words = client.audio.transcriptions.create(
+        file=data_dir / JFK, model="whisper-1", response_format="verbose_json", timestamp_granularities=["word"]
+    )
+    assert only_words.words and not only_words.segments

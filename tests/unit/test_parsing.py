@@ -171,11 +171,6 @@ def test_every_response_format(fmt):
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"timestamp_granularities": ["word"], "response_format": "verbose_json"}, "timestamp_granularities[]"),
-        (
-            {"timestamp_granularities": ["segment", "word"], "response_format": "verbose_json"},
-            "timestamp_granularities[]",
-        ),
         ({"include": ["logprobs"]}, "include[]"),
         ({"response_format": "diarized_json"}, "response_format"),
         ({"known_speaker_names": ["a"]}, "known_speaker_names[]"),
@@ -357,3 +352,14 @@ def test_decode_upload_real_audio_and_garbage():
         with pytest.raises(APIError) as info:
             asyncio.run(decode_upload(bad))
         assert (info.value.status_code, info.value.param) == (400, "file")
+
+
+@pytest.mark.parametrize(
+    ("granularities", "expected"),
+    [(None, {"segment"}), (["word"], {"word"}), (["segment", "word"], {"segment", "word"})],
+)
+def test_timestamp_granularities_are_parsed(granularities, expected):
+    kwargs = {"response_format": "verbose_json"}
+    if granularities:
+        kwargs["timestamp_granularities"] = granularities
+    assert parse(transcribe(**kwargs)).granularities == expected
