@@ -57,8 +57,15 @@ def check_output(command: str, out: str) -> None:
         assert contains_words(" ".join(c.text for c in webvtt.from_string(out)), JFK_WORDS)
     elif "response_format=text" in command:
         assert contains_words(out, JFK_WORDS)
+    elif "timestamp_granularities[]=word" in command:
+        assert [w["word"] for w in json.loads(out)["words"]][:2] == ["And", "so"]
     elif "response_format=verbose_json" in command:
         assert json.loads(out)["segments"]
+    elif "stream=true" in command:
+        events = [json.loads(line[len("data: ") :]) for line in out.splitlines() if line.startswith("data: ")]
+        assert events[-1]["type"] == "transcript.text.done"
+        assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
+        assert contains_words(events[-1]["text"], JFK_WORDS)
     elif "/transcriptions" in command:
         assert contains_words(json.loads(out)["text"], JFK_WORDS)
     elif command.endswith("/v1/models"):
