@@ -171,6 +171,11 @@ class Engine:
         """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
+        audio = np.asarray(audio)
+        if audio.ndim != 1 or audio.dtype.kind != "f":
+            raise InvalidRequestError(f"audio must be 1-D float samples, got {audio.dtype} of shape {audio.shape}")
+        if not np.isfinite(audio).all():
+            raise InvalidRequestError("audio contains NaN or infinite samples", "file")
         self.validate(options)
         if self.config.fixed_decode_tokens is not None:
             options = dataclasses.replace(
@@ -201,13 +206,27 @@ class Engine:
             while not self._stopped.is_set():
                 self._drain_inbox(block=not self.scheduler.has_work())
                 if self.scheduler.has_work():
-                    self.step()
+                    try:
+                        self.step()
+                    except Exception as exc:  # fail the requests in this step, keep serving the others
+                        self._fail_running(exc)
         except BaseException as exc:  # a real fault: fail every request, keep the reason for /health
             log.exception("engine loop died")
             self._error = exc
             for _, handle in self._transcriptions.values():
                 handle.emit(EngineDeadError(f"engine failed: {exc!r}"))
             self._transcriptions.clear()
+
+    def _fail_running(self, exc: Exception) -> None:
+        log.exception("engine step failed; failing the requests it was decoding")
+        for seq in self.scheduler.running:
+            t = seq.job.transcription
+            t.aborted = True
+            entry = self._transcriptions.pop(t.request_id, None)
+            if entry is not None:
+                entry[1].emit(RuntimeError(f"decoding failed: {exc!r}"))
+        self.scheduler.running = []
+        self.scheduler.drop_aborted()
 
     def _drain_inbox(self, block: bool) -> None:
         while True:

@@ -101,7 +101,8 @@ def sample(logits: Tensor, temperatures: list[float], generators: list[torch.Gen
         # Few rows ever sample (temperature fallback), so a per-row draw with the request's own
         # generator keeps results reproducible whatever else shares the batch.
         if t > 0:
-            probs = torch.softmax(logits[i] / t, dim=-1)
-            tokens[i] = torch.multinomial(probs.cpu(), 1, generator=gen).to(tokens.device)[0]
+            probs = torch.softmax(logits[i] / t, dim=-1).cpu()
+            if torch.isfinite(probs).all():  # else keep the greedy pick rather than fail the draw
+                tokens[i] = torch.multinomial(probs, 1, generator=gen).to(tokens.device)[0]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
     return tokens, logprobs

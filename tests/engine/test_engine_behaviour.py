@@ -86,3 +86,16 @@ def test_timestamped_segments_are_ordered_and_inside_the_audio(tiny_engine, load
         assert segment.text.strip()
         assert segment.tokens[0] >= tiny_engine.tokenizer.timestamp_begin  # the segment opens with its timestamp
     assert [s.id for s in segments] == list(range(len(segments)))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [np.full(16000, np.nan, np.float32), np.zeros((2, 16000), np.float32), np.zeros(16000, np.int16)],
+    ids=["nan", "2-d", "int16"],
+)
+def test_bad_arrays_are_refused_and_the_engine_keeps_serving(tiny_engine, load_clip, bad):
+    with pytest.raises(InvalidRequestError):
+        tiny_engine.submit(bad, DecodeOptions())
+    assert tiny_engine.is_alive
+    text = tiny_engine.transcribe(load_clip("g1_en_jfk.flac"), DecodeOptions(temperatures=(0.0,))).text
+    assert "ask not what your country can do for you" in text
