@@ -101,7 +101,7 @@ def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settin
         parser.error(exc.message)
     if not 0.0 <= args.temperature <= 1.0:
         parser.error("--temperature must be between 0 and 1")
-    options = decode_options(task, language, args.prompt, args.temperature)
+    options = decode_options(task, language, args.prompt, args.temperature, settings=settings)
     response_format = ResponseFormat(args.output_format)
     engine = Engine(settings.engine_config())
     engine.start()

@@ -326,6 +326,7 @@ def decode_options(
     temperature: float,
     chunking: ChunkingOptions | None = None,
     word_timestamps: bool = False,
+    settings: Settings | None = None,
 ) -> DecodeOptions:
     # temperature 0 is OpenAI's "raise the temperature until the thresholds pass", i.e. Whisper's fallback.
     temperatures = DEFAULT_TEMPERATURES if temperature == 0 else (temperature,)
@@ -336,7 +337,17 @@ def decode_options(
         temperatures=temperatures,
         chunking=chunking,
         word_timestamps=word_timestamps,
+        **(thresholds(settings) if settings is not None else {}),
     )
+
+
+def thresholds(settings: Settings) -> dict[str, float | None]:
+    """Whisper's quality thresholds, server-wide settings with Whisper's defaults."""
+    return {
+        "compression_ratio_threshold": settings.compression_ratio_threshold,
+        "log_prob_threshold": settings.log_prob_threshold,
+        "no_speech_threshold": settings.no_speech_threshold,
+    }
 
 
 async def decode_upload(data: bytes, param: str = "file") -> np.ndarray:

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     """Seed for sampling at temperature > 0 (requests are reproducible)."""
     fixed_decode_tokens: int | None = Field(default=None, ge=1)
     """Benchmarks only: decode exactly this many tokens per 30 s window (EOS ignored, no fallbacks)."""
+    compression_ratio_threshold: float | None = 2.4
+    """A window decoded more repetitively than this (gzip ratio) is retried at a higher temperature."""
+    log_prob_threshold: float | None = -1.0
+    """A window whose average token log-probability is below this is retried at a higher temperature."""
+    no_speech_threshold: float | None = 0.6
+    """A window whose no-speech probability is above this (and log-probability low) is skipped as silence."""
     chat_template: Path | None = None
     """Jinja template for /v1/chat/completions answers (default: chat_templates/transcript.jinja)."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -29,7 +29,9 @@ async def _serve(
     params = await parse_transcription(request, settings, task)
     audio = await decode_upload(params.upload.data)
     words = "word" in params.granularities
-    options = decode_options(params.task, params.language, params.prompt, params.temperature, params.chunking, words)
+    options = decode_options(
+        params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings
+    )
 
     def count_audio(result: TranscriptionResult) -> None:
         metrics.audio_seconds.labels(task.value).inc(result.duration)
