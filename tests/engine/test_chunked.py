@@ -23,6 +23,7 @@ from engine.request import ChunkingOptions, DecodeOptions, TranscriptionResult
 MIN_DURATION_S = 600.0
 MAX_WER_GAP = 0.015  # 1.5 WER points
 MAX_START_ERROR_S = 1.0
+MAX_OFF_SEQUENTIAL = 0.06  # share of clips whose sequential-mode start may be off by more than MAX_START_ERROR_S
 MIN_MATCHED_CLIPS = 0.8  # Whisper may merge a short clip into its neighbour's segment; the rest must be found
 
 
@@ -78,7 +79,8 @@ def transcribe(engine, audio: np.ndarray, options: DecodeOptions) -> Run:
 
 @pytest.fixture(scope="module")
 def runs(tiny_engine, recording) -> dict[str, Run]:
-    sequential = transcribe(tiny_engine, recording.audio, DecodeOptions(language="en"))
+    # word timestamps: segment starts then sit on the first word, not on the pause Whisper folds before it
+    sequential = transcribe(tiny_engine, recording.audio, DecodeOptions(language="en", word_timestamps=True))
     chunked = transcribe(tiny_engine, recording.audio, DecodeOptions(language="en", chunking=ChunkingOptions()))
     return {"sequential": sequential, "chunked": chunked}
 
@@ -116,10 +118,24 @@ def test_chunked_segments_are_in_order_and_inside_the_audio(recording, runs):
     assert runs["chunked"].num_events >= 10  # streamed window by window, not all at the end
 
 
-def test_each_clip_starts_a_segment_where_it_starts_in_the_audio(recording, runs):
+def test_sequential_matches_faster_whisper(recording, runs, tiny_fw):
+    """Whisper's sequential algorithm (timestamps, conditioning, fallback) against faster-whisper's on 10 minutes."""
+    segments, _ = tiny_fw.transcribe(
+        recording.audio, beam_size=1, vad_filter=False, condition_on_previous_text=True, language="en",
+        word_timestamps=True,
+    )  # fmt: skip
+    theirs = "".join(s.text for s in segments)
+    reference = " ".join(recording.references)
+    ours_wer, theirs_wer = wer(reference, runs["sequential"].result.text), wer(reference, theirs)
+    print(f"\nsequential on {recording.duration:.0f} s: engine WER {ours_wer:.2%}, faster-whisper {theirs_wer:.2%}")
+    assert ours_wer <= theirs_wer + 0.01
+
+
+@pytest.mark.parametrize("mode", ["sequential", "chunked"])
+def test_each_clip_starts_a_segment_where_it_starts_in_the_audio(recording, runs, mode):
     """A clip's first words open a segment that starts within a second of the clip (its own leading silence
     included); a clip whose first words land inside another segment is not found and not judged."""
-    segments = runs["chunked"].result.segments
+    segments = runs[mode].result.segments
     openings = [(s.start, normalize_english(s.text).split()[:2]) for s in segments]
     bounds = [*recording.starts, recording.duration]
     errors = {}
@@ -133,7 +149,11 @@ def test_each_clip_starts_a_segment_where_it_starts_in_the_audio(recording, runs
     print(f"\n{len(errors)}/{len(recording.starts)} clips open a segment; start errors {sorted(errors.values())}")
     assert len(errors) >= MIN_MATCHED_CLIPS * len(recording.starts)
     late_or_early = {start: error for start, error in errors.items() if abs(error) > MAX_START_ERROR_S}
-    assert not late_or_early, late_or_early
+    # Sequential mode times a segment by Whisper's own timestamps, refined by word alignment; at a few
+    # pauses the first word is still placed over a second off (3 of 60 clips on this recording).
+    # Chunked mode cuts at the VAD's speech boundaries and must hit every start.
+    allowed = MAX_OFF_SEQUENTIAL * len(errors) if mode == "sequential" else 0
+    assert len(late_or_early) <= allowed, late_or_early
 
 
 def test_silence_has_no_windows(tiny_engine):
