@@ -119,6 +119,8 @@ class ModelRunner:
         model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
         model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         model.decoder.fuse_qkv()
+        if self.device.type == "cpu":
+            model.decoder.transpose_output_projection()
         return model
 
     def _activation_reserve(self) -> int:
