@@ -37,6 +37,7 @@ class AlignmentInput:
     token_probs: list[float] = field(default_factory=list)  # probability of each text token
     num_frames: int = 3000  # mel frames of real audio in the window
     num_prompt: int = 0  # rows of cross_qk before the first text token
+    language: str | None = None  # space-less scripts are split into words by characters
 
 
 def median_filter(x: Tensor, width: int) -> Tensor:
@@ -92,7 +93,7 @@ def find_alignment(tokenizer: Tokenizer, a: AlignmentInput) -> list[WordTiming]:
     matrix = weights.mean(dim=0)[a.num_prompt : -1]  # text tokens only: not the prompt, not EOT
     text_indices, time_indices = dtw(-matrix.double().cpu().numpy())
 
-    words, word_tokens = tokenizer.split_to_word_tokens(a.text_tokens + [tokenizer.eot])
+    words, word_tokens = tokenizer.split_to_word_tokens(a.text_tokens + [tokenizer.eot], a.language)
     if len(word_tokens) <= 1:
         return []
     boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))

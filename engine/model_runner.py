@@ -198,7 +198,7 @@ class ModelRunner:
         # probability of each text token given the ones before it (rows from <|notimestamps|> on)
         probs = logits[len(prompt) : len(prompt) + len(text), : tok.eot].float().softmax(dim=-1)
         token_probs = probs[torch.arange(len(text)), torch.tensor(text, dtype=torch.long)].tolist() if text else []
-        return AlignmentInput(text, qk.float().cpu(), token_probs, num_frames, len(prompt))
+        return AlignmentInput(text, qk.float().cpu(), token_probs, num_frames, len(prompt), language)
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
         rules = self._rules(seqs)

@@ -138,9 +138,8 @@ class Tokenizer:
         ids.update([self.transcribe, self.translate, self.sot, self.sot_prev, self.sot_lm, self.no_speech])
         return sorted(ids)
 
-    def split_to_word_tokens(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+    def split_to_word_tokens(self, tokens: list[int], language: str | None) -> tuple[list[str], list[list[int]]]:
         """Group text tokens into words: by unicode points for space-less scripts, else by spaces."""
-        language = getattr(self, "_word_language", None)
         if language in {"zh", "ja", "th", "lo", "my", "yue"}:
             return self._split_by_unicode(tokens)
         return self._split_by_spaces(tokens)
