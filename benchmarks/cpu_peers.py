@@ -1,10 +1,13 @@
 """CPU single-request latency: this engine vs faster-whisper float32 vs transformers generate, same run.
 
-    python benchmarks/cpu_peers.py [--model tiny.en] [--repeats 3] [--threads 2]
+    python benchmarks/cpu_peers.py [--model tiny.en] [--repeats 3] [--rounds 3] [--threads 2]
 
 Model load is excluded; each figure is the median of --repeats runs of features + encoder + greedy
-decode without timestamps. Each system runs in its own child process, one after the other: thread pools left
-spinning by one library (OpenMP, CTranslate2) would otherwise slow the next on a small machine.
+decode without timestamps. All three get the same features and prompt and must emit the same tokens (the
+table says so). Each system runs in its own child process, one after the other: thread pools left
+spinning by one library (OpenMP, CTranslate2) would otherwise slow the next on a small machine. --rounds
+repeats the three processes in turn (ours, faster-whisper, transformers, ours, ...) and reports the median over
+rounds, so a slow minute on a shared machine lands on every system rather than on one.
 Prints a table and the ratios.
 """
 
@@ -44,33 +47,42 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny.en")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--only", choices=["ours", "faster-whisper", "transformers"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is None:
-        results = {}
-        for system in ("ours", "faster-whisper", "transformers"):
-            out = subprocess.run(
-                [sys.executable, __file__, *sys.argv[1:], "--only", system], check=True, capture_output=True, text=True
-            ).stdout
-            results[system] = json.loads(out.strip().splitlines()[-1])
-        print(f"\nmodel {args.model}, {args.threads} threads, median of {args.repeats}, load excluded")
-        print("| clip | this engine (s) | faster-whisper fp32 (s) | transformers (s) | fw / ours | hf / ours |")
-        print("|---|---|---|---|---|---|")
+        systems = ("ours", "faster-whisper", "transformers")
+        rounds: dict[str, list[dict]] = {s: [] for s in systems}
+        for _ in range(args.rounds):
+            for system in systems:
+                out = subprocess.run(
+                    [sys.executable, __file__, *sys.argv[1:], "--only", system], check=True, capture_output=True, text=True
+                ).stdout
+                rounds[system].append(json.loads(out.strip().splitlines()[-1]))
+        times = {s: {c: statistics.median(r["times"][c] for r in rounds[s]) for c in CLIPS} for s in systems}
+        print(f"\nmodel {args.model}, {args.threads} threads, median of {args.repeats} runs x {args.rounds} interleaved rounds, load excluded")
+        print("| clip | tokens | this engine (s) | faster-whisper fp32 (s) | transformers (s) | fw / ours | hf / ours |")
+        print("|---|---|---|---|---|---|---|")
         for label in CLIPS:
-            o, f, h = (results[s][label] for s in ("ours", "faster-whisper", "transformers"))
-            print(f"| {label} | {o:.3f} | {f:.3f} | {h:.3f} | {f / o:.2f}x | {h / o:.2f}x |")
+            tokens = {s: rounds[s][0]["tokens"][label] for s in systems}
+            same = "same" if tokens["faster-whisper"] == tokens["ours"] == tokens["transformers"] else "DIFFER"
+            o, f, h = (times[s][label] for s in systems)
+            n = len(tokens["ours"])
+            print(f"| {label} | {n} ({same}) | {o:.3f} | {f:.3f} | {h:.3f} | {f / o:.2f}x | {h / o:.2f}x |")
         return
     torch.set_num_threads(args.threads)
 
     from faster_whisper import WhisperModel
-    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+    from transformers import WhisperForConditionalGeneration
 
     from engine.audio import decode_audio
     from engine.config import EngineConfig
     from engine.engine import Engine
+    from engine.features import LogMelSpectrogram, batch_features
     from engine.request import DecodeOptions
+    from engine.tokenizer import Tokenizer
     from engine.weights import load_checkpoint, resolve_model
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -83,7 +95,10 @@ def main() -> None:
             engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads))
             engine.start()
             options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
-            run = lambda audio: engine.transcribe(audio, options).text  # noqa: E731
+
+            def run(audio):
+                return [t for s in engine.transcribe(audio, options).segments for t in s.tokens]
+
         elif args.only == "faster-whisper":
             ct2_dir = Path(tmp) / "ct2"
             ct2_dir.mkdir()
@@ -97,21 +112,30 @@ def main() -> None:
 
             def run(audio):
                 segments, _ = fw.transcribe(audio, beam_size=1, temperature=0, without_timestamps=True, vad_filter=False)
-                return "".join(s.text for s in segments)
+                return [t for s in segments for t in s.tokens]
+
         else:
             checkpoint = load_checkpoint(resolved)
             hf_dir = write_hf_export(checkpoint, Path(tmp) / "hf")
-            extractor = WhisperFeatureExtractor(feature_size=checkpoint.dims.n_mels)
             hf = WhisperForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+            dims = checkpoint.dims
+            tok = Tokenizer.from_file(resolved.config_dir / "tokenizer.json", dims.num_languages, dims.is_multilingual)
+            # the same log-mel (transformers' own extractor pads the audio before the log-mel, which changes the
+            # features and so the transcript) and the same prompt: all three systems decode the same tokens
+            log_mel = LogMelSpectrogram(dims.n_mels)
+            prompt = torch.tensor([tok.sot_sequence("en", "transcribe") + [tok.no_timestamps]])
 
             def run(audio):
-                feats = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
                 with torch.inference_mode():
-                    return hf.generate(feats, num_beams=1, do_sample=False, max_new_tokens=440)
+                    ids = hf.generate(
+                        batch_features([audio], log_mel), decoder_input_ids=prompt, num_beams=1, do_sample=False,
+                        max_new_tokens=440,
+                    )[0].tolist()
+                return [t for t in ids if t < tok.eot]
 
+        tokens = {label: run(audio) for label, audio in audios.items()}
         times = {label: median_time(lambda: run(audio), args.repeats) for label, audio in audios.items()}
-    print(json.dumps(times))
-
+    print(json.dumps({"times": times, "tokens": tokens}))
 
 if __name__ == "__main__":
     main()

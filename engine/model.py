@@ -93,24 +93,37 @@ class TextDecoder(nn.Module):
             cache.cross_v[i, slot_start : slot_start + n] = attn.split_heads(attn.value(audio_features))
 
     def forward(
-        self, tokens: Tensor, positions: Tensor, cache: KVCache, slot_start: int, kv_len: int, attn_mask: Tensor
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        slot_start: int,
+        kv_len: int,
+        attn_mask: Tensor | None,
+        position: int | None = None,
     ) -> Tensor:
         """
         tokens, positions : (batch, q) — positions are absolute; K/V are written there in each slot
         kv_len : how many cache positions to attend over (>= max position + 1)
-        attn_mask : (batch, 1, q, kv_len) bool, True where a query may attend
+        attn_mask : (batch, 1, q, kv_len) bool, True where a query may attend; None attends over all kv_len
+        position : set when every row decodes one token at this same position (an eager step on a CPU):
+            the K/V write is then a plain slice copy instead of an indexed scatter
         returns hidden states (batch, q, n_text_state) after the final layer norm
         """
         b = tokens.shape[0]
         slots = slice(slot_start, slot_start + b)
-        rows = torch.arange(slot_start, slot_start + b, device=tokens.device).unsqueeze(1)
+        rows = None if position is not None else torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         for i, block in enumerate(self.blocks):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
             attn, h = block.attn, block.attn_ln(x)
             q, k_new, v_new = self._qkv(attn, h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
-            cache.self_k[i][rows, :, positions] = k_new
-            cache.self_v[i][rows, :, positions] = v_new
+            if position is not None:
+                cache.self_k[i, slots, :, position] = k_new[:, 0]
+                cache.self_v[i, slots, :, position] = v_new[:, 0]
+            else:
+                cache.self_k[i][rows, :, positions] = k_new
+                cache.self_v[i][rows, :, positions] = v_new
             q = q.transpose(1, 2)
             k = cache.self_k[i, slots, :, :kv_len]
             v = cache.self_v[i, slots, :, :kv_len]
@@ -173,18 +186,48 @@ class TextDecoder(nn.Module):
             attn.query.bias = nn.Parameter(bias[:d], requires_grad=False)
             attn.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
 
-    def transpose_output_projection(self) -> None:
-        """Keep a (n_text_state, n_vocab) copy of the embedding for the output projection.
+    def prepare_for_cpu(self, vocab_chunks: int = 8) -> None:
+        """Lay out the weights that a CPU decode step streams from memory so the BLAS kernels use both cores.
 
-        On a CPU the one-row product with the vocabulary is memory-bound, and this layout streams twice as
-        fast through the BLAS kernels as the transposed view (3 vs 7 ms per token for tiny.en on 2 cores)."""
-        self.register_buffer("output_weight_t", self.token_embedding.weight.t().contiguous(), persistent=False)
+        A decode step multiplies one row per sequence by every weight, so it is bound by memory bandwidth, and
+        how fast MKL streams a matrix depends on its layout and shape (tiny.en, 2 cores, measured per step):
+        - the wide projections (fused q/k/v, the MLP's first layer) are stored input-major, which turns
+          `F.linear`'s product into a plain row-times-matrix one: 7.4 vs 8.2 ms per step;
+        - the vocabulary projection for one row runs as a batched product over `vocab_chunks` column blocks
+          of the (n_text_state, n_vocab) transpose, which MKL spreads over the cores (2.3 vs 3.3 ms); for
+          several rows the (n_vocab, n_text_state) product with the rows as columns is the fast one (3.9 vs
+          10 ms at 4 rows), so that layout is kept as well: the token embedding itself.
+        Values are unchanged; only the summation order inside a dot product may differ."""
+        for block in self.blocks:
+            for holder, name in ((block.attn, "qkv_weight"), (block.mlp[0], "weight")):
+                w = getattr(holder, name)
+                column_major = w.t().contiguous().t()
+                if isinstance(w, nn.Parameter):
+                    holder.weight = nn.Parameter(column_major, requires_grad=False)
+                else:
+                    setattr(holder, name, column_major)
+            attn, d = block.attn, block.attn.query.weight.shape[0]
+            for j, proj in enumerate((attn.query, attn.key, attn.value)):  # keep them views of the fused weight
+                proj.weight = nn.Parameter(attn.qkv_weight[j * d : (j + 1) * d], requires_grad=False)
+        weight = self.token_embedding.weight
+        n_vocab, n_state = weight.shape
+        padded = -(-n_vocab // vocab_chunks) * vocab_chunks
+        chunks = torch.cat([weight, weight.new_zeros(padded - n_vocab, n_state)]).t()
+        chunks = chunks.reshape(n_state, vocab_chunks, padded // vocab_chunks).permute(1, 0, 2).contiguous()
+        self.register_buffer("output_chunks", chunks, persistent=False)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output projection tied to the token embedding; always in float32 for stable sampling."""
-        if hasattr(self, "output_weight_t"):
-            return (hidden @ self.output_weight_t).float()
-        return F.linear(hidden, self.token_embedding.weight).float()
+        weight = self.token_embedding.weight
+        if not hasattr(self, "output_chunks"):
+            return F.linear(hidden, weight).float()
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        if rows.shape[0] == 1:
+            out = torch.bmm(rows.expand(self.output_chunks.shape[0], 1, -1), self.output_chunks)
+            out = out.reshape(1, -1)[:, : weight.shape[0]]
+        else:
+            out = (weight @ rows.t()).t()
+        return out.reshape(*hidden.shape[:-1], weight.shape[0]).float()
 
 
 class Whisper(nn.Module):

@@ -11,14 +11,15 @@ from torch import Tensor
 from .alignment import AlignmentInput
 from .audio import N_FRAMES
 from .config import EngineConfig
+from .cpu_memory import keep_freed_memory
 from .cuda_graphs import KV_BUCKET, GraphRunner
+from .dims import DUMMY_DIMS
 from .features import LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
 from .model import Whisper
 from .sequence import Sequence
 from .tokenizer import Tokenizer
-from .dims import DUMMY_DIMS
 from .weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        if config.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu":
+            keep_freed_memory()
+            if config.num_threads:
+                torch.set_num_threads(config.num_threads)
         ckpt = checkpoint or self._load(config)
         self.dims = dims = ckpt.dims
         tokenizer_file = self._tokenizer_file(config.tokenizer) or ckpt.tokenizer_file or self._fallback_tokenizer(dims)
@@ -120,7 +123,7 @@ class ModelRunner:
         model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         model.decoder.fuse_qkv()
         if self.device.type == "cpu":
-            model.decoder.transpose_output_projection()
+            model.decoder.prepare_for_cpu()
         return model
 
     def _activation_reserve(self) -> int:
@@ -181,10 +184,15 @@ class ModelRunner:
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
         if logits is None:
-            # attend over a multiple of KV_BUCKET positions: few distinct shapes, so kernels are reused
-            kv_len = min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
-            mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
-            hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
+            position = seqs[0].num_cached
+            if not self.on_gpu and all(s.num_cached == position for s in seqs):
+                # a lone sequence (or a batch in step): attend over exactly its prefix, no mask to build
+                hidden = self.model.decoder(tokens, positions, self.cache, 0, position + 1, None, position)
+            else:
+                # attend over a multiple of KV_BUCKET positions: few distinct shapes, so kernels are reused
+                kv_len = min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
+                mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+                hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
             logits = self.model.decoder.logits(hidden[:, -1])
         return self._sample(seqs, logits)  # the rules edit logits in place; a graph's buffer is rewritten next replay
 
