@@ -64,6 +64,7 @@ class RunResult:
     audio_s: float = 0.0  # audio of the successful requests
     errors: int = 0
     first_error: str | None = None
+    engine_totals: tuple[dict[str, float], dict[str, float]] = ({}, {})  # /metrics before and after the run
 
     @property
     def requests(self) -> int:
@@ -152,9 +153,11 @@ async def run_load(url: str, model: str, uploads: list[Upload], concurrency: int
                     result.errors += 1
                     result.first_error = result.first_error or error
 
+        before = engine_totals((await client.get(f"{url}/metrics")).text)
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(min(concurrency, num_requests))))
         result.wall_s = time.perf_counter() - start
+        result.engine_totals = (before, engine_totals((await client.get(f"{url}/metrics")).text))
     return result
 
 
@@ -175,6 +178,28 @@ def print_table(results: list[RunResult]) -> None:
     for r in results:
         if r.first_error:
             print(f"{r.label}: first error: {r.first_error}")
+
+
+def engine_totals(metrics_text: str) -> dict[str, float]:
+    """The server's `whisper_engine_total{name=...}` gauges (steps, tokens, busy_seconds, graph counters)."""
+    totals = {}
+    for line in metrics_text.splitlines():
+        if line.startswith('whisper_engine_total{name="'):
+            name, value = line[len('whisper_engine_total{name="') :].split('"} ')
+            totals[name] = float(value)
+    return totals
+
+
+def print_engine_load(before: dict[str, float], after: dict[str, float], wall_s: float) -> None:
+    """How busy the engine loop was during the run: if it idles, the HTTP side is what limits throughput."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    steps = delta.get("steps", 0.0)
+    if steps <= 0 or wall_s <= 0:
+        return
+    print(
+        f"engine loop: busy {delta.get('busy_seconds', 0.0) / wall_s:.0%} of the run's wall time, {steps:.0f} steps, "
+        f"{delta.get('tokens', 0.0) / steps:.1f} tokens per step, {delta.get('busy_seconds', 0.0) / steps * 1e3:.2f} ms per step"
+    )
 
 
 def free_port() -> int:
@@ -270,6 +295,7 @@ def main() -> int:
 
     print(f"\n{url}, model field {args.model!r}, files: {names}")
     print_table(results)
+    print_engine_load(*results[-1].engine_totals, results[-1].wall_s)
     if args.compare_sequential:
         sequential, concurrent = results
         if sequential.throughput > 0:

@@ -116,6 +116,7 @@ class Engine:
         self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
         self.num_steps = 0
         self.num_tokens = 0
+        self.busy_seconds = 0.0  # time spent in step(): busy / wall time is how loaded the engine is
 
     # ---- public API (any thread) ------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ class Engine:
         )
 
     def _totals(self) -> dict[str, float]:
-        totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens)}
+        totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds}
         graphs = self.runner.graphs
         if graphs is not None:
             s = graphs.stats
@@ -224,10 +225,12 @@ class Engine:
             while not self._stopped.is_set():
                 self._drain_inbox(block=not self.scheduler.has_work())
                 if self.scheduler.has_work():
+                    start = time.perf_counter()
                     try:
                         self.step()
                     except Exception as exc:  # fail the requests in this step, keep serving the others
                         self._fail_running(exc)
+                    self.busy_seconds += time.perf_counter() - start
         except BaseException as exc:  # a real fault: fail every request, keep the reason for /health
             log.exception("engine loop died")
             self._error = exc
