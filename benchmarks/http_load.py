@@ -107,7 +107,9 @@ async def run_load(url: str, model: str, uploads: list[Upload], concurrency: int
                    timeout_s: float, label: str) -> RunResult:
     """`num_requests` transcriptions, at most `concurrency` in flight; request i sends uploads[i % len]."""
     endpoint = f"{url.rstrip('/')}/v1/audio/transcriptions"
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # Connections idle longer than uvicorn's 5 s keep-alive are closed by the server; a client that reuses one
+    # just then gets a ReadError (the warm-up's connection sat idle while the first batch was decoded).
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=2.0)
     headers = {"Authorization": "Bearer unused"}
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
 

@@ -81,6 +81,11 @@ def serve(settings: Settings) -> int:
 
     from .app import create_app
 
+    # The engine loop thread gives up the GIL at every GPU sync and must get it back quickly to launch the
+    # next step while the event loop parses uploads; with Python's 5 ms default it waits a whole interval.
+    # Measured on an H200, large-v3, 256 HTTP clients: RTFx 462 -> 533 at 0.5 ms.
+    sys.setswitchinterval(settings.switch_interval_ms / 1000)
+
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
 

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     """Jinja template for /v1/chat/completions answers (default: chat_templates/transcript.jinja)."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """Log level of the server and uvicorn."""
+    switch_interval_ms: float = Field(default=0.5, gt=0)
+    """How long a Python thread may hold the GIL while another waits for it (Python's default: 5 ms)."""
 
     @property
     def model_id(self) -> str:

@@ -170,3 +170,35 @@ def test_corrupted_clip_decodes_or_raises_decode_error(seed: int):
     else:
         assert audio.dtype == np.float32 and audio.ndim == 1 and audio.size > 0
     assert time.monotonic() - start < MAX_ERROR_SECONDS
+
+
+def test_native_pcm16_fast_path_gives_pyav_samples(monkeypatch):
+    """16 kHz mono 16-bit WAV/FLAC is read by libsndfile in one call; the samples must be PyAV's exactly."""
+    from engine import audio
+
+    native = [p for p in sorted(DATA_DIR.glob("*")) if p.suffix in (".wav", ".flac")]
+    fast = [(p, audio._read_native_pcm16(str(p), None)) for p in native]
+    fast = [(p, pcm) for p, pcm in fast if pcm is not None]
+    assert len(fast) >= 10, "the shared data should hold 16 kHz mono 16-bit clips"
+    monkeypatch.setattr(audio, "soundfile", None)  # PyAV only from here on
+    for path, pcm in fast:
+        np.testing.assert_array_equal(pcm.astype(np.float32) / 32768.0, decode_audio(path), err_msg=path.name)
+        np.testing.assert_array_equal(pcm.astype(np.float32) / 32768.0, decode_audio(path.read_bytes()))
+
+
+def test_fast_path_declines_what_needs_conversion():
+    from engine import audio
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros((800, 2), dtype=np.int16), 8000, format="WAV", subtype="PCM_16")  # stereo, 8 kHz
+    buf.seek(0)
+    assert audio._read_native_pcm16(buf, None) is None
+    assert buf.tell() == 0  # rewound for PyAV
+    assert decode_audio(buf.getvalue()).shape == (1600,)  # resampled to 16 kHz mono by PyAV
+
+
+def test_fast_path_enforces_max_duration():
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(SAMPLE_RATE * 3, dtype=np.int16), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    with pytest.raises(AudioDecodeError, match="longer than the limit"):
+        decode_audio(buf.getvalue(), max_duration_s=2.0)
