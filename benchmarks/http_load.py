@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import multiprocessing
 import os
 import shlex
 import socket
@@ -104,7 +105,7 @@ def load_uploads(files: list[Path], synthetic_seconds: float | None) -> list[Upl
 
 
 async def run_load(url: str, model: str, uploads: list[Upload], concurrency: int, num_requests: int,
-                   timeout_s: float, label: str) -> RunResult:
+                   timeout_s: float, label: str, barrier=None) -> RunResult:
     """`num_requests` transcriptions, at most `concurrency` in flight; request i sends uploads[i % len]."""
     endpoint = f"{url.rstrip('/')}/v1/audio/transcriptions"
     # Connections idle longer than uvicorn's 5 s keep-alive are closed by the server; a client that reuses one
@@ -135,6 +136,8 @@ async def run_load(url: str, model: str, uploads: list[Upload], concurrency: int
         if error is not None:
             raise SystemExit(f"warm-up request failed: {error}")
 
+        if barrier is not None:  # other client processes: start the timed run together
+            await asyncio.to_thread(barrier.wait)
         result = RunResult(label, concurrency, wall_s=0.0)
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(num_requests):
@@ -180,6 +183,39 @@ def print_table(results: list[RunResult]) -> None:
     for r in results:
         if r.first_error:
             print(f"{r.label}: first error: {r.first_error}")
+
+
+def _client_process(args: tuple) -> RunResult:
+    return asyncio.run(run_load(*args))
+
+
+def run_load_processes(url: str, model: str, uploads: list[Upload], concurrency: int, num_requests: int,
+                       timeout_s: float, label: str, processes: int) -> RunResult:
+    """run_load split over client processes: one Python process cannot push hundreds of 1 MB uploads a second
+    through httpx, and a load generator that is itself the bottleneck measures nothing about the server."""
+    if processes == 1:
+        return asyncio.run(run_load(url, model, uploads, concurrency, num_requests, timeout_s, label))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(processes + 1)
+        jobs = [
+            (url, model, uploads, concurrency // processes + (i < concurrency % processes),
+             num_requests // processes + (i < num_requests % processes), timeout_s, label, barrier)
+            for i in range(processes)
+        ]
+        with ctx.Pool(processes) as pool:
+            pending = pool.map_async(_client_process, jobs)
+            barrier.wait()  # every client has made its warm-up request
+            before = engine_totals(httpx.get(f"{url}/metrics", timeout=10).text)
+            parts = pending.get()
+    merged = RunResult(label, concurrency, wall_s=max(p.wall_s for p in parts))
+    for p in parts:
+        merged.latencies += p.latencies
+        merged.audio_s += p.audio_s
+        merged.errors += p.errors
+        merged.first_error = merged.first_error or p.first_error
+    merged.engine_totals = (before, engine_totals(httpx.get(f"{url}/metrics", timeout=10).text))
+    return merged
 
 
 def engine_totals(metrics_text: str) -> dict[str, float]:
@@ -270,6 +306,8 @@ def main() -> int:
     ap.add_argument("--spawn", nargs="?", const="", default=None, metavar="ARGS",
                     help='start `python -m server serve ARGS` on a free local port for the run (e.g. "--model base")')
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="client processes sharing --concurrency and --requests (for loads one process cannot drive)")
     args = ap.parse_args()
     if args.concurrency < 1:
         ap.error("--concurrency must be >= 1")
@@ -288,9 +326,8 @@ def main() -> int:
         if args.compare_sequential:
             results.append(asyncio.run(run_load(url, args.model, uploads, 1, num_requests, args.timeout, "sequential")))
         label = "concurrent" if args.compare_sequential else "load"
-        results.append(
-            asyncio.run(run_load(url, args.model, uploads, args.concurrency, num_requests, args.timeout, label))
-        )
+        results.append(run_load_processes(url, args.model, uploads, args.concurrency, num_requests, args.timeout,
+                                          label, args.processes))
     finally:
         if spawned:
             spawned.stop()
