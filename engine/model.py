@@ -9,6 +9,8 @@ from torch import Tensor, nn
 from .dims import ModelDimensions
 from .kv_cache import KVCache
 
+NEG_INF = float("-inf")
+
 
 class MultiHeadAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int):
@@ -114,6 +116,10 @@ class TextDecoder(nn.Module):
         slots = slice(slot_start, slot_start + b)
         rows = None if position is not None else torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
+            # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
+            attn_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~attn_mask, NEG_INF)
         for i, block in enumerate(self.blocks):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
             attn, h = block.attn, block.attn_ln(x)

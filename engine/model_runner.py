@@ -161,12 +161,12 @@ class ModelRunner:
         lengths = [len(s.pending) for s in seqs]
         width = max(lengths)
         rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
-        tokens = torch.tensor(rows, device=self.device)
+        tokens = self._to_device(rows)
         positions = torch.arange(width, device=self.device).expand(len(seqs), width)
         causal = positions[:, None, :, None] >= positions[:, None, None, :]
         hidden = self.model.decoder(tokens, positions, self.cache, slot_start, width, causal)
-        last = torch.tensor(lengths, device=self.device) - 1
-        sot_index = torch.tensor([s.pending.index(self.tokenizer.sot) for s in seqs], device=self.device)
+        last = self._to_device(lengths) - 1
+        sot_index = self._to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
         batch = torch.arange(len(seqs), device=self.device)
         logits = self.model.decoder.logits(hidden[batch, last])
         sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
@@ -194,7 +194,9 @@ class ModelRunner:
                 mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
                 hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
             logits = self.model.decoder.logits(hidden[:, -1])
-        return self._sample(seqs, logits)  # the rules edit logits in place; a graph's buffer is rewritten next replay
+        # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
+        # and a graph's logits buffer is rewritten by the next replay anyway
+        return self._sample(seqs, logits)
 
     @torch.inference_mode()
     def align(self, seq: Sequence, text: list[int], language: str, task: str, num_frames: int) -> AlignmentInput:
@@ -207,6 +209,16 @@ class ModelRunner:
         probs = logits[len(prompt) : len(prompt) + len(text), : tok.eot].float().softmax(dim=-1)
         token_probs = probs[torch.arange(len(text)), torch.tensor(text, dtype=torch.long)].tolist() if text else []
         return AlignmentInput(text, qk.float().cpu(), token_probs, num_frames, len(prompt), language)
+
+    def _to_device(self, values: list) -> Tensor:
+        """A small host list as a device tensor, without waiting for the GPU.
+
+        A plain torch.tensor(..., device="cuda") copies from pageable memory and so waits until the GPU has
+        finished all queued work (the step being decoded); from pinned memory the copy is queued instead and
+        the host goes on preparing the rest of the step meanwhile."""
+        if not self.on_gpu:
+            return torch.tensor(values)
+        return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
         rules = self._rules(seqs)
@@ -245,7 +257,7 @@ class ModelRunner:
                     min_ts.append(s.last_timestamp + (0 if last and not penult else 1))
 
         def rows(xs: list) -> Tensor | None:
-            return torch.tensor(xs, device=self.device) if xs else None
+            return self._to_device(xs) if xs else None
 
         rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
         if ts_rows:
