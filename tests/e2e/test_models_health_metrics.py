@@ -46,3 +46,24 @@ def test_metrics_after_a_request(server, data_dir):
     assert float(line.split()[-1]) >= 1
     audio = next(ln for ln in text.splitlines() if ln.startswith('whisper_audio_seconds_total{task="transcribe"}'))
     assert float(audio.split()[-1]) >= 11
+
+
+def test_engine_totals_count_steps_tokens_and_busy_time(server, data_dir):
+    """The engine's own counters: a request adds decode steps, tokens and time spent stepping (never more
+    time than the request took: busy / wall is how loaded the engine is)."""
+    import time
+
+    def totals() -> dict[str, float]:
+        lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+        prefix = 'whisper_engine_total{name="'
+        return {ln[len(prefix) :].split('"')[0]: float(ln.split()[-1]) for ln in lines if ln.startswith(prefix)}
+
+    before = totals()
+    start = time.perf_counter()
+    server.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
+    wall = time.perf_counter() - start
+    after = totals()
+    assert after["steps"] - before["steps"] >= 10  # jfk is ~25 tokens
+    assert after["tokens"] - before["tokens"] >= 10
+    busy = after["busy_seconds"] - before["busy_seconds"]
+    assert 0 < busy <= wall

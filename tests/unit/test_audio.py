@@ -177,6 +177,8 @@ def test_native_pcm16_fast_path_gives_pyav_samples(monkeypatch):
     from engine import audio
 
     native = [p for p in sorted(DATA_DIR.glob("*")) if p.suffix in (".wav", ".flac")]
+    if not native:
+        pytest.skip("no shared data directory")
     fast = [(p, audio._read_native_pcm16(str(p), None)) for p in native]
     fast = [(p, pcm) for p, pcm in fast if pcm is not None]
     assert len(fast) >= 10, "the shared data should hold 16 kHz mono 16-bit clips"
