@@ -51,8 +51,6 @@ class AudioDecodeError(ValueError):
 
 def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np.ndarray:
     """Decode a file, its bytes or a binary file object to mono float32 at SAMPLE_RATE."""
-    if av is None:
-        raise RuntimeError("decoding audio needs PyAV: pip install av")
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise AudioDecodeError("The audio file is empty (0 bytes).")
@@ -60,10 +58,20 @@ def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np
     elif isinstance(source, os.PathLike):
         source = os.fspath(source)
 
+    pcm = _read_native_pcm16(source, max_duration_s)
+    if pcm is None:
+        if av is None:
+            raise RuntimeError("decoding this audio needs PyAV: pip install av")
+        pcm = _decode_with_pyav(source, max_duration_s)
+    if pcm.size == 0:
+        raise AudioDecodeError("The audio file contains no audio samples (it may be truncated).")
+    # int16 -> float32 / 32768 as faster-whisper does, so both decode to identical samples
+    return pcm.astype(np.float32) / 32768.0
+
+
+def _decode_with_pyav(source: str | BinaryIO, max_duration_s: float | None) -> np.ndarray:
     try:
-        pcm = _read_native_pcm16(source, max_duration_s)
-        if pcm is None:
-            pcm = _decode_pcm16(source, max_duration_s)
+        return _decode_pcm16(source, max_duration_s)
     except AudioDecodeError:
         raise
     except _DECODE_ERRORS as e:
@@ -72,11 +80,6 @@ def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np
             f"Could not decode the audio file ({reason}). "
             f"Send a complete, valid audio file such as {SUPPORTED_FORMATS}."
         ) from e
-
-    if pcm.size == 0:
-        raise AudioDecodeError("The audio file contains no audio samples (it may be truncated).")
-    # int16 -> float32 / 32768 as faster-whisper does, so both decode to identical samples
-    return pcm.astype(np.float32) / 32768.0
 
 
 def duration_s(audio: np.ndarray) -> float:

@@ -16,6 +16,7 @@ import torch
 from .audio import CHUNK_LENGTH
 from .chunked import ChunkedTranscription
 from .config import EngineConfig
+from .feature_worker import FeatureWorker, features_ready
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .request import (
@@ -111,6 +112,9 @@ class Engine:
         if self._error is not None:
             raise self._error
         self.tokenizer = self.runner.tokenizer
+        # On a GPU new requests' log-mels are computed beside the loop; on a CPU the loop computes them itself,
+        # so that one OpenMP thread team does all the work (a second team would compete for the cores).
+        self._features = FeatureWorker(self.runner.log_mel, self.inbox.put) if self.runner.on_gpu else None
         self.scheduler = Scheduler(self.runner.num_slots, self.runner.max_encoder_batch, self.runner.admissible_encoder_batch)
         self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
         self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
@@ -138,6 +142,8 @@ class Engine:
     def shutdown(self) -> None:
         self._stopped.set()
         self._started.set()
+        if self._features is not None:
+            self._features.close()
         self.inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -194,11 +200,15 @@ class Engine:
                 raise EngineOverloadedError(f"{self._num_pending} requests are already waiting; retry later")
             self._num_pending += 1
         handle = RequestHandle(self, f"req-{next(self._ids)}")
-        self.inbox.put(("add", handle, np.ascontiguousarray(audio, dtype=np.float32), options))
+        self._send(("add", handle, np.ascontiguousarray(audio, dtype=np.float32), options))
         return handle
 
     def abort(self, request_id: str) -> None:
-        self.inbox.put(("abort", request_id))
+        self._send(("abort", request_id))
+
+    def _send(self, msg: tuple) -> None:
+        """Into the loop's inbox, through the feature worker when there is one (it keeps the order)."""
+        (self._features.put if self._features is not None else self.inbox.put)(msg)
 
     def transcribe(self, audio: np.ndarray, options: DecodeOptions | None = None) -> TranscriptionResult:
         """Blocking convenience for scripts and the CLI."""
@@ -263,11 +273,13 @@ class Engine:
             elif msg[0] == "abort":
                 self._abort(msg[1])
 
-    def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions) -> None:
+    def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, prepared=None) -> None:
         with self._lock:
             self._num_pending -= 1
         try:
-            mel = self.runner.mel(torch.from_numpy(audio))
+            if isinstance(prepared, Exception):
+                raise prepared
+            mel = features_ready(prepared) if prepared is not None else self.runner.mel(torch.from_numpy(audio))
             args = (handle.request_id, mel, len(audio) / 16000, options, self.tokenizer, self.runner.n_text_ctx)
             if options.chunking is None:
                 t = Transcription(*args, handle.emit)
