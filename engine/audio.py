@@ -100,17 +100,17 @@ def _read_native_pcm16(source: str | BinaryIO, max_duration_s: float | None) -> 
     start = source.tell() if not isinstance(source, str) else 0
     try:
         with soundfile.SoundFile(source) as f:
-            if (f.samplerate, f.channels, f.subtype, f.format) not in _NATIVE_FORMATS:
-                raise ValueError("needs conversion")
-            if max_duration_s is not None and f.frames > max_duration_s * SAMPLE_RATE:
-                raise AudioDecodeError(f"The audio is longer than the limit of {max_duration_s:g} seconds.")
-            return f.read(dtype="int16")
+            if (f.samplerate, f.channels, f.subtype, f.format) in _NATIVE_FORMATS:
+                if max_duration_s is not None and f.frames > max_duration_s * SAMPLE_RATE:
+                    raise AudioDecodeError(f"The audio is longer than the limit of {max_duration_s:g} seconds.")
+                return f.read(dtype="int16")
     except AudioDecodeError:
         raise
-    except (RuntimeError, ValueError, TypeError, OSError):  # not a form libsndfile reads as is: PyAV decides
-        if not isinstance(source, str):
-            source.seek(start)
-        return None
+    except (RuntimeError, ValueError, TypeError, OSError):  # not a file libsndfile reads as is: PyAV decides
+        pass
+    if not isinstance(source, str):
+        source.seek(start)  # PyAV reads the same file object from where it started
+    return None
 
 
 _NATIVE_FORMATS = {(SAMPLE_RATE, 1, "PCM_16", "WAV"), (SAMPLE_RATE, 1, "PCM_16", "FLAC")}

@@ -176,14 +176,18 @@ class TextDecoder(nn.Module):
             return F.linear(h, attn.qkv_weight, attn.qkv_bias)
         return torch.cat([attn.query(h), attn.key(h), attn.value(h)], dim=-1)
 
-    def fuse_qkv(self) -> None:
+    def fuse_qkv(self, input_major: bool = False) -> None:
         """One matmul for each self-attention's q, k and v: a decode step launches two kernels fewer per layer.
 
-        The separate projections become views of the fused weight, so no memory is added."""
+        The separate projections become views of the fused weight, so no memory is added. `input_major` stores
+        the fused weight transposed in memory (same values), the layout a CPU decode step streams fastest
+        (see prepare_for_cpu)."""
         for block in self.blocks:
             attn = block.attn
             d = attn.query.weight.shape[0]
             weight = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
+            if input_major:
+                weight = weight.t().contiguous().t()
             bias = torch.cat([attn.query.bias, torch.zeros_like(attn.query.bias), attn.value.bias])
             attn.register_buffer("qkv_weight", weight, persistent=False)
             attn.register_buffer("qkv_bias", bias, persistent=False)
@@ -197,24 +201,17 @@ class TextDecoder(nn.Module):
 
         A decode step multiplies one row per sequence by every weight, so it is bound by memory bandwidth, and
         how fast MKL streams a matrix depends on its layout and shape (tiny.en, 2 cores, measured per step):
-        - the wide projections (fused q/k/v, the MLP's first layer) are stored input-major, which turns
-          `F.linear`'s product into a plain row-times-matrix one: 7.4 vs 8.2 ms per step;
+        - the wide projections (the MLP's first layer here, the fused q/k/v by `fuse_qkv(input_major=True)`)
+          are stored input-major, which turns `F.linear`'s product into a plain row-times-matrix one: 7.4 vs
+          8.2 ms per step;
         - the vocabulary projection for one row runs as a batched product over `vocab_chunks` column blocks
           of the (n_text_state, n_vocab) transpose, which MKL spreads over the cores (2.3 vs 3.3 ms); for
           several rows the (n_vocab, n_text_state) product with the rows as columns is the fast one (3.9 vs
           10 ms at 4 rows), so that layout is kept as well: the token embedding itself.
         Values are unchanged; only the summation order inside a dot product may differ."""
         for block in self.blocks:
-            for holder, name in ((block.attn, "qkv_weight"), (block.mlp[0], "weight")):
-                w = getattr(holder, name)
-                column_major = w.t().contiguous().t()
-                if isinstance(w, nn.Parameter):
-                    holder.weight = nn.Parameter(column_major, requires_grad=False)
-                else:
-                    setattr(holder, name, column_major)
-            attn, d = block.attn, block.attn.query.weight.shape[0]
-            for j, proj in enumerate((attn.query, attn.key, attn.value)):  # keep them views of the fused weight
-                proj.weight = nn.Parameter(attn.qkv_weight[j * d : (j + 1) * d], requires_grad=False)
+            fc1 = block.mlp[0]
+            fc1.weight = nn.Parameter(fc1.weight.t().contiguous().t(), requires_grad=False)
         weight = self.token_embedding.weight
         n_vocab, n_state = weight.shape
         padded = -(-n_vocab // vocab_chunks) * vocab_chunks

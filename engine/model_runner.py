@@ -121,8 +121,9 @@ class ModelRunner:
             model = Whisper(ckpt.dims)
         model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
         model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
-        model.decoder.fuse_qkv()
-        if self.device.type == "cpu":
+        on_cpu = self.device.type == "cpu"
+        model.decoder.fuse_qkv(input_major=on_cpu)
+        if on_cpu:
             model.decoder.prepare_for_cpu()
         return model
 

@@ -26,9 +26,9 @@ class WindowJob:
     with_timestamps: bool = True
     max_new_tokens: int | None = None
     fixed_decode_tokens: int | None = None
-    window_index: int = 0
+    window_index: int = 0  # which of the request's windows (chunked mode decodes several at once)
     word_timestamps: bool = False
-    num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)  # which of the request's windows (chunked mode decodes several at once)
+    num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)
 
 
 @dataclass(slots=True, eq=False)

@@ -23,8 +23,8 @@ def _model(dims) -> Whisper:
 def test_cpu_layout_matches_plain_model(size):
     dims = DUMMY_DIMS[size]
     plain, laid_out = _model(dims), _model(dims)
-    for model in (plain, laid_out):
-        model.decoder.fuse_qkv()
+    plain.decoder.fuse_qkv()
+    laid_out.decoder.fuse_qkv(input_major=True)
     laid_out.decoder.prepare_for_cpu()
     shape = CacheShape.for_model(dims, None, None)
     caches = [KVCache(shape, 4, torch.float32, torch.device("cpu")) for _ in range(2)]
