@@ -1,0 +1,93 @@
+"""Where a GPU engine step spends its time: CUDA kernel time by kind, and the host side for one window.
+
+    python benchmarks/gpu_profile.py --model large-v3 --tokenizer <multilingual tokenizer.json> --concurrency 1 256
+
+Dummy weights, float16, random 30 s windows, exactly --tokens tokens per window. For each concurrency: wall time
+and RTFx of one run, then a profiled run whose CUDA kernels are grouped (GEMM, attention, copies, ...) with their
+share of the wall time; with --host, the host-side operations of a single window (graph launches, syncs, eager
+kernel launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.request import DecodeOptions  # noqa: E402
+
+KINDS = (
+    ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet")),
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
+    ("copy/index", ("copy", "index", "scatter", "gather", "cat")),
+    ("norm", ("norm",)),
+    ("elementwise", ("elementwise", "vectorized")),
+    ("reduce/softmax", ("reduce", "softmax", "argmax")),
+)
+
+
+def kind_of(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in lower for k in keys)), "other")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="large-v3")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json for dummy multilingual models")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 256])
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--host", action="store_true", help="also print the host-side table for one window")
+    args = ap.parse_args()
+
+    engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
+                                 tokenizer=args.tokenizer))
+    engine.start()
+    options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=args.tokens,
+                            no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)
+    audio = (np.random.default_rng(0).standard_normal(480_000) * 0.1).astype(np.float32)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        for handle in [engine.submit(audio, options) for _ in range(n)]:
+            handle.wait(timeout=600)
+        return time.perf_counter() - start
+
+    run(1)  # warm-up
+    for n in args.concurrency:
+        run(n)
+        wall = run(n)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            profiled = run(n)
+        total, by_kind, count = 0.0, collections.Counter(), collections.Counter()
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                us = event.device_time_total
+                total += us
+                by_kind[kind_of(event.name)] += us
+                count[kind_of(event.name)] += 1
+        print(f"\n{args.model}, {n} windows: {wall:.3f} s, RTFx {30 * n / wall:.0f}; profiled run {profiled:.3f} s, "
+              f"kernels busy {total / 1e6 / profiled:.0%} of it")
+        print("| kind | ms | kernels | share of kernel time |")
+        print("|---|---|---|---|")
+        for kind, us in by_kind.most_common():
+            print(f"| {kind} | {us / 1e3:.1f} | {count[kind]} | {us / total:.0%} |")
+    if args.host:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run(1)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
