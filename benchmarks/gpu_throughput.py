@@ -42,25 +42,25 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
     rng = np.random.default_rng(0)
     audio = (rng.standard_normal(int(WINDOW_S * 16000)) * 0.1).astype(np.float32)
     engine.transcribe(audio, options)  # warm-up
-    results = {}
+    results, ttfts = {}, {}
     for c in concurrency:
-        times = []
+        times, ttft = [], []
         for _ in range(repeats):
             before = engine.num_tokens
             start = time.perf_counter()
             handles = [engine.submit(audio, options) for _ in range(c)]
-            for h in handles:
-                h.wait(timeout=600)
+            ttft += [h.wait(timeout=600).time_to_first_token for h in handles]
             times.append(time.perf_counter() - start)
             assert engine.num_tokens - before == c * tokens, (engine.num_tokens - before, c * tokens)
         results[c] = statistics.median(times)
+        ttfts[c] = (statistics.median(ttft), float(np.percentile(ttft, 90)))
     stats = engine.runner.graphs.stats if engine.runner.graphs else None
     slots = engine.runner.num_slots
     engine.shutdown()
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    return results, stats, slots
+    return results, ttfts, stats, slots
 
 
 def run_transformers(model: str, concurrency: list[int], tokens: int, repeats: int):
@@ -126,22 +126,23 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, {args.tokens} tokens per window")
     rows = []
     for model in args.models:
-        ours, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False)
+        ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))
         for c in args.concurrency:
             rtfx = c * WINDOW_S / ours[c]
             p = peer.get(c)
-            rows.append((model, c, ours[c], rtfx, p, c * WINDOW_S / p if p else None))
+            rows.append((model, c, ours[c], rtfx, p, c * WINDOW_S / p if p else None, *ttfts[c]))
             print(rows[-1], flush=True)
-    print("\n| model | concurrency | engine s | engine RTFx | transformers s | transformers RTFx | ratio | floor RTFx | of floor |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for model, c, t, rtfx, p, prtfx in rows:
+    # time to first token: from submission (all c requests at once) to each request's first decoded token
+    print("\n| model | concurrency | engine s | engine RTFx | TTFT p50 / p90 s | transformers s | transformers RTFx | ratio | floor RTFx | of floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for model, c, t, rtfx, p, prtfx, ttft50, ttft90 in rows:
         floor = FLOOR_RTFX.get(model)
         peer_cols = f"{p:.3f} | {prtfx:.0f} | {rtfx / prtfx:.1f}x" if p else "- | - | -"
         of_floor = f"{rtfx / floor * 100:.0f}%" if floor else "-"
-        print(f"| {model} | {c} | {t:.3f} | {rtfx:.0f} | {peer_cols} | {floor or '-'} | {of_floor} |")
+        print(f"| {model} | {c} | {t:.3f} | {rtfx:.0f} | {ttft50:.3f} / {ttft90:.3f} | {peer_cols} | {floor or '-'} | {of_floor} |")
 
 
 if __name__ == "__main__":

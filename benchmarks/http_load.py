@@ -219,12 +219,16 @@ def run_load_processes(url: str, model: str, uploads: list[Upload], concurrency:
 
 
 def engine_totals(metrics_text: str) -> dict[str, float]:
-    """The server's `whisper_engine_total{name=...}` gauges (steps, tokens, busy_seconds, graph counters)."""
+    """The server's `whisper_engine_total{name=...}` gauges (steps, tokens, busy_seconds, graph counters), and the
+    time-to-first-token histogram's count and sum (as ttft_count, ttft_sum)."""
     totals = {}
     for line in metrics_text.splitlines():
         if line.startswith('whisper_engine_total{name="'):
             name, value = line[len('whisper_engine_total{name="') :].split('"} ')
             totals[name] = float(value)
+        elif line.startswith(("whisper_time_to_first_token_seconds_count ", "whisper_time_to_first_token_seconds_sum ")):
+            name, value = line.split()
+            totals["ttft_" + name.rsplit("_", 1)[1]] = float(value)
     return totals
 
 
@@ -238,6 +242,9 @@ def print_engine_load(before: dict[str, float], after: dict[str, float], wall_s:
         f"engine loop: busy {delta.get('busy_seconds', 0.0) / wall_s:.0%} of the run's wall time, {steps:.0f} steps, "
         f"{delta.get('tokens', 0.0) / steps:.1f} tokens per step, {delta.get('busy_seconds', 0.0) / steps * 1e3:.2f} ms per step"
     )
+    if delta.get("ttft_count", 0.0) > 0:
+        print(f"time to first token (engine): mean {delta['ttft_sum'] / delta['ttft_count']:.3f} s over "
+              f"{delta['ttft_count']:.0f} requests")
 
 
 def free_port() -> int:

@@ -44,6 +44,7 @@ class RequestHandle:
     def __init__(self, engine: Engine, request_id: str):
         self.engine = engine
         self.request_id = request_id
+        self.submitted_at = time.perf_counter()
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             self._aqueue: asyncio.Queue = asyncio.Queue()
@@ -289,6 +290,7 @@ class Engine:
         except Exception as exc:
             handle.emit(exc)
             return
+        t.submitted_at = handle.submitted_at
         jobs = t.start_jobs()
         if not jobs:  # empty audio: nothing to decode
             t.finish()
@@ -311,7 +313,12 @@ class Engine:
         new = sched.admit()
         if new:
             runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
-            self._advance(new, *runner.prefill(new))
+            first = runner.prefill(new)  # returns once the first tokens are on the host
+            now = time.perf_counter()
+            for seq in new:
+                if seq.job.transcription.first_token_at is None:
+                    seq.job.transcription.first_token_at = now
+            self._advance(new, *first)
             self._release()
         if sched.running:
             self._advance(sched.running, *runner.decode(sched.running))

@@ -93,6 +93,9 @@ class TranscriptionResult:
     language: str  # ISO code
     duration: float  # seconds of input audio
     num_tokens: int = 0
+    # seconds from submission to the first decoded token (queueing + features + encoder + prompt); None when
+    # nothing was decoded (empty audio, every window skipped by VAD)
+    time_to_first_token: float | None = None
 
 
 @dataclass(slots=True)

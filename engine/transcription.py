@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +59,8 @@ class Transcription:
         self.attempts: list[WindowResult] = []  # this window's decodes so far, one per temperature
         self.aborted = False
         self.done = False
+        self.submitted_at = time.perf_counter()  # the engine sets the time its caller submitted the request
+        self.first_token_at: float | None = None
         self._generator: torch.Generator | None = None
 
     @property
@@ -233,7 +236,8 @@ class Transcription:
         text = "".join(s.text for s in self.segments).strip()
         num_tokens = sum(len(s.tokens) for s in self.segments)
         language = self.language or "en"
-        self.emit(TranscriptionResult(text, self.segments, language, self.duration, num_tokens))
+        ttft = None if self.first_token_at is None else self.first_token_at - self.submitted_at
+        self.emit(TranscriptionResult(text, self.segments, language, self.duration, num_tokens, ttft))
 
     @property
     def time_offset(self) -> float:

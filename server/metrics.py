@@ -7,11 +7,12 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.request import EngineStats
+from engine.request import EngineStats, Task, TranscriptionResult
 
 from .errors import CLIENT_CLOSED_REQUEST
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Metrics:
@@ -35,6 +36,14 @@ class Metrics:
         self.audio_seconds = Counter(
             "whisper_audio_seconds", "Seconds of audio transcribed or translated.", ["task"], registry=self.registry
         )
+        # Under load a new request waits for a slot and an encoder batch while running ones keep decoding:
+        # this is the latency that scheduling trades against throughput.
+        self.time_to_first_token = Histogram(
+            "whisper_time_to_first_token_seconds",
+            "Seconds from a request reaching the engine to its first decoded token.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.", registry=self.registry)
         self.running = Gauge("whisper_running_sequences", "Sequences being decoded.", registry=self.registry)
         self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry)
@@ -43,6 +52,11 @@ class Metrics:
         self.engine_totals = Gauge(
             "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry
         )
+
+    def observe_result(self, task: Task, result: TranscriptionResult) -> None:
+        self.audio_seconds.labels(task.value).inc(result.duration)
+        if result.time_to_first_token is not None:
+            self.time_to_first_token.observe(result.time_to_first_token)
 
     def render(self, stats: EngineStats | None) -> bytes:
         """Prometheus text exposition; engine gauges are read at scrape time."""

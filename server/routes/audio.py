@@ -34,7 +34,7 @@ async def _serve(
     )
 
     def count_audio(result: TranscriptionResult) -> None:
-        metrics.audio_seconds.labels(task.value).inc(result.duration)
+        metrics.observe_result(task, result)
 
     if params.stream:
         handle = submit(engine, audio, options)

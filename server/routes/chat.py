@@ -110,7 +110,7 @@ async def create_chat_completion(
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None
     audio = await decode_upload(turn.data, param="messages")
     result = await transcribe(engine, audio, DecodeOptions(task=task, language=language), request)
-    metrics.audio_seconds.labels(task.value).inc(result.duration)
+    metrics.observe_result(task, result)
     content = request.app.state.chat_template.render(result, task, turn.instruction)
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex}",

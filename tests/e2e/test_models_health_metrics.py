@@ -67,3 +67,21 @@ def test_engine_totals_count_steps_tokens_and_busy_time(server, data_dir):
     assert after["tokens"] - before["tokens"] >= 10
     busy = after["busy_seconds"] - before["busy_seconds"]
     assert 0 < busy <= wall
+
+
+def test_time_to_first_token_histogram(server, data_dir):
+    """Each finished request adds one time-to-first-token observation, shorter than the request itself."""
+    import time
+
+    def histogram() -> tuple[float, float]:
+        lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+        value = {ln.split()[0]: float(ln.split()[-1]) for ln in lines if ln.startswith("whisper_time_to_first_token")}
+        return value["whisper_time_to_first_token_seconds_count"], value["whisper_time_to_first_token_seconds_sum"]
+
+    count, total = histogram()
+    start = time.perf_counter()
+    server.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
+    wall = time.perf_counter() - start
+    new_count, new_total = histogram()
+    assert new_count == count + 1
+    assert 0 < new_total - total < wall

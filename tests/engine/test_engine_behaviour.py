@@ -58,6 +58,7 @@ def test_english_only_model_refuses_german(tiny_engine, load_clip):
 def test_empty_audio_gives_empty_text(tiny_engine, options):
     result = tiny_engine.submit(np.zeros(0, dtype=np.float32), options).wait(timeout=30)
     assert result.text == "" and result.segments == [] and result.duration == 0.0
+    assert result.time_to_first_token is None  # nothing was decoded
 
 
 def test_decoding_stops_at_the_context_limit(tiny_engine, load_clip, tiny_transcripts):
@@ -99,3 +100,18 @@ def test_bad_arrays_are_refused_and_the_engine_keeps_serving(tiny_engine, load_c
     assert tiny_engine.is_alive
     text = tiny_engine.transcribe(load_clip("g1_en_jfk.flac"), DecodeOptions(temperatures=(0.0,))).text
     assert "ask not what your country can do for you" in text
+
+
+def test_time_to_first_token_is_measured_from_submission(tiny_engine, load_clip):
+    """Two requests submitted together: each result says when its first token came, within the request's time;
+    a long window decoded to the end takes much longer than its first token."""
+    import time
+
+    audio = load_clip("g1_en_spontaneous_mfa-acoustic-corpus.wav")
+    start = time.perf_counter()
+    handles = [tiny_engine.submit(audio, GREEDY) for _ in range(2)]
+    results = [h.wait(timeout=WAIT_S) for h in handles]
+    wall = time.perf_counter() - start
+    for result in results:
+        assert result.num_tokens > 50
+        assert 0 < result.time_to_first_token < wall / 2
