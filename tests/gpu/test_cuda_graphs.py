@@ -79,3 +79,38 @@ def test_jfk_on_cuda(graph_engine, gpu_clips, read_wav):
     text = graph_engine.transcribe(read_wav(jfk), DecodeOptions()).text.lower()
     print("\njfk:", text)
     assert "ask not what your country can do for you" in text
+
+
+def test_logit_rules_and_sampling_never_wait_for_the_gpu(graph_engine):
+    """From a step's launch to the one read of its tokens nothing may wait for the GPU, so the host queues the
+    logit rules and the sampling behind the step (a hidden wait, a scalar copied from pageable memory, once cost
+    a quarter of every large-v3 step). Every rule is active here, on some row."""
+    from engine.logits import StepRules, sample
+
+    runner = graph_engine.runner
+    dev, tok = runner.device, runner.tokenizer
+
+    def rows(*values, dtype=torch.long):
+        return torch.tensor(values, dtype=dtype, device=dev)
+
+    rules = StepRules(
+        is_first=rows(0), suppress_eot=rows(1), detect_language=rows(2), with_timestamps=rows(0, 3),
+        last_is_ts=rows(False, True, dtype=torch.bool), penultimate_is_ts=rows(False, False, dtype=torch.bool),
+        min_timestamp=rows(tok.timestamp_begin, tok.timestamp_begin + 5), is_first_ts=rows(True, False, dtype=torch.bool),
+    )  # fmt: skip
+    logits = torch.randn(4, runner.dims.n_vocab, device=dev)
+    logits[1, tok.eot] = 100.0  # the row that must not end
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens, logprobs = sample(runner.logits_processor(logits, rules), [0.0] * 4, [None] * 4)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    tokens = tokens.tolist()
+    assert tok.timestamp_begin <= tokens[0] <= tok.timestamp_begin + 50  # a window opens with an early timestamp
+    assert tokens[1] != tok.eot
+    if tok.language_ids:
+        assert tokens[2] in tok.language_ids.values()
+    # after a lone timestamp: another one, not earlier than the last, or the end
+    assert tokens[3] == tok.eot or tokens[3] >= tok.timestamp_begin + 5
+    assert torch.isfinite(logprobs).all()
