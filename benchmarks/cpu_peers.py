@@ -62,6 +62,12 @@ def main() -> None:
                 ).stdout
                 rounds[system].append(json.loads(out.strip().splitlines()[-1]))
         times = {s: {c: statistics.median(r["times"][c] for r in rounds[s]) for c in CLIPS} for s in systems}
+        # A ratio is taken within a round (the three systems ran minutes apart at most), then the median over
+        # rounds: on a machine whose speed drifts, this is steadier than a ratio of medians taken across rounds.
+        def ratios(peer: str, label: str) -> str:
+            r = sorted(p["times"][label] / o["times"][label] for p, o in zip(rounds[peer], rounds["ours"]))
+            return f"{statistics.median(r):.2f}x ({r[0]:.2f}-{r[-1]:.2f})"
+
         print(f"\nmodel {args.model}, {args.threads} threads, median of {args.repeats} runs x {args.rounds} interleaved rounds, load excluded")
         print("| clip | tokens | this engine (s) | faster-whisper fp32 (s) | transformers (s) | fw / ours | hf / ours |")
         print("|---|---|---|---|---|---|---|")
@@ -70,7 +76,9 @@ def main() -> None:
             same = "same" if tokens["faster-whisper"] == tokens["ours"] == tokens["transformers"] else "DIFFER"
             o, f, h = (times[s][label] for s in systems)
             n = len(tokens["ours"])
-            print(f"| {label} | {n} ({same}) | {o:.3f} | {f:.3f} | {h:.3f} | {f / o:.2f}x | {h / o:.2f}x |")
+            fw, hf = ratios("faster-whisper", label), ratios("transformers", label)
+            print(f"| {label} | {n} ({same}) | {o:.3f} | {f:.3f} | {h:.3f} | {fw} | {hf} |")
+        print("times: median over rounds; ratios: median (range) of the per-round ratios")
         return
     torch.set_num_threads(args.threads)
 

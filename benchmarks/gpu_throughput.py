@@ -28,13 +28,14 @@ WINDOW_S = 30.0
 FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 
 
-def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool):
+def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
+               stepwise: int | None = None):
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.request import DecodeOptions
 
     engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
-                                 tokenizer=tokenizer, enforce_eager=eager))
+                                 tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=tokens,
@@ -115,6 +116,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json for dummy multilingual models")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--stepwise-prompt-tokens", type=int, default=None,
+                    help="the engine's stepwise_prompt_tokens (default: its own; 0 = a prefill pass for every prompt)")
     args = ap.parse_args()
     if len(args.models) > 1:
         # one process per model: a finished engine's caches and graph pools are then surely returned
@@ -126,7 +129,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, {args.tokens} tokens per window")
     rows = []
     for model in args.models:
-        ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False)
+        ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
+                                               args.stepwise_prompt_tokens)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))

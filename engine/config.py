@@ -24,6 +24,12 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     seed: int = 0
+    # A new window whose prompt has at most this many tokens gets it one token per decode step, riding along with
+    # the running batch (in its CUDA graph), instead of an eager prefill pass of its own, while the batch is small
+    # (engine.STEPWISE_MAX_RUNNING). None = 8 on a GPU, where that pass launches ~600 kernels one by one
+    # (large-v3: ~21 ms, against ~2.6 ms per graph-replayed step); 0 (always prefill) on a CPU, where a prefill
+    # costs about two steps and matches faster-whisper's numbers.
+    stepwise_prompt_tokens: int | None = None
     # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
     # so runs with random weights do the same work as peers told the same.
     fixed_decode_tokens: int | None = None
@@ -43,5 +49,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
+        if self.stepwise_prompt_tokens is not None and self.stepwise_prompt_tokens < 0:
+            raise ValueError(f"stepwise_prompt_tokens must be >= 0, got {self.stepwise_prompt_tokens}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -36,6 +36,13 @@ from .vad import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
 _DONE = object()
+# Short prompts ride along with the decode steps only while fewer sequences than this are running. With a few
+# rows a step is short, so a prefill pass (~25 ms of eager launches on a GPU) would dominate; with many, steps are
+# long, the pass is shared by a large admitted batch, and admitting in large encoder batches matters more: in a
+# burst of 256 windows, step-wise prompts made the steps short enough that windows were admitted a few at a time
+# (140 encoder batches instead of 33) and throughput fell 8%, while at 8 and 64 windows it rose 20% and 14%
+# (H200, large-v3, benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8 against 0).
+STEPWISE_MAX_RUNNING = 64
 
 
 class RequestHandle:
@@ -116,6 +123,8 @@ class Engine:
         # On a GPU new requests' log-mels are computed beside the loop; on a CPU the loop computes them itself,
         # so that one OpenMP thread team does all the work (a second team would compete for the cores).
         self._features = FeatureWorker(self.runner.log_mel, self.inbox.put) if self.runner.on_gpu else None
+        stepwise = config.stepwise_prompt_tokens
+        self.stepwise_prompt_tokens = stepwise if stepwise is not None else (8 if self.runner.on_gpu else 0)
         self.scheduler = Scheduler(self.runner.num_slots, self.runner.max_encoder_batch, self.runner.admissible_encoder_batch)
         self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
         self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
@@ -308,18 +317,21 @@ class Engine:
         self.scheduler.drop_aborted()
 
     def step(self) -> None:
-        """Admit waiting windows (encoder + prompt prefill), then one decode step for every running sequence."""
+        """Admit waiting windows (encoder; a prefill pass for long prompts), then one decode step for every running
+        sequence. Short prompts are fed by the decode steps themselves, one token per step (`stepwise_prompt_tokens`)."""
         sched, runner = self.scheduler, self.runner
         new = sched.admit()
         if new:
             runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
-            first = runner.prefill(new)  # returns once the first tokens are on the host
-            now = time.perf_counter()
-            for seq in new:
-                if seq.job.transcription.first_token_at is None:
-                    seq.job.transcription.first_token_at = now
-            self._advance(new, *first)
-            self._release()
+            running_before = len(sched.running) - len(new)
+            short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
+            if short and running_before < STEPWISE_MAX_RUNNING:
+                for seq in new:  # the prompt is fed by the decode steps below, one token each
+                    seq.forced.extend(seq.pending[1:])
+                    del seq.pending[1:]
+            else:
+                self._advance(new, *runner.prefill(new))
+                self._release()
         if sched.running:
             self._advance(sched.running, *runner.decode(sched.running))
             self._release()
@@ -335,14 +347,17 @@ class Engine:
         tok = self.tokenizer
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             seq.num_cached += len(seq.pending)
+            if seq.forced:  # prompt tokens still to feed: the model's output is not used
+                seq.pending = [seq.forced.popleft()]
+                continue
+            t = seq.job.transcription
+            if t.first_token_at is None:
+                t.first_token_at = time.perf_counter()
             if seq.detecting:  # the model's pick among language tokens
                 seq.language = tok.language_codes[token]
                 seq.detecting = False
                 seq.forced.extend(seq.job.forced_after_language)
                 seq.pending = [token]
-                continue
-            if seq.forced:
-                seq.pending = [seq.forced.popleft()]
                 continue
             seq.sum_logprob += logprob
             fixed = seq.job.fixed_decode_tokens

@@ -171,10 +171,11 @@ class ModelRunner:
         batch = torch.arange(len(seqs), device=self.device)
         logits = self.model.decoder.logits(hidden[batch, last])
         sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
-        no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech].tolist()
+        no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech]
+        tokens, logprobs, no_speech = self._sample(seqs, logits, no_speech)
         for seq, p in zip(seqs, no_speech):
             seq.no_speech_prob = p
-        return self._sample(seqs, logits)
+        return tokens, logprobs
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
@@ -195,9 +196,19 @@ class ModelRunner:
                 mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
                 hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
             logits = self.model.decoder.logits(hidden[:, -1])
+        # A window whose prompt is fed step by step has just been given <|startoftranscript|>: its no-speech
+        # probability comes from these logits (prefill takes it from that position), before the rules edit them.
+        sot = self.tokenizer.sot
+        sot_rows = [i for i, s in enumerate(seqs) if s.pending[0] == sot and s.num_cached < len(s.job.prompt)]
+        no_speech = None
+        if sot_rows:
+            no_speech = logits[self._to_device(sot_rows)].softmax(dim=-1)[:, self.tokenizer.no_speech]
         # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
         # and a graph's logits buffer is rewritten by the next replay anyway
-        return self._sample(seqs, logits)
+        tokens, logprobs, no_speech = self._sample(seqs, logits, no_speech)
+        for i, p in zip(sot_rows, no_speech):
+            seqs[i].no_speech_prob = p
+        return tokens, logprobs
 
     @torch.inference_mode()
     def align(self, seq: Sequence, text: list[int], language: str, task: str, num_frames: int) -> AlignmentInput:
@@ -221,21 +232,26 @@ class ModelRunner:
             return torch.tensor(values)
         return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
 
-    def _sample(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
+    def _sample(
+        self, seqs: list[Sequence], logits: Tensor, extra: Tensor | None = None
+    ) -> tuple[list[int], list[float], list[float]]:
+        """Rules and sampling; returns tokens, their log-probabilities and `extra`'s values, read in one copy."""
         rules = self._rules(seqs)
         logits = self.logits_processor(logits, rules)
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
         gens = [s.job.transcription.generator if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens)
-        out = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one device sync per step
-        return [int(t) for t in out[0]], out[1]
+        parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
+        out = torch.cat(parts).tolist()  # the one device sync of a step
+        n = len(seqs)
+        return [int(t) for t in out[:n]], out[n : 2 * n], out[2 * n :]
 
     def _rules(self, seqs: list[Sequence]) -> StepRules:
         ts_begin = self.tokenizer.timestamp_begin
         first, eot, detect, ts_rows = [], [], [], []
         last_ts, penult_ts, min_ts, first_ts = [], [], [], []
         for i, s in enumerate(seqs):
-            if s.detecting:
+            if s.detecting and not s.forced:
                 detect.append(i)
             if not s.sampling:
                 continue

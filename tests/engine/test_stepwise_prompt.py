@@ -1,0 +1,109 @@
+"""A prompt fed one token per decode step (the GPU default) gives what a prefill pass gives, on real weights."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from engine_utils import WAIT_S, submit_all
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.request import DecodeOptions
+
+# Whisper's defaults: timestamps, temperature fallback, previous-text prompts for later windows (those are longer
+# than 8 tokens, so they still go through prefill: both paths run in one request).
+DEFAULTS = DecodeOptions()
+ENGLISH = (
+    "g1_en_jfk.flac",
+    "g1_en_librispeech-test-clean_1221-135766-0001.wav",
+    "g1_en_spontaneous_mfa-acoustic-corpus.wav",
+    "g2_en_earnings22_4482311_3-62s.wav",  # three windows
+)
+OTHER = ("g3_de_picovoice-leopard_test_de.wav", "g3_es_librivox_capitan-veneno-dedicatoria.mp3")
+
+
+def stepwise_engine(model: str) -> Engine:
+    engine = Engine(EngineConfig(model=model, device="cpu", stepwise_prompt_tokens=8))
+    engine.start()
+    return engine
+
+
+def settled_steps(engine: Engine) -> int:
+    """The engine's step count once its last step has ended (a result is sent before the step counts itself)."""
+    while True:
+        steps = engine.num_steps
+        time.sleep(0.05)
+        if engine.num_steps == steps:
+            return steps
+
+
+def fields(result) -> tuple:
+    segments = [(s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for s in result.segments]
+    return result.text, result.language, segments
+
+
+def scores(result) -> list[float]:
+    return [x for s in result.segments for x in (s.avg_logprob, s.no_speech_prob)]
+
+
+@pytest.fixture(scope="module")
+def stepwise_tiny(tiny_engine):  # tiny_engine skips when the weights are missing
+    engine = stepwise_engine("tiny.en")
+    yield engine
+    engine.shutdown()
+
+
+def test_stepwise_prompt_equals_prefill(stepwise_tiny, tiny_engine, load_clip):
+    audios = {name: load_clip(name) for name in ENGLISH}
+    stepwise = submit_all(stepwise_tiny, audios, DEFAULTS)
+    prefill = submit_all(tiny_engine, audios, DEFAULTS)
+    for name in ENGLISH:
+        assert stepwise[name].text, name
+        assert fields(stepwise[name]) == fields(prefill[name]), name
+        # float32 sums over other matrix shapes (one token at a time against the whole prompt)
+        assert scores(stepwise[name]) == pytest.approx(scores(prefill[name]), rel=1e-3, abs=1e-5), name
+        assert stepwise[name].time_to_first_token > 0
+    assert len(stepwise["g2_en_earnings22_4482311_3-62s.wav"].segments) > 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [DecodeOptions(without_timestamps=True, temperatures=(0.0,)), DecodeOptions(prompt="Kennedy.", temperatures=(0.0,))],
+    ids=["no-timestamps", "user-prompt"],
+)
+def test_multi_token_prompts_take_one_step_per_token(stepwise_tiny, tiny_engine, load_clip, options):
+    """[sot, notimestamps] and [sot_prev, prompt..., sot]: the same transcript, a step per prompt token (the user
+    prompt puts <|startoftranscript|>, where the no-speech probability is read, last)."""
+    audio = load_clip("g1_en_jfk.flac")
+    prompt_len = len(tiny_engine.tokenizer.encode(" " + options.prompt)) + 2 if options.prompt else 2
+    steps = {}
+    results = {}
+    for label, engine in (("stepwise", stepwise_tiny), ("prefill", tiny_engine)):
+        before = settled_steps(engine)
+        results[label] = engine.submit(audio, options).wait(timeout=WAIT_S)
+        steps[label] = settled_steps(engine) - before
+    assert fields(results["stepwise"]) == fields(results["prefill"])
+    assert scores(results["stepwise"]) == pytest.approx(scores(results["prefill"]), rel=1e-3, abs=1e-5)
+    # a prefill step yields two tokens (the prompt's and the first decode step's); fed one by one, the prompt's
+    # tokens take a step each
+    assert steps["stepwise"] - steps["prefill"] == prompt_len
+
+
+def test_stepwise_prompt_detects_the_language(base_engine, load_clip):
+    engine = stepwise_engine("base")
+    try:
+        for name in OTHER:
+            audio = load_clip(name)
+            options = DecodeOptions(temperatures=(0.0,))  # language left to the model
+            stepwise = engine.submit(audio, options).wait(timeout=WAIT_S)
+            prefill = base_engine.submit(audio, options).wait(timeout=WAIT_S)
+            assert stepwise.language == prefill.language == name.split("_")[1], name
+            assert fields(stepwise) == fields(prefill), name
+            # the language given: [sot, language, transcribe, notimestamps] fed step by step
+            given = DecodeOptions(language=prefill.language, without_timestamps=True, temperatures=(0.0,))
+            stepwise = engine.submit(audio, given).wait(timeout=WAIT_S)
+            prefill = base_engine.submit(audio, given).wait(timeout=WAIT_S)
+            assert fields(stepwise) == fields(prefill), name
+    finally:
+        engine.shutdown()
