@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     """Cross-attention cache length; default is the encoder's own (1500)."""
     max_text_ctx: int | None = Field(default=None, ge=1)
     """Self-attention cache length; default is the decoder's own (448)."""
+    stepwise_prompt_tokens: int | None = Field(default=None, ge=0)
+    """Prompts up to this many tokens are fed by the running batch's decode steps instead of a prefill pass
+    while the batch is small; default 8 on a GPU, 0 (always prefill) on a CPU."""
     seed: int = 0
     """Seed for sampling at temperature > 0 (requests are reproducible)."""
     fixed_decode_tokens: int | None = Field(default=None, ge=1)
@@ -87,6 +90,7 @@ class Settings(BaseSettings):
             max_encoder_batch=self.max_encoder_batch,
             max_audio_ctx=self.max_audio_ctx,
             max_text_ctx=self.max_text_ctx,
+            stepwise_prompt_tokens=self.stepwise_prompt_tokens,
             device=self.device,
             dtype=self.dtype,
             max_num_seqs=self.max_num_seqs,
