@@ -3,7 +3,10 @@
     python benchmarks/gpu_throughput.py --models large-v3 large-v3-turbo --concurrency 1 8 64 256
 
 Dummy (random) weights at the real shapes, float16, random 30 s inputs, exactly --tokens tokens per
-window (EOS ignored, so both systems do the same work). RTFx = seconds of audio / seconds of wall time.
+window (EOS ignored, so both systems do the same work). RTFx = seconds of audio / seconds of wall time. For the
+engine also the time to first token (TTFT) of each request, from submission to its first decoded token, as p50
+and p90 over the requests of a concurrency level: all of them are submitted at once, so later ones wait for the
+encoder batches ahead of them while earlier ones decode.
 """
 
 from __future__ import annotations
