@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, Request, Response
 
-from engine.request import Task, TranscriptionResult
+from engine.request import Task
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import render
@@ -33,14 +35,11 @@ async def _serve(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings
     )
 
-    def count_audio(result: TranscriptionResult) -> None:
-        metrics.observe_result(task, result)
-
     if params.stream:
         handle = submit(engine, audio, options)
-        return sse_response(handle, transcript_events(handle, on_done=count_audio))
+        return sse_response(handle, transcript_events(handle, on_done=partial(metrics.observe_result, task)))
     result = await transcribe(engine, audio, options, request)
-    count_audio(result)
+    metrics.observe_result(task, result)
     body = render(result, params.response_format, task, params.granularities)
     return Response(body.content, media_type=body.media_type)
 

@@ -34,6 +34,11 @@ def submit_all(
     return {name: handle.wait(timeout=WAIT_S) for name, handle in handles.items()}
 
 
+def scores(result: TranscriptionResult) -> list[float]:
+    """Each segment's average log-probability and no-speech probability (float sums: compared approximately)."""
+    return [x for s in result.segments for x in (s.avg_logprob, s.no_speech_prob)]
+
+
 def tokens_of(result: TranscriptionResult) -> list[int]:
     return [t for segment in result.segments for t in segment.tokens]
 

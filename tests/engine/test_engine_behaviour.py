@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from engine_utils import GREEDY, WAIT_S, submit_all, tokens_of
+from engine_utils import GREEDY, WAIT_S, scores, submit_all, tokens_of
 
 from engine.request import DecodeOptions, InvalidRequestError
 
@@ -30,10 +30,6 @@ DEFAULTS = DecodeOptions()
 def exact_fields(result) -> tuple:
     segments = [(s.id, s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for s in result.segments]
     return result.text, result.language, result.num_tokens, segments
-
-
-def scores(result) -> list[float]:
-    return [x for s in result.segments for x in (s.avg_logprob, s.no_speech_prob)]
 
 
 def test_concurrent_equals_one_by_one(tiny_engine, load_clip):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from engine_utils import WAIT_S, submit_all
+from engine_utils import WAIT_S, scores, submit_all
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -41,10 +41,6 @@ def settled_steps(engine: Engine) -> int:
 def fields(result) -> tuple:
     segments = [(s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for s in result.segments]
     return result.text, result.language, segments
-
-
-def scores(result) -> list[float]:
-    return [x for s in result.segments for x in (s.avg_logprob, s.no_speech_prob)]
 
 
 @pytest.fixture(scope="module")
