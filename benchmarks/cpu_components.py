@@ -2,11 +2,13 @@
 
     python benchmarks/cpu_components.py [--model tiny.en] [--passes 20]
     python benchmarks/cpu_components.py --default-heap   # the same, with glibc's default heap settings
+    python benchmarks/cpu_components.py --step-phases    # instead: where one request's time goes in the engine loop
 
 Decoding: the same 30 s 16 kHz mono 16-bit WAV through libsndfile (the fast path) and through PyAV, ms per call
 and whether the samples are equal. Encoder: ms per pass, minor page faults and kernel time per pass
 (getrusage). The engine applies `keep_freed_memory()` on a CPU; --default-heap skips it: compare two runs
-(separate processes, since the setting is process-wide).
+(separate processes, since the setting is process-wide). --step-phases transcribes the 26.7 s spontaneous clip
+greedily without timestamps (as benchmarks/cpu_peers.py does) and prints the engine loop's phases per request.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import audio as engine_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine_phases import print_engine_phases  # noqa: E402
+
+CLIP = Path(__file__).resolve().parents[2] / "shared" / "data" / "g1_en_spontaneous_mfa-acoustic-corpus.wav"
 
 
 def wav_bytes(seconds: float) -> bytes:
@@ -53,8 +58,13 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--default-heap", action="store_true")
+    ap.add_argument("--step-phases", action="store_true")
+    ap.add_argument("--clip", type=Path, default=CLIP)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.step_phases:
+        step_phases(args)
+        return
 
     data = wav_bytes(30.0)
     fast = ms_per_call(lambda: engine_audio.decode_audio(data), 20)
@@ -82,6 +92,24 @@ def main() -> None:
     kernel = (after.ru_stime - before.ru_stime) / args.passes * 1e3
     heap = "glibc defaults" if args.default_heap else "keep_freed_memory()"
     print(f"encoder pass ({args.model}, {heap}): {wall:.1f} ms, {faults:.0f} page faults, {kernel:.1f} ms kernel time")
+
+
+def step_phases(args) -> None:
+    from engine.engine import Engine
+    from engine.request import DecodeOptions
+
+    engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads))
+    engine.start()
+    audio = engine_audio.decode_audio(args.clip)
+    options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
+
+    def run() -> float:
+        start = time.perf_counter()
+        engine.transcribe(audio, options)
+        return time.perf_counter() - start
+
+    print_engine_phases(engine, run, f"{args.model} on {args.clip.name}, CPU, {args.threads} threads")
+    engine.shutdown()
 
 
 if __name__ == "__main__":

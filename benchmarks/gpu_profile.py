@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.request import DecodeOptions  # noqa: E402
+from engine_phases import print_engine_phases  # noqa: E402
 
 KINDS = (
     ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet")),
@@ -83,54 +84,8 @@ def main() -> None:
         for kind, us in by_kind.most_common():
             print(f"| {kind} | {us / 1e3:.1f} | {count[kind]} | {us / total:.0%} |")
     if args.host:
-        print_host_phases(engine, run)
+        print_engine_phases(engine, lambda: run(1), f"{args.model}, one window")
     engine.shutdown()
-
-
-def print_host_phases(engine: Engine, run) -> None:
-    """Wall time in each engine-loop phase for one window, by wrapping the loop's methods with timers.
-
-    (torch.profiler's host table misled here: with the profiler attached, each CUDA-graph launch appeared to take
-    1.2 ms; timed plainly a replay call takes ~0.03 ms.) A phase that includes waiting for the GPU shows it."""
-    spent: dict[str, float] = collections.defaultdict(float)
-    calls: collections.Counter = collections.Counter()
-    runner = engine.runner
-    targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample", "_rules", "logits_processor")]
-    targets += [(engine, n) for n in ("step", "_advance", "_release")]
-    if runner.graphs is not None:
-        targets.append((runner.graphs, "decode"))
-    originals = []
-    for obj, name in targets:
-        fn = getattr(obj, name)
-        label = f"{type(obj).__name__}.{name}"
-
-        def timed(*a, _fn=fn, _label=label, **k):
-            start = time.perf_counter()
-            try:
-                return _fn(*a, **k)
-            finally:
-                spent[_label] += time.perf_counter() - start
-                calls[_label] += 1
-
-        originals.append((obj, name, obj.__dict__.get(name)))
-        setattr(obj, name, timed)
-    try:
-        run(1)  # warm-up with the timers in place
-        spent.clear()
-        calls.clear()
-        n = 5
-        wall = sum(run(1) for _ in range(n)) / n
-    finally:
-        for obj, name, before in originals:
-            if before is None:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, before)
-    print(f"\none window, host phases (mean of {n}; wall {wall * 1e3:.1f} ms per request)")
-    print("| phase | ms per request | calls | us per call |")
-    print("|---|---|---|---|")
-    for label, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
-        print(f"| {label} | {seconds / n * 1e3:.2f} | {calls[label] // n} | {seconds / calls[label] * 1e6:.0f} |")
 
 
 if __name__ == "__main__":
