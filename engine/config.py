@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
+CROSS_CACHE_DTYPES = ("auto", "model", "int8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,9 @@ class EngineConfig:
     # (large-v3: ~21 ms, against ~2.6 ms per graph-replayed step); 0 (always prefill) on a CPU, where a prefill
     # costs about two steps and matches faster-whisper's numbers.
     stepwise_prompt_tokens: int | None = None
+    # The cross-attention cache's element type: "model" (the weights' dtype), or "int8" with a bfloat16 scale per
+    # vector (engine/int8_attention.py: half the bytes a decode step reads). auto = model_runner.default_int8_cross.
+    cross_cache_dtype: str = "auto"
     # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
     # so runs with random weights do the same work as peers told the same.
     fixed_decode_tokens: int | None = None
@@ -37,6 +41,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.cross_cache_dtype not in CROSS_CACHE_DTYPES:
+            raise ValueError(f"cross_cache_dtype must be one of {CROSS_CACHE_DTYPES}, got {self.cross_cache_dtype!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:

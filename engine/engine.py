@@ -36,12 +36,13 @@ from .vad import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
 _DONE = object()
-# Short prompts ride along with the decode steps only while fewer sequences than this are running. With a few
-# rows a step is short, so a prefill pass (~25 ms of eager launches on a GPU) would dominate; with many, steps are
-# long, the pass is shared by a large admitted batch, and admitting in large encoder batches matters more: in a
-# burst of 256 windows, step-wise prompts made the steps short enough that windows were admitted a few at a time
-# (140 encoder batches instead of 33) and throughput fell 8%, while at 8 and 64 windows it rose 20% and 14%
-# (H200, large-v3, benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8 against 0).
+# Short prompts ride along with the decode steps only while fewer sequences than this are running and no window
+# is left waiting. With a few rows a step is short, so a prefill pass (~25 ms of eager launches on a GPU) would
+# dominate; with many, or with a backlog, the pass is shared by a large admitted batch and admitting quickly in
+# large encoder batches matters more. H200, large-v3, benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8
+# against 0: step-wise on whenever fewer than 64 ran gave +14% at 8 windows and +10% at 64 but -9% at a burst of
+# 256 (1,833 vs 2,024 RTFx, p50 time to first token 1.41 vs 1.02 s: the burst was admitted in twice as many encoder
+# batches). Holding partial encoder batches back for 5-25 ms did not restore it (60-66 batches either way).
 STEPWISE_MAX_RUNNING = 64
 
 
@@ -325,7 +326,7 @@ class Engine:
             runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
             running_before = len(sched.running) - len(new)
             short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
-            if short and running_before < STEPWISE_MAX_RUNNING:
+            if short and running_before < STEPWISE_MAX_RUNNING and not sched.num_waiting:
                 for seq in new:  # the prompt is fed by the decode steps below, one token each
                     seq.forced.extend(seq.pending[1:])
                     del seq.pending[1:]

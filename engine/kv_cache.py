@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .dims import ModelDimensions
+from .int8_attention import SCALE_DTYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +38,24 @@ class CacheShape:
             n_audio_ctx=dims.n_audio_ctx,
         )
 
-    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+    def bytes_per_slot(self, dtype: torch.dtype, int8_cross: bool = False) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        per_position = 2 * self.n_layer * self.n_head * self.head_dim * elem  # K and V, every layer
-        return per_position * (self.n_text_ctx + self.n_audio_ctx)
+        vectors = 2 * self.n_layer * self.n_head  # K and V, every layer
+        cross = self.head_dim + 2 if int8_cross else self.head_dim * elem  # int8 values and a bfloat16 scale
+        return vectors * (self.n_text_ctx * self.head_dim * elem + self.n_audio_ctx * cross)
 
 
 class KVCache:
     """self_k/self_v: (layers, slots, heads, n_text_ctx, head_dim); cross_k/cross_v: (..., n_audio_ctx, ...).
 
     self_k and self_v are the two halves of one tensor, self_kv (layers, 2, slots, ...), so a decoder step writes
-    a layer's new keys and values with one indexed copy instead of two (one kernel fewer per layer and step)."""
+    a layer's new keys and values with one indexed copy instead of two (one kernel fewer per layer and step).
+    With `int8_cross` the cross cache holds int8 vectors and cross_k_scale/cross_v_scale (layers, slots, heads,
+    n_audio_ctx) their bfloat16 scales (engine/int8_attention.py); otherwise the scales are None."""
 
-    def __init__(self, shape: CacheShape, num_slots: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, shape: CacheShape, num_slots: int, dtype: torch.dtype, device: torch.device, int8_cross: bool = False
+    ):
         self.shape = shape
         self.num_slots = num_slots
         self.head_dim = shape.head_dim
@@ -58,8 +64,17 @@ class KVCache:
             shape.n_layer, 2, num_slots, shape.n_head, shape.n_text_ctx, shape.head_dim, dtype=dtype, device=device
         )
         self.self_k, self.self_v = self.self_kv[:, 0], self.self_kv[:, 1]
-        self.cross_k = torch.zeros(*common, shape.n_audio_ctx, shape.head_dim, dtype=dtype, device=device)
+        cross_dtype = torch.int8 if int8_cross else dtype
+        self.cross_k = torch.zeros(*common, shape.n_audio_ctx, shape.head_dim, dtype=cross_dtype, device=device)
         self.cross_v = torch.zeros_like(self.cross_k)
+        self.cross_k_scale = self.cross_v_scale = None
+        if int8_cross:
+            self.cross_k_scale = torch.zeros(*common, shape.n_audio_ctx, dtype=SCALE_DTYPE, device=device)
+            self.cross_v_scale = torch.zeros_like(self.cross_k_scale)
+
+    @property
+    def int8_cross(self) -> bool:
+        return self.cross_k_scale is not None
 
     def move_slot(self, src: int, dst: int, self_len: int) -> None:
         """Copy a sequence's caches to another slot (keeps running sequences contiguous)."""
@@ -67,13 +82,21 @@ class KVCache:
         self.self_v[:, dst, :, :self_len] = self.self_v[:, src, :, :self_len]
         self.cross_k[:, dst] = self.cross_k[:, src]
         self.cross_v[:, dst] = self.cross_v[:, src]
+        if self.int8_cross:
+            self.cross_k_scale[:, dst] = self.cross_k_scale[:, src]
+            self.cross_v_scale[:, dst] = self.cross_v_scale[:, src]
 
 
 def plan_num_slots(
-    shape: CacheShape, dtype: torch.dtype, device: torch.device, memory_fraction: float, reserve_bytes: int
+    shape: CacheShape,
+    dtype: torch.dtype,
+    device: torch.device,
+    memory_fraction: float,
+    reserve_bytes: int,
+    int8_cross: bool = False,
 ) -> tuple[int, str]:
     """Slots that fit in the device memory left after weights and activations; with a log line saying why."""
-    per_slot = shape.bytes_per_slot(dtype)
+    per_slot = shape.bytes_per_slot(dtype, int8_cross)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * memory_fraction) - (total - free) - reserve_bytes
@@ -82,7 +105,8 @@ def plan_num_slots(
         budget = 4 * 1024**3
     num = budget // per_slot
     why = (
-        f"{per_slot / 2**20:.1f} MiB per slot (self {shape.n_text_ctx} + cross {shape.n_audio_ctx} positions, "
+        f"{per_slot / 2**20:.1f} MiB per slot (self {shape.n_text_ctx} + cross {shape.n_audio_ctx} positions"
+        f"{', int8 cross' if int8_cross else ''}, "
         f"{shape.n_layer} layers), budget {max(budget, 0) / 2**30:.2f} GiB"
     )
     if num < 1:

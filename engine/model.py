@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dims import ModelDimensions
+from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
 
 NEG_INF = float("-inf")
@@ -23,6 +24,14 @@ def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5).add_(mask)
         return torch.matmul(scores.softmax(dim=-1), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def cross_attention(q: Tensor, cache: KVCache, layer: int, slots: slice) -> Tensor:
+    """q (batch, heads, t, dim) against the slots' encoder K/V, read where they live: no gather, no copy."""
+    k, v = cache.cross_k[layer, slots], cache.cross_v[layer, slots]
+    if cache.int8_cross:
+        return int8_attention(q, k, cache.cross_k_scale[layer, slots], v, cache.cross_v_scale[layer, slots])
+    return F.scaled_dot_product_attention(q, k, v)
 
 
 class MultiHeadAttention(nn.Module):
@@ -104,11 +113,15 @@ class TextDecoder(nn.Module):
 
     def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, slot_start: int) -> None:
         """Project encoder output to cross-attention K/V once and store it in the slots."""
-        n = audio_features.shape[0]
+        slots = slice(slot_start, slot_start + audio_features.shape[0])
         for i, block in enumerate(self.blocks):
             attn = block.cross_attn
-            cache.cross_k[i, slot_start : slot_start + n] = attn.split_heads(attn.key(audio_features))
-            cache.cross_v[i, slot_start : slot_start + n] = attn.split_heads(attn.value(audio_features))
+            k, v = attn.split_heads(attn.key(audio_features)), attn.split_heads(attn.value(audio_features))
+            if cache.int8_cross:
+                quantize_into(k, cache.cross_k[i, slots], cache.cross_k_scale[i, slots])
+                quantize_into(v, cache.cross_v[i, slots], cache.cross_v_scale[i, slots])
+            else:
+                cache.cross_k[i, slots], cache.cross_v[i, slots] = k, v
 
     def forward(
         self,
@@ -149,10 +162,8 @@ class TextDecoder(nn.Module):
             k = cache.self_k[i, slots, :, :kv_len]
             v = cache.self_v[i, slots, :, :kv_len]
             x = x + attn.out(attn.merge_heads(decode_self_attention(q, k, v, attn_mask)))
-            # cross-attention reads the slot's encoder K/V where it lives: no gather, no copy
             cross, h = block.cross_attn, block.cross_attn_ln(x)
-            q = cross.split_heads(cross.query(h))
-            o = F.scaled_dot_product_attention(q, cache.cross_k[i, slots], cache.cross_v[i, slots])
+            o = cross_attention(cross.split_heads(cross.query(h)), cache, i, slots)
             x = x + cross.out(cross.merge_heads(o))
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x)
@@ -178,6 +189,9 @@ class TextDecoder(nn.Module):
             cross, h = block.cross_attn, block.cross_attn_ln(x)
             q = cross.split_heads(cross.query(h))
             ck, cv = cache.cross_k[i, slot : slot + 1], cache.cross_v[i, slot : slot + 1]
+            if cache.int8_cross:  # one sequence, once per window: plain values are simplest here
+                ck = dequantize(ck, cache.cross_k_scale[i, slot : slot + 1], q.dtype)
+                cv = dequantize(cv, cache.cross_v_scale[i, slot : slot + 1], q.dtype)
             layer_heads = [head for layer, head in heads if layer == i]
             if layer_heads:
                 qks.append((q[0, layer_heads] @ ck[0, layer_heads].transpose(-1, -2)) * cache.head_dim**-0.5)
