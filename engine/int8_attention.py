@@ -9,11 +9,11 @@ checks a set of clips on every run).
 
 The kernel is flash-decoding: each (batch, head, query) row streams its keys and values in blocks with an online
 softmax; when there are few rows, the keys are split over several programs and a second kernel combines them.
-H200, large-v3 shapes, GPU time in a CUDA graph: 256 rows 295 us against cuDNN's 431 us on the float16 cache
-(3.4 TB/s of int8 bytes), 64 rows 93 vs 114 us, 8 rows 15 vs 20 us, 1 row 6.0 vs 7.6 us.
 Scales fold into the arithmetic: score_j = (q . k_j) * sk_j and out = sum_j (p_j * sv_j) v_j, so the int8
-values are never expanded in memory. Without a GPU (or without Triton) the same function dequantizes and calls
-SDPA: correct, not fast, and the reference the GPU test compares the kernel against.
+values are never expanded in memory. H200, large-v3 shapes, GPU time in a CUDA graph
+(benchmarks/int8_cross_attention.py): 256 rows 312 us against cuDNN's 439 us on the float16 cache, 64 rows 93 vs
+117 us, 8 rows 15 vs 20 us, 1 row 6.1 vs 7.1 us. Without a GPU (or without Triton) the same function
+dequantizes and calls SDPA: correct, not fast, and the reference the GPU test compares the kernel against.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def quantize_into(x: Tensor, values: Tensor, scale: Tensor) -> None:
     """quantize(x) written into cache views: x (batch, heads, n, dim) -> values (same shape, int8), scale (batch,
     heads, n). On a GPU one kernel reads x once (the separate ops above make ~8 passes over it, 64 times per
     admitted batch for large-v3's K and V)."""
-    if triton is None or not x.is_cuda:
+    if triton is None or not x.is_cuda or x.shape[-1] & (x.shape[-1] - 1):
         values[...], scale[...] = quantize(x)
         return
     b, h, n, d = x.shape
@@ -73,7 +73,7 @@ def int8_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Te
 
     q (batch, heads, t, dim); k, v (batch, heads, n, dim) int8; k_scale, v_scale (batch, heads, n).
     Views with a unit last stride (slices of the cache) are read in place."""
-    if triton is None or not q.is_cuda:
+    if triton is None or not q.is_cuda or q.shape[-1] & (q.shape[-1] - 1):  # the kernel wants a power-of-2 dim
         return F.scaled_dot_product_attention(q, dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype))
     return _triton_attention(q, k, k_scale, v, v_scale)
 

@@ -47,8 +47,11 @@ def default_int8_cross(device: torch.device) -> bool:
     """The cross cache's type when the config says auto: int8 on a GPU, where its kernel makes a decode step read
     about half the bytes (H200, large-v3, 256 windows: +13% throughput, 641 slots instead of 402) and transcripts
     stayed the same (tests/engine/test_int8_cross_cache.py, tests/gpu/test_int8_cross_attention.py); the model's
-    dtype on a CPU, which has no such kernel and would dequantize each layer's cache at every step."""
-    return device.type == "cuda" and int8_attention.triton is not None
+    dtype on a CPU, which has no such kernel and would dequantize each layer's cache at every step, and on GPUs
+    older than Ampere."""
+    if device.type != "cuda" or int8_attention.triton is None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)  # the kernels read bfloat16 scales
 
 
 class ModelRunner:
