@@ -33,6 +33,19 @@ CLIPS = {
 }
 
 
+def ct2_model_dir(resolved, tmp: Path) -> Path:
+    """The packaged CTranslate2 model as faster-whisper wants it: one model.bin (the package splits it in parts)."""
+    ct2_dir = tmp / "ct2"
+    ct2_dir.mkdir()
+    for f in resolved.config_dir.iterdir():
+        if f.suffix in (".json", ".txt"):
+            (ct2_dir / f.name).write_bytes(f.read_bytes())
+    with open(ct2_dir / "model.bin", "wb") as out:
+        for part in resolved.weight_files:
+            out.write(part.read_bytes())
+    return ct2_dir
+
+
 def median_time(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -108,15 +121,8 @@ def main() -> None:
                 return [t for s in engine.transcribe(audio, options).segments for t in s.tokens]
 
         elif args.only == "faster-whisper":
-            ct2_dir = Path(tmp) / "ct2"
-            ct2_dir.mkdir()
-            for f in resolved.config_dir.iterdir():
-                if f.suffix in (".json", ".txt"):
-                    (ct2_dir / f.name).write_bytes(f.read_bytes())
-            with open(ct2_dir / "model.bin", "wb") as out:  # faster-whisper wants one model.bin
-                for part in resolved.weight_files:
-                    out.write(part.read_bytes())
-            fw = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32", cpu_threads=args.threads)
+            fw = WhisperModel(str(ct2_model_dir(resolved, Path(tmp))), device="cpu", compute_type="float32",
+                              cpu_threads=args.threads)  # fmt: skip
 
             def run(audio):
                 segments, _ = fw.transcribe(audio, beam_size=1, temperature=0, without_timestamps=True, vad_filter=False)

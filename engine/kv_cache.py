@@ -72,6 +72,12 @@ class KVCache:
             self.cross_k_scale = torch.zeros(*common, shape.n_audio_ctx, dtype=SCALE_DTYPE, device=device)
             self.cross_v_scale = torch.zeros_like(self.cross_k_scale)
 
+        # each layer's view, made once: indexing [layer] at every use adds an operation per access, and a CPU
+        # decode step is bound by the count of its small operations (see model.TextDecoder.forward)
+        self.self_kv_layers = self.self_kv.unbind(0)
+        self.self_k_layers, self.self_v_layers = self.self_k.unbind(0), self.self_v.unbind(0)
+        self.cross_k_layers, self.cross_v_layers = self.cross_k.unbind(0), self.cross_v.unbind(0)
+
     @property
     def int8_cross(self) -> bool:
         return self.cross_k_scale is not None

@@ -26,9 +26,18 @@ def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    """ln(x) without nn.Module.__call__, whose dispatch the decode step would pay ~40 times (see TextDecoder)."""
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+def linear(proj: nn.Linear, x: Tensor) -> Tensor:
+    return F.linear(x, proj.weight, proj.bias)
+
+
 def cross_attention(q: Tensor, cache: KVCache, layer: int, slots: slice) -> Tensor:
     """q (batch, heads, t, dim) against the slots' encoder K/V, read where they live: no gather, no copy."""
-    k, v = cache.cross_k[layer, slots], cache.cross_v[layer, slots]
+    k, v = cache.cross_k_layers[layer][slots], cache.cross_v_layers[layer][slots]
     if cache.int8_cross:
         return int8_attention(q, k, cache.cross_k_scale[layer, slots], v, cache.cross_v_scale[layer, slots])
     return F.scaled_dot_product_attention(q, k, v)
@@ -46,10 +55,14 @@ class MultiHeadAttention(nn.Module):
     def split_heads(self, x: Tensor) -> Tensor:
         """(batch, time, n_state) -> (batch, n_head, time, head_dim)"""
         b, t, _ = x.shape
+        if t == 1:  # a decode step: the same layout in one view instead of two operations
+            return x.view(b, self.n_head, 1, -1)
         return x.view(b, t, self.n_head, -1).transpose(1, 2)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
+        if t == 1:
+            return x.reshape(b, 1, -1)
         return x.transpose(1, 2).reshape(b, t, -1)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -149,24 +162,28 @@ class TextDecoder(nn.Module):
             # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
             # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
             attn_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~attn_mask, NEG_INF)
+        # Layers are applied through their functions (norm, linear), not by calling the modules: on a CPU a decode
+        # step is ~100 small operations and nn.Module.__call__ added ~11 us to each of ~40 (tiny.en, 2 cores:
+        # 10.6 -> 10.1 ms per step, same values bit for bit).
         for i, block in enumerate(self.blocks):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
-            attn, h = block.attn, block.attn_ln(x)
-            qkv = self._qkv(attn, h).unflatten(-1, (3, attn.n_head, cache.head_dim))  # (b, q, 3, heads, dim)
+            attn, h = block.attn, norm(block.attn_ln, x)
+            qkv = self._qkv(attn, h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
             kv_new = qkv[:, :, 1:]
             if position is not None:
-                cache.self_kv[i, :, slots, :, position] = kv_new[:, 0].transpose(0, 1)
+                cache.self_kv_layers[i][:, slots, :, position] = kv_new[:, 0].transpose(0, 1)
             else:
-                cache.self_kv[i][:, rows, :, positions] = kv_new
+                cache.self_kv_layers[i][:, rows, :, positions] = kv_new
             q = qkv[:, :, 0].transpose(1, 2)
-            k = cache.self_k[i, slots, :, :kv_len]
-            v = cache.self_v[i, slots, :, :kv_len]
-            x = x + attn.out(attn.merge_heads(decode_self_attention(q, k, v, attn_mask)))
-            cross, h = block.cross_attn, block.cross_attn_ln(x)
-            o = cross_attention(cross.split_heads(cross.query(h)), cache, i, slots)
-            x = x + cross.out(cross.merge_heads(o))
-            x = x + block.mlp(block.mlp_ln(x))
-        return self.ln(x)
+            k = cache.self_k_layers[i][slots, :, :kv_len]
+            v = cache.self_v_layers[i][slots, :, :kv_len]
+            x = x + linear(attn.out, attn.merge_heads(decode_self_attention(q, k, v, attn_mask)))
+            cross, h = block.cross_attn, norm(block.cross_attn_ln, x)
+            o = cross_attention(cross.split_heads(linear(cross.query, h)), cache, i, slots)
+            x = x + linear(cross.out, cross.merge_heads(o))
+            mlp = block.mlp
+            x = x + linear(mlp[2], F.gelu(linear(mlp[0], norm(block.mlp_ln, x))))
+        return norm(self.ln, x)
 
     def align(
         self, tokens: Tensor, cache: KVCache, slot: int, heads: list[tuple[int, int]]

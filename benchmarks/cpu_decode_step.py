@@ -1,0 +1,104 @@
+"""CPU cost of one decoded token: this engine's decoder step against CTranslate2's (faster-whisper's engine).
+
+    python benchmarks/cpu_decode_step.py [--model tiny.en] [--tokens 20 120] [--repeats 3] [--rounds 3]
+
+A whole request mixes the encoder, features and per-token work, and on this machine the engine's encoder is
+faster while its decoder step is slower, so `cpu_peers.py` alone can show the two as level. Here each system
+decodes the spontaneous clip's window to two fixed lengths (ours: `fixed_decode_tokens`; CTranslate2: `generate`
+with end-of-text suppressed and a length limit, the tokens it actually produced are counted), and the difference
+gives milliseconds per token; the rest (encoder, prompt, features for ours) is the intercept. Each system runs in
+its own process, alternating over --rounds; medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time  # noqa: E402
+
+CLIP = CLIPS["spontaneous 26.7 s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny.en")
+    ap.add_argument("--tokens", nargs=2, type=int, default=[20, 120])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.only is None:
+        rounds: dict[str, list[dict]] = {"ours": [], "ctranslate2": []}
+        for _ in range(args.rounds):
+            for system in rounds:
+                out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", system], check=True,
+                                     capture_output=True, text=True).stdout  # fmt: skip
+                rounds[system].append(json.loads(out.strip().splitlines()[-1]))
+        print(f"\nmodel {args.model}, {args.threads} threads, {CLIP}, median of {args.repeats} runs x {args.rounds} rounds")
+        print("| system | tokens decoded | ms per token | intercept ms (encoder, prompt, ...) |")
+        print("|---|---|---|---|")
+        per_token = {}
+        for system, rs in rounds.items():
+            slopes = [(r["ms"][1] - r["ms"][0]) / (r["n"][1] - r["n"][0]) for r in rs]
+            per_token[system] = statistics.median(slopes)
+            intercept = statistics.median(r["ms"][0] - s * r["n"][0] for r, s in zip(rs, slopes))
+            print(f"| {system} | {rs[0]['n'][0]} / {rs[0]['n'][1]} | {per_token[system]:.2f} | {intercept:.0f} |")
+        print(f"ms per token, ours / CTranslate2: {per_token['ours'] / per_token['ctranslate2']:.2f}")
+        return
+
+    torch.set_num_threads(args.threads)
+    from engine.audio import decode_audio
+    from engine.weights import resolve_model
+
+    audio = decode_audio(DATA / CLIP)
+    ms, counts = [], []
+    if args.only == "ours":
+        from engine.config import EngineConfig
+        from engine.engine import Engine
+        from engine.request import DecodeOptions
+
+        options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
+        for n in args.tokens:
+            engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, fixed_decode_tokens=n))
+            engine.start()
+            counts.append(len(engine.transcribe(audio, options).segments[0].tokens))
+            ms.append(median_time(lambda: engine.transcribe(audio, options), args.repeats) * 1e3)
+            engine.shutdown()
+    else:
+        import ctranslate2
+        from faster_whisper.feature_extractor import FeatureExtractor
+
+        resolved = resolve_model(args.model)
+        with tempfile.TemporaryDirectory() as tmp:
+            model = ctranslate2.models.Whisper(str(ct2_model_dir(resolved, Path(tmp))), device="cpu",
+                                               compute_type="float32", intra_threads=args.threads)  # fmt: skip
+        feats = FeatureExtractor(feature_size=model.n_mels)(audio)[:, :3000]
+        feats = np.pad(feats, ((0, 0), (0, 3000 - feats.shape[1])))[None].astype(np.float32)
+        features = ctranslate2.StorageView.from_array(feats)
+        tok = json.loads((resolved.config_dir / "tokenizer.json").read_text())["added_tokens"]
+        ids = {t["content"]: t["id"] for t in tok}
+        prompt = [ids["<|startoftranscript|>"], ids["<|notimestamps|>"]]
+        for n in args.tokens:
+            # CTranslate2 returns fewer tokens than max_length (about half here): count what it returned
+            def run():
+                encoded = model.encode(features, to_cpu=False)
+                return model.generate(encoded, [prompt], max_length=n, beam_size=1, suppress_tokens=[-1, ids["<|endoftext|>"]])
+
+            counts.append(len(run()[0].sequences_ids[0]))
+            ms.append(median_time(run, args.repeats) * 1e3)
+    print(json.dumps({"ms": ms, "n": counts}))
+
+
+if __name__ == "__main__":
+    main()
