@@ -37,6 +37,12 @@ QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
 
 
+def _kernels_apply(x: Tensor) -> bool:
+    """The Triton kernels run on CUDA tensors whose vectors have a power-of-2 length (Whisper's: 64)."""
+    d = x.shape[-1]
+    return triton is not None and x.is_cuda and d & (d - 1) == 0
+
+
 def quantize(x: Tensor) -> tuple[Tensor, Tensor]:
     """x (..., dim) -> int8 values and a bfloat16 scale per vector, x ~= values * scale[..., None].
 
@@ -52,7 +58,7 @@ def quantize_into(x: Tensor, values: Tensor, scale: Tensor) -> None:
     """quantize(x) written into cache views: x (batch, heads, n, dim) -> values (same shape, int8), scale (batch,
     heads, n). On a GPU one kernel reads x once (the separate ops above make ~8 passes over it, 64 times per
     admitted batch for large-v3's K and V)."""
-    if triton is None or not x.is_cuda or x.shape[-1] & (x.shape[-1] - 1):
+    if not _kernels_apply(x):
         values[...], scale[...] = quantize(x)
         return
     b, h, n, d = x.shape
@@ -73,7 +79,7 @@ def int8_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Te
 
     q (batch, heads, t, dim); k, v (batch, heads, n, dim) int8; k_scale, v_scale (batch, heads, n).
     Views with a unit last stride (slices of the cache) are read in place."""
-    if triton is None or not q.is_cuda or q.shape[-1] & (q.shape[-1] - 1):  # the kernel wants a power-of-2 dim
+    if not _kernels_apply(q):
         return F.scaled_dot_product_attention(q, dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype))
     return _triton_attention(q, k, k_scale, v, v_scale)
 

@@ -41,7 +41,8 @@ class CacheShape:
     def bytes_per_slot(self, dtype: torch.dtype, int8_cross: bool = False) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
         vectors = 2 * self.n_layer * self.n_head  # K and V, every layer
-        cross = self.head_dim + 2 if int8_cross else self.head_dim * elem  # int8 values and a bfloat16 scale
+        scale = torch.empty((), dtype=SCALE_DTYPE).element_size()
+        cross = self.head_dim + scale if int8_cross else self.head_dim * elem  # int8 values and their scale
         return vectors * (self.n_text_ctx * self.head_dim * elem + self.n_audio_ctx * cross)
 
 
@@ -77,10 +78,22 @@ class KVCache:
         self.self_kv_layers = self.self_kv.unbind(0)
         self.self_k_layers, self.self_v_layers = self.self_k.unbind(0), self.self_v.unbind(0)
         self.cross_k_layers, self.cross_v_layers = self.cross_k.unbind(0), self.cross_v.unbind(0)
+        self.cross_scale_layers = None
+        if int8_cross:
+            self.cross_scale_layers = list(zip(self.cross_k_scale.unbind(0), self.cross_v_scale.unbind(0)))
 
     @property
     def int8_cross(self) -> bool:
         return self.cross_k_scale is not None
+
+    def cross_layer(self, layer: int, slots: slice) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """One layer's cross K and V of the slots, as views (read and written in place), and their scales when
+        the cache is int8 (else None)."""
+        k, v = self.cross_k_layers[layer][slots], self.cross_v_layers[layer][slots]
+        if self.cross_scale_layers is None:
+            return k, v, None, None
+        k_scale, v_scale = self.cross_scale_layers[layer]
+        return k, v, k_scale[slots], v_scale[slots]
 
     def move_slot(self, src: int, dst: int, self_len: int) -> None:
         """Copy a sequence's caches to another slot (keeps running sequences contiguous)."""

@@ -37,9 +37,9 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
 
 def cross_attention(q: Tensor, cache: KVCache, layer: int, slots: slice) -> Tensor:
     """q (batch, heads, t, dim) against the slots' encoder K/V, read where they live: no gather, no copy."""
-    k, v = cache.cross_k_layers[layer][slots], cache.cross_v_layers[layer][slots]
-    if cache.int8_cross:
-        return int8_attention(q, k, cache.cross_k_scale[layer, slots], v, cache.cross_v_scale[layer, slots])
+    k, v, k_scale, v_scale = cache.cross_layer(layer, slots)
+    if k_scale is not None:
+        return int8_attention(q, k, k_scale, v, v_scale)
     return F.scaled_dot_product_attention(q, k, v)
 
 
@@ -130,11 +130,13 @@ class TextDecoder(nn.Module):
         for i, block in enumerate(self.blocks):
             attn = block.cross_attn
             k, v = attn.split_heads(attn.key(audio_features)), attn.split_heads(attn.value(audio_features))
-            if cache.int8_cross:
-                quantize_into(k, cache.cross_k[i, slots], cache.cross_k_scale[i, slots])
-                quantize_into(v, cache.cross_v[i, slots], cache.cross_v_scale[i, slots])
+            ck, cv, k_scale, v_scale = cache.cross_layer(i, slots)
+            if k_scale is not None:
+                quantize_into(k, ck, k_scale)
+                quantize_into(v, cv, v_scale)
             else:
-                cache.cross_k[i, slots], cache.cross_v[i, slots] = k, v
+                ck.copy_(k)
+                cv.copy_(v)
 
     def forward(
         self,
@@ -205,10 +207,9 @@ class TextDecoder(nn.Module):
             x = x + attn.out(attn.merge_heads(o))
             cross, h = block.cross_attn, block.cross_attn_ln(x)
             q = cross.split_heads(cross.query(h))
-            ck, cv = cache.cross_k[i, slot : slot + 1], cache.cross_v[i, slot : slot + 1]
-            if cache.int8_cross:  # one sequence, once per window: plain values are simplest here
-                ck = dequantize(ck, cache.cross_k_scale[i, slot : slot + 1], q.dtype)
-                cv = dequantize(cv, cache.cross_v_scale[i, slot : slot + 1], q.dtype)
+            ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(slot, slot + 1))
+            if k_scale is not None:  # one sequence, once per window: plain values are simplest here
+                ck, cv = dequantize(ck, k_scale, q.dtype), dequantize(cv, v_scale, q.dtype)
             layer_heads = [head for layer, head in heads if layer == i]
             if layer_heads:
                 qks.append((q[0, layer_heads] @ ck[0, layer_heads].transpose(-1, -2)) * cache.head_dim**-0.5)

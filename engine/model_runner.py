@@ -78,15 +78,15 @@ class ModelRunner:
         self.n_text_ctx = self.cache_shape.n_text_ctx
         activations = self._activation_reserve()
         cross = config.cross_cache_dtype
-        self.int8_cross = cross == "int8" or (cross == "auto" and default_int8_cross(self.device))
+        int8_cross = cross == "int8" or (cross == "auto" and default_int8_cross(self.device))
         planned, why = plan_num_slots(
-            self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, activations, self.int8_cross
+            self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, activations, int8_cross
         )
         self.num_slots = min(planned, config.max_num_seqs) if config.max_num_seqs else planned
         if self.device.type == "cpu" and not config.max_num_seqs:
             self.num_slots = min(self.num_slots, 32)  # a CPU is saturated long before this many sequences
         log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
-        self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device, self.int8_cross)
+        self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross)
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
         self.graphs: GraphRunner | None = None
         if self.on_gpu and not config.enforce_eager:
