@@ -4,8 +4,9 @@
 
 Dummy weights, float16, random 30 s windows, exactly --tokens tokens per window. For each concurrency: wall time
 and RTFx of one run, then a profiled run whose CUDA kernels are grouped (GEMM, attention, copies, ...) with their
-share of the wall time; with --host, the wall time of each engine-loop phase for a single window (encoder, prompt,
-graph replay, logit rules, sampling and the wait for the step's tokens).
+share of the wall time (--top N: also the N kernels with the most time); with --host, the wall time of each
+engine-loop phase for --host-concurrency windows (default one: encoder, prompt, graph replay, logit rules, sampling
+and the wait for the step's tokens).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main() -> None:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 256])
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--host", action="store_true", help="also print the engine loop's phases for one window")
+    ap.add_argument("--host-concurrency", type=int, default=1, help="windows per request batch for --host")
+    ap.add_argument("--top", type=int, default=0, help="also list the N kernels with the most GPU time")
     args = ap.parse_args()
 
     engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
@@ -71,20 +74,29 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             profiled = run(n)
         total, by_kind, count = 0.0, collections.Counter(), collections.Counter()
+        by_name, name_count = collections.Counter(), collections.Counter()
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 us = event.device_time_total
                 total += us
                 by_kind[kind_of(event.name)] += us
                 count[kind_of(event.name)] += 1
+                by_name[event.name] += us
+                name_count[event.name] += 1
         print(f"\n{args.model}, {n} windows: {wall:.3f} s, RTFx {30 * n / wall:.0f}; profiled run {profiled:.3f} s, "
               f"kernels busy {total / 1e6 / profiled:.0%} of it")
         print("| kind | ms | kernels | share of kernel time |")
         print("|---|---|---|---|")
         for kind, us in by_kind.most_common():
             print(f"| {kind} | {us / 1e3:.1f} | {count[kind]} | {us / total:.0%} |")
+        if args.top:
+            print("| kernel | ms | calls | us per call |")
+            print("|---|---|---|---|")
+            for name, us in by_name.most_common(args.top):
+                print(f"| {name[:100]} | {us / 1e3:.1f} | {name_count[name]} | {us / name_count[name]:.1f} |")
     if args.host:
-        print_engine_phases(engine, lambda: run(1), f"{args.model}, one window")
+        n = args.host_concurrency
+        print_engine_phases(engine, lambda: run(n), f"{args.model}, {n} window(s)")
     engine.shutdown()
 
 

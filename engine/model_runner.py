@@ -25,6 +25,8 @@ from .weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_mode
 
 log = logging.getLogger(__name__)
 
+MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -82,9 +84,7 @@ class ModelRunner:
         planned, why = plan_num_slots(
             self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, activations, int8_cross
         )
-        self.num_slots = min(planned, config.max_num_seqs) if config.max_num_seqs else planned
-        if self.device.type == "cpu" and not config.max_num_seqs:
-            self.num_slots = min(self.num_slots, 32)  # a CPU is saturated long before this many sequences
+        self.num_slots = min(planned, config.max_num_seqs or self._default_max_slots())
         log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
         self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross)
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
@@ -141,13 +141,22 @@ class ModelRunner:
             model.decoder.prepare_for_cpu()
         return model
 
+    def _default_max_slots(self) -> int:
+        """Slots when max_num_seqs is not set, however many more the memory plan would allow. A CPU is saturated
+        long before 32 sequences. On a GPU a decode step of 512 rows is past the point where its weight reads
+        dominate, and a small decoder (large-v3-turbo with the int8 cross cache: ~6,000 slots on an H200) must
+        not get a decode batch whose logits alone outgrow the activation reserve."""
+        return MAX_GPU_SLOTS if self.on_gpu else 32
+
     def _activation_reserve(self) -> int:
-        """Bytes kept free for activations: one encoder batch plus logits, generously rounded up."""
+        """Bytes kept free for activations: one encoder batch plus the logits of the largest decode batch,
+        generously rounded up."""
         d = self.dims
         elem = torch.empty((), dtype=self.dtype).element_size()
         max_encoder_batch = self.config.max_encoder_batch or 32
         encoder = max_encoder_batch * d.n_audio_ctx * d.n_audio_state * elem * 12  # MLP is 4x wide, x2 buffers
-        logits = 512 * d.n_vocab * 4 * 4
+        rows = self.config.max_num_seqs or self._default_max_slots()
+        logits = rows * d.n_vocab * 4 * 4  # float32 logits, the model-dtype product and the rules' temporaries
         return int(encoder + logits + 512 * 2**20)
 
     # ---- features and encoder -------------------------------------------------------------------
