@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
 from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
@@ -123,6 +124,7 @@ class TextDecoder(nn.Module):
             for _ in range(dims.n_text_layer)
         )
         self.ln = nn.LayerNorm(dims.n_text_state)
+        self.cpu_kernels: CpuKernels | None = None  # set by prepare_for_cpu when the native kernels load
 
     def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, slot_start: int) -> None:
         """Project encoder output to cross-attention K/V once and store it in the slots."""
@@ -157,9 +159,11 @@ class TextDecoder(nn.Module):
         returns hidden states (batch, q, n_text_state) after the final layer norm
         """
         b = tokens.shape[0]
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        if position is not None and tokens.shape == (1, 1) and self._kernels_apply(cache):
+            return self._step_one(x, cache, slot_start, position)
         slots = slice(slot_start, slot_start + b)
         rows = None if position is not None else torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
-        x = self.token_embedding(tokens) + self.positional_embedding[positions]
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
             # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
@@ -185,6 +189,36 @@ class TextDecoder(nn.Module):
             x = x + linear(cross.out, cross.merge_heads(o))
             mlp = block.mlp
             x = x + linear(mlp[2], F.gelu(linear(mlp[0], norm(block.mlp_ln, x))))
+        return norm(self.ln, x)
+
+    def _kernels_apply(self, cache: KVCache) -> bool:
+        k = self.cpu_kernels
+        return (
+            k is not None
+            and k.supports_attention(cache.self_k_layers[0][0], cache.self_v_layers[0][0])
+            and cache.cross_k_scale is None
+            and k.supports_attention(cache.cross_k_layers[0][0], cache.cross_v_layers[0][0])
+        )
+
+    def _step_one(self, x: Tensor, cache: KVCache, slot: int, position: int) -> Tensor:
+        """forward() for one token of one sequence on a CPU, with the native kernels (engine/cpu_kernels.py):
+        every product and attention spread over the cores, residual adds inside the products. Same operations
+        in the same order as the torch path; only the summation order inside dot products differs."""
+        kernels, d = self.cpu_kernels, cache.head_dim
+        for i, block in enumerate(self.blocks):
+            attn = block.attn
+            qkv = kernels.linear(norm(block.attn_ln, x), attn.qkv_weight.t(), attn.qkv_bias).view(3, attn.n_head, d)
+            cache.self_kv_layers[i][:, slot, :, position] = qkv[1:]
+            o = kernels.attend_one(qkv[0], cache.self_k_layers[i][slot], cache.self_v_layers[i][slot], position + 1)
+            x = kernels.linear(o.view(x.shape), attn.out.weight.t(), attn.out.bias, residual=x)
+            cross = block.cross_attn
+            q = kernels.linear(norm(block.cross_attn_ln, x), cross.query.weight.t(), cross.query.bias)
+            k, v, _, _ = cache.cross_layer(i, slice(slot, slot + 1))
+            o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], k.shape[2])
+            x = kernels.linear(o.view(x.shape), cross.out.weight.t(), cross.out.bias, residual=x)
+            fc1, fc2 = block.mlp[0], block.mlp[2]
+            h = F.gelu(kernels.linear(norm(block.mlp_ln, x), fc1.weight.t(), fc1.bias))
+            x = kernels.linear(h, fc2.weight.t(), fc2.bias, residual=x)
         return norm(self.ln, x)
 
     def align(
@@ -243,7 +277,7 @@ class TextDecoder(nn.Module):
             attn.query.bias = nn.Parameter(bias[:d], requires_grad=False)
             attn.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
 
-    def prepare_for_cpu(self, vocab_chunks: int = 8) -> None:
+    def prepare_for_cpu(self, kernels: CpuKernels | None = None, vocab_chunks: int = 8) -> None:
         """Lay out the weights that a CPU decode step streams from memory so the BLAS kernels use both cores.
 
         A decode step multiplies one row per sequence by every weight, so it is bound by memory bandwidth, and
@@ -255,16 +289,30 @@ class TextDecoder(nn.Module):
           of the (n_text_state, n_vocab) transpose, which MKL spreads over the cores (2.3 vs 3.3 ms); for
           several rows the (n_vocab, n_text_state) product with the rows as columns is the fast one (3.9 vs
           10 ms at 4 rows), so that layout is kept as well: the token embedding itself.
+        With `kernels` (engine/cpu_kernels.py), one sequence's steps run in them, and they read every projection
+        input-major (torch's own products run the square and narrowing ones as fast either way: in-process A/B).
         Values are unchanged; only the summation order inside a dot product may differ."""
         for block in self.blocks:
-            fc1 = block.mlp[0]
-            fc1.weight = nn.Parameter(fc1.weight.t().contiguous().t(), requires_grad=False)
+            projs = [block.mlp[0]]
+            if kernels is not None:
+                projs += [block.attn.out, block.cross_attn.query, block.cross_attn.out, block.mlp[2]]
+            for proj in projs:
+                proj.weight = nn.Parameter(proj.weight.t().contiguous().t(), requires_grad=False)
+        if kernels is not None and all(kernels.supports_linear(w.t()) for w in self._step_weights()):
+            self.cpu_kernels = kernels
         weight = self.token_embedding.weight
         n_vocab, n_state = weight.shape
         padded = -(-n_vocab // vocab_chunks) * vocab_chunks
         chunks = torch.cat([weight, weight.new_zeros(padded - n_vocab, n_state)]).t()
         chunks = chunks.reshape(n_state, vocab_chunks, padded // vocab_chunks).permute(1, 0, 2).contiguous()
         self.register_buffer("output_chunks", chunks, persistent=False)
+
+    def _step_weights(self) -> list[Tensor]:
+        ws = []
+        for block in self.blocks:
+            ws += [getattr(block.attn, "qkv_weight", block.attn.query.weight), block.attn.out.weight]
+            ws += [block.cross_attn.query.weight, block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight]
+        return ws
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output projection tied to the token embedding; always in float32 for stable sampling."""

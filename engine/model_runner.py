@@ -14,7 +14,7 @@ from .config import EngineConfig
 from .cpu_memory import keep_freed_memory
 from .cuda_graphs import KV_BUCKET, GraphRunner
 from .dims import DUMMY_DIMS
-from . import int8_attention
+from . import cpu_kernels, int8_attention
 from .features import LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
@@ -138,7 +138,7 @@ class ModelRunner:
         on_cpu = self.device.type == "cpu"
         model.decoder.fuse_qkv(input_major=on_cpu)
         if on_cpu:
-            model.decoder.prepare_for_cpu()
+            model.decoder.prepare_for_cpu(cpu_kernels.load() if self.dtype == torch.float32 else None)
         return model
 
     def _default_max_slots(self) -> int:

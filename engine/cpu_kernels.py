@@ -1,0 +1,136 @@
+"""Native CPU kernels for a one-sequence decode step (csrc/cpu_decode.c), built on first use and loaded with ctypes.
+
+Why: on a CPU, a decode step of one sequence is a chain of single-row products and two attentions, bound by memory
+bandwidth, and torch runs each of them on one core (MKL's single-row products) or well below the bandwidth (SDPA
+over the cross-attention cache). The kernels split every product and every head over both cores (tiny.en on the
+2-core test machine: BENCHMARKS.md). Whatever they cannot do (other dtypes, more rows, odd shapes) stays in torch.
+
+The library is compiled once with the system C compiler into a per-user cache (a content hash in the file name,
+so a changed source builds anew) and linked against the OpenMP runtime that torch has already loaded, so the
+kernels reuse torch's thread team. Without a compiler, off x86-64 or without AVX2, `load()` returns None and the
+decoder runs in torch alone; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.c"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")
+HEAD_DIM = 64  # the attention kernel's head size: every Whisper model's
+COLS = 64  # the product kernel's output columns per task: outputs must be a multiple
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "whisper-server"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    target = cache_dir() / f"cpu_decode-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # built under a temporary name and renamed: a concurrent start-up never loads a half-written file
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def load() -> CpuKernels | None:
+    """The kernels, or None (with the reason logged) where they cannot be built or would not run."""
+    if os.environ.get("WHISPER_CPU_KERNELS", "1") == "0":
+        log.info("native CPU decode kernels: off (WHISPER_CPU_KERNELS=0)")
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        log.info("native CPU decode kernels: not on %s (x86-64 only); decoding with torch alone", platform.machine())
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        log.info("native CPU decode kernels: this CPU has no AVX2; decoding with torch alone")
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        log.warning("native CPU decode kernels: no C compiler (cc/gcc, or $CC) found; decoding with torch alone "
+                    "(about 10%% slower per token)")  # fmt: skip
+        return None
+    try:
+        return CpuKernels(ctypes.CDLL(str(_build(compiler))))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        log.warning("native CPU decode kernels: build or load failed, decoding with torch alone: %s", detail.strip())
+        return None
+
+
+class CpuKernels:
+    """Typed wrappers; each checks what its kernel needs and returns None when the caller should use torch."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        p, i = ctypes.c_void_p, ctypes.c_int
+        lib.whisper_gemv.argtypes = [p, p, p, p, p, i, i]
+        lib.whisper_gemv.restype = None
+        lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p]
+        lib.whisper_attend_one.restype = None
+
+    @staticmethod
+    def supports_linear(weight_t: Tensor) -> bool:
+        """weight_t: the (in, out) transpose of a linear weight, which must be contiguous (input-major storage)."""
+        return weight_t.dtype == torch.float32 and weight_t.is_contiguous() and weight_t.shape[1] % COLS == 0
+
+    def linear(self, x: Tensor, weight_t: Tensor, bias: Tensor | None, residual: Tensor | None = None) -> Tensor:
+        """x @ weight_t + bias (+ residual) for one row; x (..., in) contiguous, residual shaped like the output."""
+        k, n = weight_t.shape
+        y = torch.empty(*x.shape[:-1], n)
+        self.lib.whisper_gemv(
+            x.data_ptr(), weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
+            residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n,
+        )  # fmt: skip
+        return y
+
+    def attend_one(self, q: Tensor, k: Tensor, v: Tensor, n: int) -> Tensor:
+        """q (heads, 64) contiguous against the first n positions of k, v (heads, positions, 64): each head's
+        positions contiguous, the same head stride for both; returns (heads, 64)."""
+        heads = q.shape[0]
+        out = torch.empty(heads, HEAD_DIM)
+        scratch = torch.empty(heads * n)
+        self.lib.whisper_attend_one(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, n, k.stride(0), HEAD_DIM**-0.5,
+            scratch.data_ptr(),
+        )  # fmt: skip
+        return out
+
+    @staticmethod
+    def supports_attention(k: Tensor, v: Tensor) -> bool:
+        return (
+            k.dtype == v.dtype == torch.float32
+            and k.shape[-1] == HEAD_DIM
+            and k.stride()[-2:] == (HEAD_DIM, 1)
+            and v.stride() == k.stride()
+        )

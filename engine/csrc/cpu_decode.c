@@ -1,0 +1,84 @@
+/*
+ * CPU kernels for a decode step of one sequence (x86-64, AVX2 + FMA, OpenMP).
+ *
+ * Why they exist: a decode step multiplies one row by every weight, so it is bound by memory bandwidth. On the
+ * 2-core AMD machine we measure on, MKL's single-row products run on one core (its two-thread and one-thread
+ * times are equal) at ~10 GB/s from memory, and torch's SDPA reads the cross-attention cache at ~12 GB/s, while
+ * both cores together stream ~23 GB/s. These kernels split every product and every head over the caller's
+ * OpenMP threads. Built by engine/cpu_kernels.py against the OpenMP runtime torch has already loaded, so they
+ * share torch's thread team instead of competing with it for the cores.
+ *
+ * Only float32, contiguous rows; the Python side checks shapes and falls back to torch otherwise.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+
+#define COLS 64 /* output columns per task: 8 AVX registers of accumulators */
+
+static void gemv_block(const float *x, const float *w, const float *bias, const float *residual, float *y, int k,
+                       int n, int j0) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = bias ? _mm256_loadu_ps(bias + j0 + 8 * t) : _mm256_setzero_ps();
+    for (int i = 0; i < k; i++) {
+        __m256 xi = _mm256_broadcast_ss(x + i);
+        const float *row = w + (size_t)i * n + j0;
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(xi, _mm256_loadu_ps(row + 8 * t), acc[t]);
+    }
+    for (int t = 0; t < 8; t++) {
+        if (residual) acc[t] = _mm256_add_ps(acc[t], _mm256_loadu_ps(residual + j0 + 8 * t));
+        _mm256_storeu_ps(y + j0 + 8 * t, acc[t]);
+    }
+}
+
+/* y[n] = x[k] @ w[k][n] + bias[n] (+ residual[n]). w is input-major (row i holds input i's weight for every
+ * output), so each task streams whole rows of its 64 columns; bias and residual may be NULL; n % 64 == 0. */
+void whisper_gemv(const float *x, const float *w, const float *bias, const float *residual, float *y, int k, int n) {
+    int tasks = n / COLS;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS);
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(s);
+}
+
+/* One query per head against n cached positions, head size 64 (every Whisper model's).
+ * q: (heads, 64); k, v: (heads, *, 64) with head_stride floats between heads and rows of 64 floats;
+ * out: (heads, 64); scratch: heads * n floats for the scores. Softmax in float32 with the running maximum
+ * subtracted, as SDPA does. */
+void whisper_attend_one(const float *q, const float *k, const float *v, float *out, int heads, int n,
+                        long head_stride, float scale, float *scratch) {
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < heads; h++) {
+        const float *kh = k + h * head_stride, *vh = v + h * head_stride;
+        float *s = scratch + (size_t)h * n;
+        __m256 qs[8];
+        for (int t = 0; t < 8; t++) qs[t] = _mm256_mul_ps(_mm256_loadu_ps(q + 64 * h + 8 * t), _mm256_set1_ps(scale));
+        float max = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            const float *kj = kh + (size_t)j * 64;
+            __m256 a = _mm256_mul_ps(qs[0], _mm256_loadu_ps(kj));
+            for (int t = 1; t < 8; t++) a = _mm256_fmadd_ps(qs[t], _mm256_loadu_ps(kj + 8 * t), a);
+            s[j] = hsum(a);
+            if (s[j] > max) max = s[j];
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < n; j++) {
+            s[j] = expf(s[j] - max);
+            sum += s[j];
+        }
+        __m256 acc[8];
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            __m256 p = _mm256_set1_ps(s[j]);
+            const float *vj = vh + (size_t)j * 64;
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * t), acc[t]);
+        }
+        __m256 inv = _mm256_set1_ps(1.0f / sum);
+        for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + 64 * h + 8 * t, _mm256_mul_ps(acc[t], inv));
+    }
+}

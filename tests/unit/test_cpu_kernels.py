@@ -1,0 +1,95 @@
+"""Native CPU decode kernels: built and loaded where a C compiler and AVX2 exist, sharing torch's OpenMP runtime,
+and the same numbers as torch for the products, the attentions and a whole decode step of one sequence."""
+
+import platform
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import cpu_kernels
+from engine.dims import DUMMY_DIMS
+from engine.kv_cache import CacheShape, KVCache
+from engine.model import Whisper
+from engine.weights import dummy_state_dict
+
+native = pytest.mark.skipif(
+    platform.machine() != "x86_64"
+    or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")
+    or not (shutil.which("cc") or shutil.which("gcc")),
+    reason="the kernels need x86-64 with AVX2 and a C compiler to build them",
+)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    k = cpu_kernels.load()
+    assert k is not None, "kernels did not build: see the log"
+    return k
+
+
+@native
+def test_one_openmp_runtime(kernels):
+    # a second runtime would bring a second thread team competing for the same cores
+    mapped = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libiomp" in line}
+    assert len(mapped) == 1, mapped
+
+
+@native
+@pytest.mark.parametrize("k, n", [(384, 384), (384, 1152), (1536, 384), (1280, 5120)])
+def test_linear_matches_torch(kernels, k, n):
+    x, w, b, r = torch.randn(1, 1, k), torch.randn(n, k), torch.randn(n), torch.randn(1, 1, n)
+    w_t = w.t().contiguous()
+    assert kernels.supports_linear(w_t) and not kernels.supports_linear(w.t())
+    torch.testing.assert_close(kernels.linear(x, w_t, b), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kernels.linear(x, w_t, None, residual=r), F.linear(x, w) + r, rtol=1e-4, atol=1e-4)
+
+
+@native
+@pytest.mark.parametrize("heads, n, capacity", [(6, 1, 448), (6, 37, 448), (20, 1500, 1500)])
+def test_attend_one_matches_sdpa(kernels, heads, n, capacity):
+    q = torch.randn(heads, 64) * 3  # large scores: the softmax must subtract its maximum
+    k, v = torch.randn(heads, capacity, 64), torch.randn(heads, capacity, 64)
+    assert kernels.supports_attention(k, v)
+    want = F.scaled_dot_product_attention(q[:, None], k[:, :n], v[:, :n])[:, 0]
+    torch.testing.assert_close(kernels.attend_one(q, k, v, n), want, rtol=1e-4, atol=1e-4)
+
+
+@native
+def test_decode_step_matches_torch_path(kernels):
+    dims = DUMMY_DIMS["tiny"]
+    with torch.device("meta"):
+        model = Whisper(dims)
+    model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    model.decoder.fuse_qkv(input_major=True)
+    model.decoder.prepare_for_cpu(kernels)
+    dec = model.decoder
+    assert dec.cpu_kernels is kernels
+    shape = CacheShape.for_model(dims, None, None)
+    caches = [KVCache(shape, 3, torch.float32, torch.device("cpu")) for _ in range(2)]
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(1, dims.n_mels, 3000))
+        for cache in caches:
+            dec.fill_cross_cache(features, cache, 2)  # the last slot: slot offsets must be honoured
+        assert dec._kernels_apply(caches[1])  # else both runs below would take the torch path
+        out = []
+        for use, cache in zip((None, kernels), caches):
+            dec.cpu_kernels = use
+            steps = [dec(torch.tensor([[t]]), torch.tensor([[p]]), cache, 2, p + 1, None, p) for p, t in enumerate([50257, 50362, 440, 2068])]
+            out.append(torch.cat([dec.logits(s[:, -1]) for s in steps]))
+        dec.cpu_kernels = kernels
+    torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[1].self_kv, caches[0].self_kv, rtol=1e-5, atol=1e-5)
+    assert caches[1].self_kv[:, :, :2].abs().sum() == 0  # other slots untouched
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv("WHISPER_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is None
+    finally:
+        monkeypatch.delenv("WHISPER_CPU_KERNELS")
+        cpu_kernels.load.cache_clear()
