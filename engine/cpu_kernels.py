@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class CpuKernels:
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
         p, i = ctypes.c_void_p, ctypes.c_int
-        lib.whisper_gemv.argtypes = [p, p, p, p, p, i, i]
+        lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i]
         lib.whisper_gemv.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p]
         lib.whisper_attend_one.restype = None
@@ -104,13 +104,23 @@ class CpuKernels:
         """weight_t: the (in, out) transpose of a linear weight, which must be contiguous (input-major storage)."""
         return weight_t.dtype == torch.float32 and weight_t.is_contiguous() and weight_t.shape[1] % COLS == 0
 
-    def linear(self, x: Tensor, weight_t: Tensor, bias: Tensor | None, residual: Tensor | None = None) -> Tensor:
-        """x @ weight_t + bias (+ residual) for one row; x (..., in) contiguous, residual shaped like the output."""
+    def linear(
+        self,
+        x: Tensor,
+        weight_t: Tensor,
+        bias: Tensor | None,
+        residual: Tensor | None = None,
+        norm: nn.LayerNorm | None = None,
+        gelu: bool = False,
+    ) -> Tensor:
+        """gelu?(norm?(x) @ weight_t + bias) (+ residual) for one row; x (..., in) contiguous, residual shaped like
+        the output, norm a LayerNorm over the input (float32 weight and bias)."""
         k, n = weight_t.shape
         y = torch.empty(*x.shape[:-1], n)
+        ln_w, ln_b, eps = (norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps) if norm is not None else (None, None, 0.0)
         self.lib.whisper_gemv(
-            x.data_ptr(), weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
-            residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n,
+            x.data_ptr(), ln_w, ln_b, eps, weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
+            residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu),
         )  # fmt: skip
         return y
 

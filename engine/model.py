@@ -202,22 +202,23 @@ class TextDecoder(nn.Module):
 
     def _step_one(self, x: Tensor, cache: KVCache, slot: int, position: int) -> Tensor:
         """forward() for one token of one sequence on a CPU, with the native kernels (engine/cpu_kernels.py):
-        every product and attention spread over the cores, residual adds inside the products. Same operations
-        in the same order as the torch path; only the summation order inside dot products differs."""
+        every product and attention spread over the cores, each layer norm, GELU and residual add inside a product:
+        8 calls per layer instead of ~20 operations. The same arithmetic as the torch path; only the summation
+        order inside dot products and norms differs."""
         kernels, d = self.cpu_kernels, cache.head_dim
         for i, block in enumerate(self.blocks):
             attn = block.attn
-            qkv = kernels.linear(norm(block.attn_ln, x), attn.qkv_weight.t(), attn.qkv_bias).view(3, attn.n_head, d)
+            qkv = kernels.linear(x, attn.qkv_weight.t(), attn.qkv_bias, norm=block.attn_ln).view(3, attn.n_head, d)
             cache.self_kv_layers[i][:, slot, :, position] = qkv[1:]
             o = kernels.attend_one(qkv[0], cache.self_k_layers[i][slot], cache.self_v_layers[i][slot], position + 1)
             x = kernels.linear(o.view(x.shape), attn.out.weight.t(), attn.out.bias, residual=x)
             cross = block.cross_attn
-            q = kernels.linear(norm(block.cross_attn_ln, x), cross.query.weight.t(), cross.query.bias)
+            q = kernels.linear(x, cross.query.weight.t(), cross.query.bias, norm=block.cross_attn_ln)
             k, v, _, _ = cache.cross_layer(i, slice(slot, slot + 1))
             o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], k.shape[2])
             x = kernels.linear(o.view(x.shape), cross.out.weight.t(), cross.out.bias, residual=x)
             fc1, fc2 = block.mlp[0], block.mlp[2]
-            h = F.gelu(kernels.linear(norm(block.mlp_ln, x), fc1.weight.t(), fc1.bias))
+            h = kernels.linear(x, fc1.weight.t(), fc1.bias, norm=block.mlp_ln, gelu=True)
             x = kernels.linear(h, fc2.weight.t(), fc2.bias, residual=x)
         return norm(self.ln, x)
 

@@ -17,7 +17,7 @@
 #define COLS 64 /* output columns per task: 8 AVX registers of accumulators */
 
 static void gemv_block(const float *x, const float *w, const float *bias, const float *residual, float *y, int k,
-                       int n, int j0) {
+                       int n, int j0, int gelu) {
     __m256 acc[8];
     for (int t = 0; t < 8; t++) acc[t] = bias ? _mm256_loadu_ps(bias + j0 + 8 * t) : _mm256_setzero_ps();
     for (int i = 0; i < k; i++) {
@@ -29,14 +29,34 @@ static void gemv_block(const float *x, const float *w, const float *bias, const 
         if (residual) acc[t] = _mm256_add_ps(acc[t], _mm256_loadu_ps(residual + j0 + 8 * t));
         _mm256_storeu_ps(y + j0 + 8 * t, acc[t]);
     }
+    if (gelu) /* exact (erf) GELU, as torch's default and Whisper's */
+        for (int j = j0; j < j0 + COLS; j++) y[j] = 0.5f * y[j] * (1.0f + erff(y[j] * 0.70710678118654752f));
 }
 
-/* y[n] = x[k] @ w[k][n] + bias[n] (+ residual[n]). w is input-major (row i holds input i's weight for every
- * output), so each task streams whole rows of its 64 columns; bias and residual may be NULL; n % 64 == 0. */
-void whisper_gemv(const float *x, const float *w, const float *bias, const float *residual, float *y, int k, int n) {
+/* LayerNorm of one row, as torch computes it: mean, then the biased variance of the centred values. */
+static void layer_norm(const float *x, const float *weight, const float *bias, float eps, float *out, int k) {
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < k; i++) mean += x[i];
+    mean /= k;
+    for (int i = 0; i < k; i++) var += (x[i] - mean) * (x[i] - mean);
+    float inv = 1.0f / sqrtf(var / k + eps);
+    for (int i = 0; i < k; i++) out[i] = (x[i] - mean) * inv * weight[i] + bias[i];
+}
+
+/* y[n] = act(norm(x)[k] @ w[k][n] + bias[n]) (+ residual[n]). w is input-major (row i holds input i's weight for
+ * every output), so each task streams whole rows of its 64 columns; n % 64 == 0. ln_weight, bias and residual
+ * may be NULL (no LayerNorm first, no bias, no residual); gelu 1 applies GELU to the product. A decode step's
+ * "x + proj(a)" and "proj(norm(x))" each become one call instead of two or three torch operations. */
+void whisper_gemv(const float *x, const float *ln_weight, const float *ln_bias, float eps, const float *w,
+                  const float *bias, const float *residual, float *y, int k, int n, int gelu) {
+    float normed[ln_weight ? k : 1];
+    if (ln_weight) {
+        layer_norm(x, ln_weight, ln_bias, eps, normed, k);
+        x = normed;
+    }
     int tasks = n / COLS;
 #pragma omp parallel for schedule(static)
-    for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS);
+    for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS, gelu);
 }
 
 static inline float hsum(__m256 v) {
