@@ -5,9 +5,9 @@ bandwidth, and torch runs each of them on one core (MKL's single-row products) o
 over the cross-attention cache). The kernels split every product and every head over both cores (tiny.en on the
 2-core test machine: BENCHMARKS.md). Whatever they cannot do (other dtypes, more rows, odd shapes) stays in torch.
 
-The library is compiled once with the system C compiler into a per-user cache (a content hash in the file name,
-so a changed source builds anew) and linked against the OpenMP runtime that torch has already loaded, so the
-kernels reuse torch's thread team. Without a compiler, off x86-64 or without AVX2, `load()` returns None and the
+The library is compiled once with the system C compiler into a per-user cache (`$WHISPER_KERNEL_CACHE`, else
+~/.cache/whisper-server; a content hash in the file name, so a changed source builds anew) and linked against the
+OpenMP runtime that torch has already loaded, so the kernels reuse torch's thread team. Without a compiler, off x86-64 or without AVX2, `load()` returns None and the
 decoder runs in torch alone; the reason is logged once.
 """
 
@@ -30,12 +30,14 @@ from torch import Tensor, nn
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.c"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC")
 HEAD_DIM = 64  # the attention kernel's head size: every Whisper model's
 COLS = 64  # the product kernel's output columns per task: outputs must be a multiple
 
 
 def cache_dir() -> Path:
+    if os.environ.get("WHISPER_KERNEL_CACHE"):
+        return Path(os.environ["WHISPER_KERNEL_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "whisper-server"
 
@@ -44,23 +46,33 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
-    target = cache_dir() / f"cpu_decode-{digest}.so"
-    if target.exists():
-        return target
+def torch_openmp_library() -> str | None:
+    """The OpenMP runtime torch has loaded (its wheels bundle one, possibly under a hashed name). The kernels
+    link against that file, so that loading them adds no second runtime, whose threads would compete with
+    torch's for the same cores."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    libs = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line or "libiomp" in line}
+    return min(libs) if len(libs) == 1 else None
+
+
+def _target(openmp: str | None) -> Path:
+    key = SOURCE.read_bytes() + " ".join((*FLAGS, str(openmp))).encode()
+    return cache_dir() / f"cpu_decode-{hashlib.sha256(key).hexdigest()[:16]}.so"
+
+
+def _build(compiler: str, openmp: str | None, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # built under a temporary name and renamed: a concurrent start-up never loads a half-written file
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, lib = Path(tmp) / "cpu_decode.o", Path(tmp) / "cpu_decode.so"
+        runtime = [openmp] if openmp else ["-fopenmp"]
+        for cmd in ([compiler, *FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+                    [compiler, "-shared", str(obj), *runtime, "-lm", "-o", str(lib)]):  # fmt: skip
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(lib, target)
 
 
 @functools.cache
@@ -75,13 +87,17 @@ def load() -> CpuKernels | None:
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         log.info("native CPU decode kernels: this CPU has no AVX2; decoding with torch alone")
         return None
-    compiler = _compiler()
-    if compiler is None:
-        log.warning("native CPU decode kernels: no C compiler (cc/gcc, or $CC) found; decoding with torch alone "
-                    "(about 10%% slower per token)")  # fmt: skip
-        return None
+    openmp = torch_openmp_library()
+    target = _target(openmp)
     try:
-        return CpuKernels(ctypes.CDLL(str(_build(compiler))))
+        if not target.exists():  # built before (a Docker image builds it at image build time): no compiler needed
+            compiler = _compiler()
+            if compiler is None:
+                log.warning("native CPU decode kernels: no C compiler (cc/gcc, or $CC) found; decoding with torch "
+                            "alone (~20%% slower per token)")  # fmt: skip
+                return None
+            _build(compiler, openmp, target)
+        return CpuKernels(ctypes.CDLL(str(target)))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         log.warning("native CPU decode kernels: build or load failed, decoding with torch alone: %s", detail.strip())

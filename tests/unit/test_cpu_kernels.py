@@ -100,3 +100,20 @@ def test_off_switch(monkeypatch):
     finally:
         monkeypatch.delenv("WHISPER_CPU_KERNELS")
         cpu_kernels.load.cache_clear()
+
+
+@native
+def test_prebuilt_library_needs_no_compiler(kernels, monkeypatch, tmp_path):
+    # the Docker image builds the kernels at image build time and removes the compiler
+    monkeypatch.setenv("WHISPER_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is not None  # builds into tmp_path
+        cpu_kernels.load.cache_clear()
+        monkeypatch.setattr(cpu_kernels, "_compiler", lambda: None)
+        assert cpu_kernels.load() is not None  # found there, not rebuilt
+        cpu_kernels.load.cache_clear()
+        monkeypatch.setenv("WHISPER_KERNEL_CACHE", str(tmp_path / "empty"))
+        assert cpu_kernels.load() is None  # nothing built and no compiler: torch alone
+    finally:
+        cpu_kernels.load.cache_clear()
