@@ -49,13 +49,16 @@ def _compiler() -> str | None:
 def torch_openmp_library() -> str | None:
     """The OpenMP runtime torch has loaded (its wheels bundle one, possibly under a hashed name). The kernels
     link against that file, so that loading them adds no second runtime, whose threads would compete with
-    torch's for the same cores."""
+    torch's for the same cores. Other libraries may have brought their own (CTranslate2 does): torch's is the
+    one under its package directory, else the only one mapped."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    libs = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line or "libiomp" in line}
-    return min(libs) if len(libs) == 1 else None
+    libs = sorted({line.split()[-1] for line in maps.splitlines() if "libgomp" in line or "libiomp" in line})
+    torch_dir = str(Path(torch.__file__).resolve().parent) + os.sep
+    own = [lib for lib in libs if lib.startswith(torch_dir)]
+    return own[0] if own else libs[0] if len(libs) == 1 else None
 
 
 def _target(openmp: str | None) -> Path:

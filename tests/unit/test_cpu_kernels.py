@@ -1,8 +1,12 @@
 """Native CPU decode kernels: built and loaded where a C compiler and AVX2 exist, sharing torch's OpenMP runtime,
 and the same numbers as torch for the products, the attentions and a whole decode step of one sequence."""
 
+import ast
 import platform
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +17,8 @@ from engine.dims import DUMMY_DIMS
 from engine.kv_cache import CacheShape, KVCache
 from engine.model import Whisper
 from engine.weights import dummy_state_dict
+
+ROOT = Path(__file__).resolve().parents[2]
 
 native = pytest.mark.skipif(
     platform.machine() != "x86_64"
@@ -31,9 +37,17 @@ def kernels():
 
 @native
 def test_one_openmp_runtime(kernels):
-    # a second runtime would bring a second thread team competing for the same cores
-    mapped = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libiomp" in line}
+    # A second runtime would bring a second thread team competing for the same cores. Checked in a fresh
+    # process: this one may hold CTranslate2's own runtime too (the faster-whisper peer of other tests).
+    script = (
+        "import torch\nfrom engine import cpu_kernels\nassert cpu_kernels.load() is not None\n"
+        "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l or 'libiomp' in l}))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    mapped = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert len(mapped) == 1, mapped
+    # here too the kernels bind to torch's runtime, whatever else this process has loaded
+    assert cpu_kernels.torch_openmp_library() == mapped[0]
 
 
 @native
