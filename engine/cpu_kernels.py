@@ -7,8 +7,8 @@ over the cross-attention cache). The kernels split every product and every head 
 
 The library is compiled once with the system C compiler into a per-user cache (`$WHISPER_KERNEL_CACHE`, else
 ~/.cache/whisper-server; a content hash in the file name, so a changed source builds anew) and linked against the
-OpenMP runtime that torch has already loaded, so the kernels reuse torch's thread team. Without a compiler, off x86-64 or without AVX2, `load()` returns None and the
-decoder runs in torch alone; the reason is logged once.
+OpenMP runtime that torch has already loaded, so the kernels reuse torch's thread team. Without a compiler, off
+x86-64 or without AVX2, `load()` returns None and the decoder runs in torch alone; the reason is logged once.
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ class CpuKernels:
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
         p, i = ctypes.c_void_p, ctypes.c_int
-        lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i]
+        lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i, i]
         lib.whisper_gemv.restype = None
-        lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p]
+        lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
 
     @staticmethod
@@ -136,10 +136,13 @@ class CpuKernels:
         the output, norm a LayerNorm over the input (float32 weight and bias)."""
         k, n = weight_t.shape
         y = torch.empty(*x.shape[:-1], n)
-        ln_w, ln_b, eps = (norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps) if norm is not None else (None, None, 0.0)
+        ln_w, ln_b, eps = (None, None, 0.0)
+        if norm is not None:
+            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
         self.lib.whisper_gemv(
             x.data_ptr(), ln_w, ln_b, eps, weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
             residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu),
+            torch.get_num_threads(),
         )  # fmt: skip
         return y
 
@@ -151,7 +154,7 @@ class CpuKernels:
         scratch = torch.empty(heads * n)
         self.lib.whisper_attend_one(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, n, k.stride(0), HEAD_DIM**-0.5,
-            scratch.data_ptr(),
+            scratch.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         return out
 

@@ -8,7 +8,8 @@
  * OpenMP threads. Built by engine/cpu_kernels.py against the OpenMP runtime torch has already loaded, so they
  * share torch's thread team instead of competing with it for the cores.
  *
- * Only float32, contiguous rows; the Python side checks shapes and falls back to torch otherwise.
+ * Only float32, contiguous rows; the Python side checks shapes and falls back to torch otherwise. `threads` is
+ * torch's intra-op thread count, passed in because OpenMP's own default counts logical CPUs.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -48,14 +49,14 @@ static void layer_norm(const float *x, const float *weight, const float *bias, f
  * may be NULL (no LayerNorm first, no bias, no residual); gelu 1 applies GELU to the product. A decode step's
  * "x + proj(a)" and "proj(norm(x))" each become one call instead of two or three torch operations. */
 void whisper_gemv(const float *x, const float *ln_weight, const float *ln_bias, float eps, const float *w,
-                  const float *bias, const float *residual, float *y, int k, int n, int gelu) {
+                  const float *bias, const float *residual, float *y, int k, int n, int gelu, int threads) {
     float normed[ln_weight ? k : 1];
     if (ln_weight) {
         layer_norm(x, ln_weight, ln_bias, eps, normed, k);
         x = normed;
     }
     int tasks = n / COLS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS, gelu);
 }
 
@@ -71,8 +72,8 @@ static inline float hsum(__m256 v) {
  * out: (heads, 64); scratch: heads * n floats for the scores. Softmax in float32 with the running maximum
  * subtracted, as SDPA does. */
 void whisper_attend_one(const float *q, const float *k, const float *v, float *out, int heads, int n,
-                        long head_stride, float scale, float *scratch) {
-#pragma omp parallel for schedule(static)
+                        long head_stride, float scale, float *scratch, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int h = 0; h < heads; h++) {
         const float *kh = k + h * head_stride, *vh = v + h * head_stride;
         float *s = scratch + (size_t)h * n;

@@ -98,7 +98,8 @@ def test_decode_step_matches_torch_path(kernels):
         out = []
         for use, cache in zip((None, kernels), caches):
             dec.cpu_kernels = use
-            steps = [dec(torch.tensor([[t]]), torch.tensor([[p]]), cache, 2, p + 1, None, p) for p, t in enumerate([50257, 50362, 440, 2068])]
+            prompt = enumerate([50257, 50362, 440, 2068])
+            steps = [dec(torch.tensor([[t]]), torch.tensor([[p]]), cache, 2, p + 1, None, p) for p, t in prompt]
             out.append(torch.cat([dec.logits(s[:, -1]) for s in steps]))
         dec.cpu_kernels = kernels
     torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
