@@ -108,7 +108,8 @@ def load() -> CpuKernels | None:
 
 
 class CpuKernels:
-    """Typed wrappers; each checks what its kernel needs and returns None when the caller should use torch."""
+    """Typed wrappers around the two kernels; `supports_*` say whether a tensor suits them (the caller then
+    takes the torch path instead), the wrappers themselves do not check."""
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
@@ -160,6 +161,7 @@ class CpuKernels:
 
     @staticmethod
     def supports_attention(k: Tensor, v: Tensor) -> bool:
+        """k, v: (..., positions, 64) with rows of 64 floats and the same strides (a cache tensor or one slot's)."""
         return (
             k.dtype == v.dtype == torch.float32
             and k.shape[-1] == HEAD_DIM

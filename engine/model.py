@@ -192,12 +192,13 @@ class TextDecoder(nn.Module):
         return norm(self.ln, x)
 
     def _kernels_apply(self, cache: KVCache) -> bool:
+        """Checked at every step, so on the cache's whole tensors (attributes, no new views); an int8 cross cache
+        fails the dtype check."""
         k = self.cpu_kernels
         return (
             k is not None
-            and k.supports_attention(cache.self_k_layers[0][0], cache.self_v_layers[0][0])
-            and cache.cross_k_scale is None
-            and k.supports_attention(cache.cross_k_layers[0][0], cache.cross_v_layers[0][0])
+            and k.supports_attention(cache.self_k, cache.self_v)
+            and k.supports_attention(cache.cross_k, cache.cross_v)
         )
 
     def _step_one(self, x: Tensor, cache: KVCache, slot: int, position: int) -> Tensor:
