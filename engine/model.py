@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
+from .fused_ops import add_norm, linear_gelu
 from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
 
@@ -83,9 +84,9 @@ class ResidualAttentionBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_state, n_mlp), nn.GELU(), nn.Linear(n_mlp, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.attn_ln(x))
-        return x + self.mlp(self.mlp_ln(x))
+    def feed_forward(self, h: Tensor) -> Tensor:
+        """The MLP on its normalized input (the residual add is the caller's, fused with the next norm)."""
+        return linear(self.mlp[2], linear_gelu(self.mlp[0], h))
 
 
 class AudioEncoder(nn.Module):
@@ -107,9 +108,13 @@ class AudioEncoder(nn.Module):
         # 49 ms went to slow strided adds and the copies before each linear)
         x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
         x = x + self.positional_embedding
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_post(x)
+        # each residual add is fused with the layer norm after it (engine/fused_ops.py), the last with ln_post
+        h = norm(self.blocks[0].attn_ln, x)
+        next_norms = [block.attn_ln for block in list(self.blocks)[1:]] + [self.ln_post]
+        for block, next_norm in zip(self.blocks, next_norms):
+            x, h = add_norm(x, block.attn(h), block.mlp_ln)
+            x, h = add_norm(x, block.feed_forward(h), next_norm)
+        return h
 
 
 class TextDecoder(nn.Module):
@@ -170,10 +175,13 @@ class TextDecoder(nn.Module):
             attn_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~attn_mask, NEG_INF)
         # Layers are applied through their functions (norm, linear), not by calling the modules: on a CPU a decode
         # step is ~100 small operations and nn.Module.__call__ added ~11 us to each of ~40 (tiny.en, 2 cores:
-        # 10.6 -> 10.1 ms per step, same values bit for bit).
-        for i, block in enumerate(self.blocks):
+        # 10.6 -> 10.1 ms per step, same values bit for bit). Each residual add is fused with the layer norm after
+        # it (engine/fused_ops.py; the last one with the final norm), so h is always the next sub-layer's input.
+        h = norm(self.blocks[0].attn_ln, x)
+        next_norms = [block.attn_ln for block in list(self.blocks)[1:]] + [self.ln]  # (slicing a ModuleList builds one)
+        for i, (block, next_norm) in enumerate(zip(self.blocks, next_norms)):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
-            attn, h = block.attn, norm(block.attn_ln, x)
+            attn = block.attn
             qkv = self._qkv(attn, h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
             kv_new = qkv[:, :, 1:]
             if position is not None:
@@ -183,13 +191,13 @@ class TextDecoder(nn.Module):
             q = qkv[:, :, 0].transpose(1, 2)
             k = cache.self_k_layers[i][slots, :, :kv_len]
             v = cache.self_v_layers[i][slots, :, :kv_len]
-            x = x + linear(attn.out, attn.merge_heads(decode_self_attention(q, k, v, attn_mask)))
-            cross, h = block.cross_attn, norm(block.cross_attn_ln, x)
+            o = decode_self_attention(q, k, v, attn_mask)
+            x, h = add_norm(x, linear(attn.out, attn.merge_heads(o)), block.cross_attn_ln)
+            cross = block.cross_attn
             o = cross_attention(cross.split_heads(linear(cross.query, h)), cache, i, slots)
-            x = x + linear(cross.out, cross.merge_heads(o))
-            mlp = block.mlp
-            x = x + linear(mlp[2], F.gelu(linear(mlp[0], norm(block.mlp_ln, x))))
-        return norm(self.ln, x)
+            x, h = add_norm(x, linear(cross.out, cross.merge_heads(o)), block.mlp_ln)
+            x, h = add_norm(x, block.feed_forward(h), next_norm)
+        return h
 
     def _kernels_apply(self, cache: KVCache) -> bool:
         """Checked at every step, so on the cache's whole tensors (attributes, no new views); an int8 cross cache
