@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import decode_attention
 from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
 from .fused_ops import add_norm, linear_gelu
@@ -168,8 +169,12 @@ class TextDecoder(nn.Module):
         if position is not None and tokens.shape == (1, 1) and self._kernels_apply(cache):
             return self._step_one(x, cache, slot_start, position)
         slots = slice(slot_start, slot_start + b)
+        # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/decode_attention.py)
+        step_kernel = position is None and decode_attention.applies(x, cache.self_k)
         rows = None if position is not None else torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
+        if step_kernel:
+            attn_mask = rows = None
+        elif attn_mask is not None and attn_mask.dtype == torch.bool:
             # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
             # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
             attn_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~attn_mask, NEG_INF)
@@ -182,17 +187,23 @@ class TextDecoder(nn.Module):
         for i, (block, next_norm) in enumerate(zip(self.blocks, next_norms)):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
             attn = block.attn
-            qkv = self._qkv(attn, h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
-            kv_new = qkv[:, :, 1:]
-            if position is not None:
-                cache.self_kv_layers[i][:, slots, :, position] = kv_new[:, 0].transpose(0, 1)
+            if step_kernel:
+                qkv = self._qkv(attn, h)
+                o = decode_attention.self_attention_step(
+                    qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start
+                )
             else:
-                cache.self_kv_layers[i][:, rows, :, positions] = kv_new
-            q = qkv[:, :, 0].transpose(1, 2)
-            k = cache.self_k_layers[i][slots, :, :kv_len]
-            v = cache.self_v_layers[i][slots, :, :kv_len]
-            o = decode_self_attention(q, k, v, attn_mask)
-            x, h = add_norm(x, linear(attn.out, attn.merge_heads(o)), block.cross_attn_ln)
+                qkv = self._qkv(attn, h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
+                kv_new = qkv[:, :, 1:]
+                if position is not None:
+                    cache.self_kv_layers[i][:, slots, :, position] = kv_new[:, 0].transpose(0, 1)
+                else:
+                    cache.self_kv_layers[i][:, rows, :, positions] = kv_new
+                q = qkv[:, :, 0].transpose(1, 2)
+                k = cache.self_k_layers[i][slots, :, :kv_len]
+                v = cache.self_v_layers[i][slots, :, :kv_len]
+                o = attn.merge_heads(decode_self_attention(q, k, v, attn_mask))
+            x, h = add_norm(x, linear(attn.out, o), block.cross_attn_ln)
             cross = block.cross_attn
             o = cross_attention(cross.split_heads(linear(cross.query, h)), cache, i, slots)
             x, h = add_norm(x, linear(cross.out, cross.merge_heads(o)), block.mlp_ln)

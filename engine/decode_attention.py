@@ -1,0 +1,102 @@
+"""Self-attention of a one-token decode step on a GPU: the K/V write and the attention in one Triton kernel.
+
+In torch a step's self-attention is several kernels per layer: an indexed write of the new K/V into each row's
+slot (plus the copies that make its operands contiguous), then SDPA over a context padded to the graph's bucket
+with an additive mask, or from 128 rows two batched products, a scale, the mask and a softmax. Here one program
+per (row, head) writes its K/V at the row's position, then streams only the row's own prefix (positions below it,
+not the bucket) with an online softmax, the way engine/int8_attention.py reads the cross cache: each of BLOCK_N
+lanes keeps its own running max and sum, merged once at the end together with the new key, which is still in
+registers. Keys of a row are contiguous in its slot, so each block is one coalesced read.
+
+Rows are batch rows of slots slot_start + row (the decoder's layout); padding rows of a graph write position 0
+of free slots, as the indexed write did. Off a GPU, or without Triton, the model keeps the torch operations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+BLOCK_N = 32  # keys per block
+NUM_WARPS = 4
+
+
+def applies(x: Tensor, cache_k: Tensor) -> bool:
+    """For a step of one token per row (x: (batch, 1, n_state)) on a GPU, with a cache in x's dtype whose vectors
+    have unit stride and a power-of-2 length (Whisper's heads: 64)."""
+    d = cache_k.shape[-1]
+    return (
+        triton is not None and x.is_cuda and x.dim() == 3 and x.shape[1] == 1 and x.dtype == cache_k.dtype
+        and cache_k.stride(-1) == 1 and d & (d - 1) == 0
+    )  # fmt: skip
+
+
+def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor, slot_start: int) -> Tensor:
+    """
+    qkv : (batch, 1, 3 * n_state), this step's fused q/k/v projection (q, k, v each heads x head_dim)
+    cache_k, cache_v : (slots, heads, n_text_ctx, head_dim), one layer's self cache
+    positions : (batch, 1) int64, each row's position; the row attends over positions 0..p of its slot
+    returns the attention output (batch, 1, n_state), heads merged
+    """
+    b = qkv.shape[0]
+    _, h, _, d = cache_k.shape
+    assert qkv.shape == (b, 1, 3 * h * d) and qkv.is_contiguous()
+    assert positions.shape == (b, 1) and cache_v.stride() == cache_k.stride()
+    out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
+    _write_and_attend[(b * h,)](
+        qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h, d**-0.5,
+        HEAD_DIM=d, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return out
+
+
+if triton is not None:
+
+    # slot_start changes with the batch's place in the cache (and s_row between the graphs' buffer and eager steps):
+    # not specializing on them avoids a compile per value class while requests wait
+    @triton.jit(do_not_specialize=["slot_start", "s_row"])
+    def _write_and_attend(
+        QKV, KC, VC, POS, O, slot_start, s_row, s_slot, s_head, s_pos, H, sm_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0) // H
+        h = tl.program_id(0) % H
+        dim = tl.arange(0, HEAD_DIM)
+        width = H * HEAD_DIM
+        base = QKV + row * 3 * width + h * HEAD_DIM
+        q = tl.load(base + dim).to(tl.float32) * sm_scale
+        k_new = tl.load(base + width + dim)
+        v_new = tl.load(base + 2 * width + dim)
+        p = tl.load(POS + row * s_row)
+        kc = KC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
+        vc = VC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
+        tl.store(kc + p * s_pos + dim, k_new)
+        tl.store(vc + p * s_pos + dim, v_new)
+        m = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        for n0 in range(0, p, BLOCK_N):  # the earlier positions, from the cache
+            keys = n0 + tl.arange(0, BLOCK_N)
+            valid = keys < p
+            k = tl.load(kc + keys[:, None] * s_pos + dim[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(vc + keys[:, None] * s_pos + dim[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+            s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m, s)
+            alpha = tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new))
+            e = tl.where(valid, tl.exp(s - m_new), 0.0)
+            l = l * alpha + e
+            acc = acc * alpha[:, None] + v * e[:, None]
+            m = m_new
+        s_new = tl.sum(k_new.to(tl.float32) * q, axis=0)  # the row's own position, from registers
+        m_max = tl.maximum(tl.max(m, axis=0), s_new)
+        weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+        w_new = tl.exp(s_new - m_max)
+        total = tl.sum(l * weight, axis=0) + w_new
+        out = tl.sum(acc * weight[:, None], axis=0) + v_new.to(tl.float32) * w_new
+        tl.store(O + row * width + h * HEAD_DIM + dim, (out / total).to(O.dtype.element_ty))
