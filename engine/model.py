@@ -171,9 +171,11 @@ class TextDecoder(nn.Module):
         slots = slice(slot_start, slot_start + b)
         # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/decode_attention.py)
         step_kernel = position is None and decode_attention.applies(x, cache.self_k)
-        rows = None if position is not None else torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
+        rows = None
+        if position is None and not step_kernel:
+            rows = torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
         if step_kernel:
-            attn_mask = rows = None
+            attn_mask = None
         elif attn_mask is not None and attn_mask.dtype == torch.bool:
             # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
             # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
