@@ -13,15 +13,19 @@ from .metrics import Metrics
 from .settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+# async, though they only read attributes: FastAPI runs a plain `def` dependency in its thread pool, a hop to a
+# worker thread and back per dependency and request, each waiting for the GIL that the engine loop also needs.
+
+
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     engine = request.app.state.engine
     if engine is None or not engine.is_alive:
         raise APIError(503, "The engine is not running.", code="engine_unavailable")

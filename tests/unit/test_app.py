@@ -336,3 +336,28 @@ def test_every_engine_config_field_is_a_setting():
     defaults = EngineConfig()
     from_settings = Settings(_env_prefix="UNUSED_PREFIX_").engine_config()
     assert all(getattr(from_settings, n) == getattr(defaults, n) for n in names)  # same defaults both sides
+
+
+def test_a_request_makes_no_thread_pool_hop_for_dependencies(monkeypatch):
+    """A plain `def` dependency runs in FastAPI's thread pool: a hop per dependency and request, each one waiting
+    for the GIL that the engine loop needs. Ours are async, so serving a transcription makes none."""
+    import fastapi.dependencies.utils as fastapi_deps
+
+    hops = []
+    original = fastapi_deps.run_in_threadpool
+
+    async def counting(func, *args, **kwargs):
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await original(func, *args, **kwargs)
+
+    monkeypatch.setattr(fastapi_deps, "run_in_threadpool", counting)
+
+    async def body():
+        async with clients(FakeEngine()) as (sdk, http, _):
+            result = await sdk.audio.transcriptions.create(model="whisper-1", file=FILE)
+            assert result.text
+            assert (await http.get("/v1/models")).status_code == 200
+            assert (await http.get("/metrics")).status_code == 200
+
+    run(body())
+    assert hops == []
