@@ -1,13 +1,15 @@
 """CPU cost of one decoded token: this engine's decoder step against CTranslate2's (faster-whisper's engine).
 
-    python benchmarks/cpu_decode_step.py [--model tiny.en] [--tokens 20 120] [--repeats 3] [--rounds 3]
+    python benchmarks/cpu_decode_step.py [--model tiny.en] [--tokens 20 120] [--repeats 3] [--rounds 3] [--batch 1]
 
 A whole request mixes the encoder, features and per-token work, and on this machine the engine's encoder is
 faster while its decoder step is slower, so `cpu_peers.py` alone can show the two as level. Here each system
 decodes the spontaneous clip's window to two fixed lengths (ours: `fixed_decode_tokens`; CTranslate2: `generate`
 with end-of-text suppressed and a length limit, the tokens it actually produced are counted), and the difference
 gives milliseconds per token; the rest (encoder, prompt, features for ours) is the intercept. Each system runs in
-its own process, alternating over --rounds; medians over rounds.
+its own process, alternating over --rounds; medians over rounds. --batch N decodes N copies of the window together
+(ours: N requests submitted at once; CTranslate2: one `generate` over a batch of N), so the slope is the time of
+one decode step of N sequences.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--only", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is None:
@@ -45,8 +48,9 @@ def main() -> None:
                 out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", system], check=True,
                                      capture_output=True, text=True).stdout  # fmt: skip
                 rounds[system].append(json.loads(out.strip().splitlines()[-1]))
-        print(f"\nmodel {args.model}, {args.threads} threads, {CLIP}, median of {args.repeats} runs x {args.rounds} rounds")
-        print("| system | tokens decoded | ms per token | intercept ms (encoder, prompt, ...) |")
+        print(f"\nmodel {args.model}, {args.threads} threads, {CLIP} x {args.batch} decoded together, median of "
+              f"{args.repeats} runs x {args.rounds} rounds")  # fmt: skip
+        print("| system | tokens decoded | ms per token (one step of all sequences) | intercept ms (encoder, prompt, ...) |")
         print("|---|---|---|---|")
         per_token = {}
         for system, rs in rounds.items():
@@ -72,8 +76,13 @@ def main() -> None:
         for n in args.tokens:
             engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, fixed_decode_tokens=n))
             engine.start()
-            counts.append(len(engine.transcribe(audio, options).segments[0].tokens))
-            ms.append(median_time(lambda: engine.transcribe(audio, options), args.repeats) * 1e3)
+
+            def run_ours():
+                handles = [engine.submit(audio, options) for _ in range(args.batch)]
+                return [h.wait(timeout=600) for h in handles]
+
+            counts.append(len(run_ours()[0].segments[0].tokens))
+            ms.append(median_time(run_ours, args.repeats) * 1e3)
             engine.shutdown()
     else:
         import ctranslate2
@@ -85,6 +94,7 @@ def main() -> None:
                                                compute_type="float32", intra_threads=args.threads)  # fmt: skip
         feats = FeatureExtractor(feature_size=model.n_mels)(audio)[:, :3000]
         feats = np.pad(feats, ((0, 0), (0, 3000 - feats.shape[1])))[None].astype(np.float32)
+        feats = np.ascontiguousarray(np.repeat(feats, args.batch, axis=0))
         features = ctranslate2.StorageView.from_array(feats)
         tok = json.loads((resolved.config_dir / "tokenizer.json").read_text())["added_tokens"]
         ids = {t["content"]: t["id"] for t in tok}
@@ -93,7 +103,8 @@ def main() -> None:
             # CTranslate2 returns fewer tokens than max_length (about half here): count what it returned
             def run():
                 encoded = model.encode(features, to_cpu=False)
-                return model.generate(encoded, [prompt], max_length=n, beam_size=1, suppress_tokens=[-1, ids["<|endoftext|>"]])
+                return model.generate(encoded, [prompt] * args.batch, max_length=n, beam_size=1,
+                                      suppress_tokens=[-1, ids["<|endoftext|>"]])  # fmt: skip
 
             counts.append(len(run()[0].sequences_ids[0]))
             ms.append(median_time(run, args.repeats) * 1e3)

@@ -1,9 +1,11 @@
-"""Native CPU kernels for a one-sequence decode step (csrc/cpu_decode.c), built on first use and loaded with ctypes.
+"""Native CPU kernels for a decode step (csrc/cpu_decode.c), built on first use and loaded with ctypes.
 
-Why: on a CPU, a decode step of one sequence is a chain of single-row products and two attentions, bound by memory
-bandwidth, and torch runs each of them on one core (MKL's single-row products) or well below the bandwidth (SDPA
-over the cross-attention cache). The kernels split every product and every head over both cores (tiny.en on the
-2-core test machine: BENCHMARKS.md). Whatever they cannot do (other dtypes, more rows, odd shapes) stays in torch.
+Why: on a CPU, a decode step is a chain of few-row products and two attentions, bound by memory bandwidth, and
+torch runs them on one core (MKL's single-row products) or well below the bandwidth (SDPA over the cross-attention
+cache). The kernels split every product and every head over both cores (tiny.en on the 2-core test machine:
+BENCHMARKS.md). With several sequences in a step only the attentions run here, one task per (row, head): MKL's
+products of several rows already share each weight read. Whatever they cannot do (other dtypes, odd shapes) stays
+in torch.
 
 The library is compiled once with the system C compiler into a per-user cache (`$WHISPER_KERNEL_CACHE`, else
 ~/.cache/whisper-server; a content hash in the file name, so a changed source builds anew) and linked against the
@@ -118,6 +120,8 @@ class CpuKernels:
         lib.whisper_gemv.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
+        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]
+        lib.whisper_attend_rows.restype = None
 
     @staticmethod
     def supports_linear(weight_t: Tensor) -> bool:
@@ -155,6 +159,21 @@ class CpuKernels:
         scratch = torch.empty(heads * n)
         self.lib.whisper_attend_one(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, n, k.stride(0), HEAD_DIM**-0.5,
+            scratch.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def attend_rows(self, q: Tensor, k: Tensor, v: Tensor, n: int, positions: Tensor | None = None) -> Tensor:
+        """Row r of the batch against slot r of k, v (slots, heads, positions, 64); returns (rows, heads * 64).
+        Cross-attention: q (rows, heads * 64) against the first n positions of each slot. Self-attention: q is the
+        fused (rows, 3 * heads * 64) q/k/v projection and positions (rows,) int64 each row's position p; the row's
+        new key and value are written there and it attends over 0..p (n: the slots' capacity)."""
+        rows, heads = q.shape[0], k.shape[1]
+        out = torch.empty(rows, heads * HEAD_DIM)
+        scratch = torch.empty(rows * heads * n)
+        self.lib.whisper_attend_rows(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows, heads, n,
+            positions.data_ptr() if positions is not None else None, k.stride(0), k.stride(1), HEAD_DIM**-0.5,
             scratch.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         return out

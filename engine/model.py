@@ -168,6 +168,8 @@ class TextDecoder(nn.Module):
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         if position is not None and tokens.shape == (1, 1) and self._kernels_apply(cache):
             return self._step_one(x, cache, slot_start, position)
+        if tokens.shape[1] == 1 and b > 1 and not tokens.is_cuda and self._kernels_apply(cache):
+            return self._step_rows(x, cache, slot_start, positions)
         slots = slice(slot_start, slot_start + b)
         # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/decode_attention.py)
         step_kernel = position is None and decode_attention.applies(x, cache.self_k)
@@ -243,6 +245,28 @@ class TextDecoder(nn.Module):
             h = kernels.linear(x, fc1.weight.t(), fc1.bias, norm=block.mlp_ln, gelu=True)
             x = kernels.linear(h, fc2.weight.t(), fc2.bias, residual=x)
         return norm(self.ln, x)
+
+    def _step_rows(self, x: Tensor, cache: KVCache, slot_start: int, positions: Tensor) -> Tensor:
+        """forward() for one token of each of several sequences on a CPU (row r in slot slot_start + r, at its own
+        position): the products stay in torch (MKL's several-row products share each weight read), the attentions
+        run in the native kernel, one task per (row, head), each row's new K/V written first (tiny.en, 8 rows, 2
+        cores: 1.2 against SDPA's 2.0 ms per cross-attention). Same arithmetic as the torch path up to the
+        summation order inside dot products."""
+        kernels, b = self.cpu_kernels, x.shape[0]
+        slots = slice(slot_start, slot_start + b)
+        pos = positions.reshape(b).contiguous()
+        x = x.reshape(b, -1)
+        for i, block in enumerate(self.blocks):
+            attn = block.attn
+            qkv = self._qkv(attn, norm(block.attn_ln, x))
+            k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
+            x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+            cross = block.cross_attn
+            q = linear(cross.query, norm(block.cross_attn_ln, x))
+            k, v, _, _ = cache.cross_layer(i, slots)
+            x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2]))
+            x = x + block.feed_forward(norm(block.mlp_ln, x))
+        return norm(self.ln, x).view(b, 1, -1)
 
     def align(
         self, tokens: Tensor, cache: KVCache, slot: int, heads: list[tuple[int, int]]

@@ -1,5 +1,6 @@
 /*
- * CPU kernels for a decode step of one sequence (x86-64, AVX2 + FMA, OpenMP).
+ * CPU kernels for a decode step (x86-64, AVX2 + FMA, OpenMP): the products and attentions of one sequence, and
+ * the attentions of several decoding together.
  *
  * Why they exist: a decode step multiplies one row by every weight, so it is bound by memory bandwidth. On the
  * 2-core AMD machine we measure on, MKL's single-row products run on one core (its two-thread and one-thread
@@ -14,6 +15,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #define COLS 64 /* output columns per task: 8 AVX registers of accumulators */
 
@@ -67,39 +69,67 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* One query against n positions of one head (rows of 64 floats): softmax in float32 with the running maximum
+ * subtracted, as SDPA does. s: n floats of scratch. */
+static void attend_head(const float *q, const float *kh, const float *vh, float *out, int n, float scale, float *s) {
+    __m256 qs[8];
+    for (int t = 0; t < 8; t++) qs[t] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * t), _mm256_set1_ps(scale));
+    float max = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kj = kh + (size_t)j * 64;
+        __m256 a = _mm256_mul_ps(qs[0], _mm256_loadu_ps(kj));
+        for (int t = 1; t < 8; t++) a = _mm256_fmadd_ps(qs[t], _mm256_loadu_ps(kj + 8 * t), a);
+        s[j] = hsum(a);
+        if (s[j] > max) max = s[j];
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - max);
+        sum += s[j];
+    }
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 p = _mm256_set1_ps(s[j]);
+        const float *vj = vh + (size_t)j * 64;
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * t), acc[t]);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + 8 * t, _mm256_mul_ps(acc[t], inv));
+}
+
 /* One query per head against n cached positions, head size 64 (every Whisper model's).
  * q: (heads, 64); k, v: (heads, *, 64) with head_stride floats between heads and rows of 64 floats;
- * out: (heads, 64); scratch: heads * n floats for the scores. Softmax in float32 with the running maximum
- * subtracted, as SDPA does. */
+ * out: (heads, 64); scratch: heads * n floats for the scores. */
 void whisper_attend_one(const float *q, const float *k, const float *v, float *out, int heads, int n,
                         long head_stride, float scale, float *scratch, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int h = 0; h < heads; h++) {
-        const float *kh = k + h * head_stride, *vh = v + h * head_stride;
-        float *s = scratch + (size_t)h * n;
-        __m256 qs[8];
-        for (int t = 0; t < 8; t++) qs[t] = _mm256_mul_ps(_mm256_loadu_ps(q + 64 * h + 8 * t), _mm256_set1_ps(scale));
-        float max = -INFINITY;
-        for (int j = 0; j < n; j++) {
-            const float *kj = kh + (size_t)j * 64;
-            __m256 a = _mm256_mul_ps(qs[0], _mm256_loadu_ps(kj));
-            for (int t = 1; t < 8; t++) a = _mm256_fmadd_ps(qs[t], _mm256_loadu_ps(kj + 8 * t), a);
-            s[j] = hsum(a);
-            if (s[j] > max) max = s[j];
+    for (int h = 0; h < heads; h++)
+        attend_head(q + 64 * h, k + h * head_stride, v + h * head_stride, out + 64 * h, n, scale,
+                    scratch + (size_t)h * n);
+}
+
+/* Several rows, each in its own cache slot (row r in slot r of k, v), one task per (row, head).
+ * Cross-attention (positions == NULL): q (rows, heads, 64) against the first n positions of each slot.
+ * Self-attention (positions given): q is the fused (rows, 3, heads, 64) q/k/v projection; each row first writes
+ * its new key and value at its own position p, then attends over positions 0..p (n: the slots' capacity, for the
+ * scratch). out: (rows, heads, 64); scratch: rows * heads * n floats. */
+void whisper_attend_rows(const float *q, float *k, float *v, float *out, int rows, int heads, int n,
+                         const long *positions, long slot_stride, long head_stride, float scale, float *scratch,
+                         int threads) {
+    int width = heads * 64, q_stride = positions ? 3 * width : width;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int task = 0; task < rows * heads; task++) {
+        int r = task / heads, h = task % heads;
+        float *kh = k + r * slot_stride + h * head_stride, *vh = v + r * slot_stride + h * head_stride;
+        const float *qh = q + (size_t)r * q_stride + 64 * h;
+        int len = n;
+        if (positions) {
+            long p = positions[r];
+            memcpy(kh + p * 64, qh + width, 64 * sizeof(float));
+            memcpy(vh + p * 64, qh + 2 * width, 64 * sizeof(float));
+            len = (int)p + 1;
         }
-        float sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-            s[j] = expf(s[j] - max);
-            sum += s[j];
-        }
-        __m256 acc[8];
-        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            __m256 p = _mm256_set1_ps(s[j]);
-            const float *vj = vh + (size_t)j * 64;
-            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * t), acc[t]);
-        }
-        __m256 inv = _mm256_set1_ps(1.0f / sum);
-        for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + 64 * h + 8 * t, _mm256_mul_ps(acc[t], inv));
+        attend_head(qh, kh, vh, out + (size_t)task * 64, len, scale, scratch + (size_t)task * n);
     }
 }

@@ -1,5 +1,5 @@
 """Native CPU decode kernels: built and loaded where a C compiler and AVX2 exist, sharing torch's OpenMP runtime,
-and the same numbers as torch for the products, the attentions and a whole decode step of one sequence."""
+and the same numbers as torch for the products, the attentions and a whole decode step of one or several sequences."""
 
 import ast
 import platform
@@ -78,6 +78,29 @@ def test_attend_one_matches_sdpa(kernels, heads, n, capacity):
 
 
 @native
+@pytest.mark.parametrize("rows", [2, 5])
+def test_attend_rows_matches_sdpa(kernels, rows):
+    heads, ctx, d = 6, 448, 64
+    k_cache, v_cache = torch.randn(rows + 2, heads, ctx, d), torch.randn(rows + 2, heads, ctx, d)
+    k, v = k_cache[1 : rows + 1], v_cache[1 : rows + 1]  # slots 1..rows: the slot offset must be honoured
+    # cross-attention: every row against the first n positions of its slot
+    q = torch.randn(rows, heads * d) * 3
+    want = F.scaled_dot_product_attention(q.view(rows, heads, 1, d), k[:, :, :37], v[:, :, :37])
+    torch.testing.assert_close(kernels.attend_rows(q, k, v, 37), want.reshape(rows, -1), rtol=1e-4, atol=1e-4)
+    # self-attention: each row writes its new key/value at its own position, then attends over 0..p
+    qkv = torch.randn(rows, 3 * heads * d) * 3
+    positions = torch.tensor([0, 447, 12, 3, 100][:rows])
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    got = kernels.attend_rows(qkv, k, v, ctx, positions=positions)
+    q, k_new, v_new = qkv.view(rows, 3, heads, d).unbind(1)
+    for r, p in enumerate(positions.tolist()):
+        before_k[1 + r, :, p], before_v[1 + r, :, p] = k_new[r], v_new[r]
+        want = F.scaled_dot_product_attention(q[r, :, None], before_k[1 + r, :, : p + 1], before_v[1 + r, :, : p + 1])
+        torch.testing.assert_close(got[r], want.reshape(-1), rtol=1e-4, atol=1e-4)
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)  # those writes and no others
+
+
+@native
 def test_decode_step_matches_torch_path(kernels):
     dims = DUMMY_DIMS["tiny"]
     with torch.device("meta"):
@@ -105,6 +128,42 @@ def test_decode_step_matches_torch_path(kernels):
     torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches[1].self_kv, caches[0].self_kv, rtol=1e-5, atol=1e-5)
     assert caches[1].self_kv[:, :, :2].abs().sum() == 0  # other slots untouched
+
+
+@native
+def test_decode_step_of_several_rows_matches_torch_path(kernels, monkeypatch):
+    dims = DUMMY_DIMS["tiny"]
+    with torch.device("meta"):
+        model = Whisper(dims)
+    model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    model.decoder.fuse_qkv(input_major=True)
+    model.decoder.prepare_for_cpu(kernels)
+    dec = model.decoder
+    shape = CacheShape.for_model(dims, None, None)
+    caches = [KVCache(shape, 6, torch.float32, torch.device("cpu")) for _ in range(2)]
+    rows_taken = []
+    step_rows = dec._step_rows
+    monkeypatch.setattr(dec, "_step_rows", lambda *a: rows_taken.append(a[0].shape[0]) or step_rows(*a))
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(4, dims.n_mels, 3000))
+        for cache in caches:
+            dec.fill_cross_cache(features, cache, 1)  # slots 1..4
+        out = []
+        for use, cache in zip((None, kernels), caches):
+            dec.cpu_kernels = use
+            logits = []
+            for step in range(4):  # four sequences at different positions, as after staggered admissions
+                tokens = torch.tensor([[50257 + step], [440], [2068 + step], [50362]])
+                positions = torch.tensor([[step], [step + 3], [step + 9], [step + 1]])
+                mask = (torch.arange(16) <= positions[:, :, None])[:, None]
+                logits.append(dec.logits(dec(tokens, positions, cache, 1, 16, mask)[:, -1]))
+            out.append(torch.cat(logits))
+        dec.cpu_kernels = kernels
+    assert rows_taken == [4] * 4  # the kernel path ran for the second engine, not the first
+    torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[1].self_kv, caches[0].self_kv, rtol=1e-5, atol=1e-5)
+    assert caches[1].self_kv[:, :, 0].abs().sum() == 0 and caches[1].self_kv[:, :, 5].abs().sum() == 0
 
 
 def test_off_switch(monkeypatch):
