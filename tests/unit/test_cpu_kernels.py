@@ -100,8 +100,8 @@ def test_attend_rows_matches_sdpa(kernels, rows):
     assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)  # those writes and no others
 
 
-@native
-def test_decode_step_matches_torch_path(kernels):
+def tiny_model_for_kernels(kernels) -> Whisper:
+    """tiny's shapes with random weights, laid out for the CPU kernels as the engine does."""
     dims = DUMMY_DIMS["tiny"]
     with torch.device("meta"):
         model = Whisper(dims)
@@ -109,7 +109,13 @@ def test_decode_step_matches_torch_path(kernels):
     model.eval().requires_grad_(False)
     model.decoder.fuse_qkv(input_major=True)
     model.decoder.prepare_for_cpu(kernels)
-    dec = model.decoder
+    return model
+
+
+@native
+def test_decode_step_matches_torch_path(kernels):
+    model = tiny_model_for_kernels(kernels)
+    dims, dec = model.dims, model.decoder
     assert dec.cpu_kernels is kernels
     shape = CacheShape.for_model(dims, None, None)
     caches = [KVCache(shape, 3, torch.float32, torch.device("cpu")) for _ in range(2)]
@@ -132,14 +138,8 @@ def test_decode_step_matches_torch_path(kernels):
 
 @native
 def test_decode_step_of_several_rows_matches_torch_path(kernels, monkeypatch):
-    dims = DUMMY_DIMS["tiny"]
-    with torch.device("meta"):
-        model = Whisper(dims)
-    model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
-    model.eval().requires_grad_(False)
-    model.decoder.fuse_qkv(input_major=True)
-    model.decoder.prepare_for_cpu(kernels)
-    dec = model.decoder
+    model = tiny_model_for_kernels(kernels)
+    dims, dec = model.dims, model.decoder
     shape = CacheShape.for_model(dims, None, None)
     caches = [KVCache(shape, 6, torch.float32, torch.device("cpu")) for _ in range(2)]
     rows_taken = []
