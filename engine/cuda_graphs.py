@@ -61,10 +61,9 @@ class GraphRunner:
         self.decode_sizes = buckets_up_to(DECODE_BATCH_BUCKETS, num_slots)
         self.encoder_sizes = buckets_up_to(ENCODER_BATCH_BUCKETS, min(max_encoder_batch, num_slots))
         n_ctx = cache.shape.n_text_ctx
-        probe = torch.empty(1, 1, dims.n_text_state, dtype=dtype, device=self.device)
         # With the step kernel (engine/decode_attention.py) a row reads its own prefix whatever the context, so one
         # graph per batch size serves every context (19 captures instead of 133 for large-v3's 448 positions).
-        self.step_kernel = decode_attention.applies(probe, cache.self_k)
+        self.step_kernel = cache.self_k.dtype == dtype and decode_attention.cache_supported(cache.self_k)
         if self.step_kernel:
             self.kv_sizes = [n_ctx]
         else:
@@ -89,7 +88,9 @@ class GraphRunner:
 
     def _decode_step(self, bs: int, kv_len: int) -> None:
         positions = self.dec.positions[:bs]
-        mask = None if self.step_kernel else (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+        mask = None
+        if not self.step_kernel:  # the step kernel reads each row's own prefix: no mask to build
+            mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
         hidden = self.model.decoder(self.dec.tokens[:bs], positions, self.cache, 0, kv_len, mask)
         self.dec.logits[:bs] = self.model.decoder.logits(hidden[:, -1])
 

@@ -27,14 +27,15 @@ BLOCK_N = 32  # keys per block
 NUM_WARPS = 4
 
 
-def applies(x: Tensor, cache_k: Tensor) -> bool:
-    """For a step of one token per row (x: (batch, 1, n_state)) on a GPU, with a cache in x's dtype whose vectors
-    have unit stride and a power-of-2 length (Whisper's heads: 64)."""
+def cache_supported(cache_k: Tensor) -> bool:
+    """A self cache on a GPU whose vectors have unit stride and a power-of-2 length (Whisper's heads: 64)."""
     d = cache_k.shape[-1]
-    return (
-        triton is not None and x.is_cuda and x.dim() == 3 and x.shape[1] == 1 and x.dtype == cache_k.dtype
-        and cache_k.stride(-1) == 1 and d & (d - 1) == 0
-    )  # fmt: skip
+    return triton is not None and cache_k.is_cuda and cache_k.stride(-1) == 1 and d & (d - 1) == 0
+
+
+def applies(x: Tensor, cache_k: Tensor) -> bool:
+    """For a step of one token per row (x: (batch, 1, n_state)) in the dtype of a supported cache."""
+    return x.dim() == 3 and x.shape[1] == 1 and x.dtype == cache_k.dtype and cache_supported(cache_k)
 
 
 def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor, slot_start: int) -> Tensor:

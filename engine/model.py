@@ -174,14 +174,16 @@ class TextDecoder(nn.Module):
         # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/decode_attention.py)
         step_kernel = position is None and decode_attention.applies(x, cache.self_k)
         rows = None
-        if position is None and not step_kernel:
-            rows = torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
         if step_kernel:
-            attn_mask = None
-        elif attn_mask is not None and attn_mask.dtype == torch.bool:
-            # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
-            # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
-            attn_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~attn_mask, NEG_INF)
+            attn_mask = None  # the kernel reads each row's own prefix
+        else:
+            if position is None:
+                rows = torch.arange(slot_start, slot_start + b, device=tokens.device)[:, None]
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                # SDPA turns a boolean mask into an additive one on every call: 3 extra kernels in each layer
+                # (large-v3, one sequence: 59 -> 21 us per self-attention on an H200). Convert it once per step.
+                additive = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device)
+                attn_mask = additive.masked_fill_(~attn_mask, NEG_INF)
         # Layers are applied through their functions (norm, linear), not by calling the modules: on a CPU a decode
         # step is ~100 small operations and nn.Module.__call__ added ~11 us to each of ~40 (tiny.en, 2 cores:
         # 10.6 -> 10.1 ms per step, same values bit for bit). Each residual add is fused with the layer norm after
