@@ -17,7 +17,7 @@ def print_engine_phases(engine, run: Callable[[], float], label: str, repeats: i
     calls: collections.Counter = collections.Counter()
     runner, decoder = engine.runner, engine.runner.model.decoder
     targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample", "_rules", "logits_processor")]
-    targets += [(engine, n) for n in ("step", "_advance", "_release")]
+    targets += [(engine, n) for n in ("step", "_launched", "_complete", "_release")]
     targets += [(decoder, "forward"), (decoder, "logits")]  # eager model time (a GPU step with graphs skips them)
     if runner.graphs is not None:
         targets.append((runner.graphs, "decode"))

@@ -32,14 +32,14 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 
 
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
-               stepwise: int | None = None, cross_cache_dtype: str = "auto"):
+               stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None):
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.request import DecodeOptions
 
     engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,
-                                 cross_cache_dtype=cross_cache_dtype))
+                                 cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=tokens,
@@ -128,7 +128,10 @@ def main() -> None:
                     help="the engine's stepwise_prompt_tokens (default: its own; 0 = a prefill pass for every prompt)")
     ap.add_argument("--cross-cache-dtype", default="auto", choices=["auto", "model", "int8"],
                     help="the engine's cross_cache_dtype (int8: half the cross-attention bytes per step)")
+    ap.add_argument("--overlap-steps", default="auto", choices=["auto", "on", "off"],
+                    help="the engine's overlap_steps (on: each step launched before the previous one is read)")
     args = ap.parse_args()
+    overlap = {"auto": None, "on": True, "off": False}[args.overlap_steps]
     if len(args.models) > 1:
         # one process per model: a finished engine's caches and graph pools are then surely returned
         for model in args.models:
@@ -140,7 +143,7 @@ def main() -> None:
     rows = []
     for model in args.models:
         ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
-                                               args.stepwise_prompt_tokens, args.cross_cache_dtype)
+                                               args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))

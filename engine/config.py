@@ -34,6 +34,8 @@ class EngineConfig:
     # The cross-attention cache's element type: "model" (the weights' dtype), or "int8" with a bfloat16 scale per
     # vector (engine/int8_attention.py: half the bytes a decode step reads). auto = model_runner.default_int8_cross.
     cross_cache_dtype: str = "auto"
+    # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
+    overlap_steps: bool | None = None
     # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
     # so runs with random weights do the same work as peers told the same.
     fixed_decode_tokens: int | None = None

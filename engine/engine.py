@@ -30,7 +30,8 @@ from .request import (
     Task,
     TranscriptionResult,
 )
-from .sequence import Sequence
+from .model_runner import StepOutput
+from .sequence import ON_DEVICE, Sequence
 from .transcription import Transcription
 from .vad import VoiceActivityDetector
 
@@ -44,6 +45,9 @@ _DONE = object()
 # 256 (1,833 vs 2,024 RTFx, p50 time to first token 1.41 vs 1.02 s: the burst was admitted in twice as many encoder
 # batches). Holding partial encoder batches back for 5-25 ms did not restore it (60-66 batches either way).
 STEPWISE_MAX_RUNNING = 64
+# What a launched step's output is for one sequence: nothing (a forced prompt token was fed), the language pick,
+# or a sampled token.
+FORCED, DETECT, SAMPLE = 0, 1, 2
 
 
 class RequestHandle:
@@ -127,6 +131,12 @@ class Engine:
         stepwise = config.stepwise_prompt_tokens
         self.stepwise_prompt_tokens = stepwise if stepwise is not None else (8 if self.runner.on_gpu else 0)
         self.scheduler = Scheduler(self.runner.num_slots, self.runner.max_encoder_batch, self.runner.admissible_encoder_batch)
+        # On a GPU step N+1 is launched before step N's tokens are read, so the host's work between steps (reading,
+        # bookkeeping, the next step's inputs and rules) runs while the GPU computes instead of leaving it idle.
+        # A CPU computes while the host works anyway: there each step is read right after it is launched.
+        overlap = config.overlap_steps
+        self.overlap_steps = self.runner.on_gpu if overlap is None else overlap
+        self._in_flight: tuple[list[tuple[Sequence, int, int]], StepOutput] | None = None
         self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
         self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
         self.num_steps = 0
@@ -244,8 +254,8 @@ class Engine:
         torch.set_grad_enabled(False)
         try:
             while not self._stopped.is_set():
-                self._drain_inbox(block=not self.scheduler.has_work())
-                if self.scheduler.has_work():
+                self._drain_inbox(block=not self._has_work())
+                if self._has_work():
                     start = time.perf_counter()
                     try:
                         self.step()
@@ -259,8 +269,13 @@ class Engine:
                 handle.emit(EngineDeadError(f"engine failed: {exc!r}"))
             self._transcriptions.clear()
 
+    def _has_work(self) -> bool:
+        return self.scheduler.has_work() or self._in_flight is not None
+
     def _fail_running(self, exc: Exception) -> None:
         log.exception("engine step failed; failing the requests it was decoding")
+        self._in_flight = None
+        self.runner.reset_steps()
         for seq in self.scheduler.running:
             t = seq.job.transcription
             t.aborted = True
@@ -318,8 +333,9 @@ class Engine:
         self.scheduler.drop_aborted()
 
     def step(self) -> None:
-        """Admit waiting windows (encoder; a prefill pass for long prompts), then one decode step for every running
-        sequence. Short prompts are fed by the decode steps themselves, one token per step (`stepwise_prompt_tokens`)."""
+        """Admit waiting windows (encoder; a prefill pass for long prompts), then launch one decode step for every
+        running sequence, and read the step before it (overlapped) or this one (not). Short prompts are fed by the
+        decode steps themselves, one token per step (`stepwise_prompt_tokens`)."""
         sched, runner = self.scheduler, self.runner
         new = sched.admit()
         if new:
@@ -331,12 +347,19 @@ class Engine:
                     seq.forced.extend(seq.pending[1:])
                     del seq.pending[1:]
             else:
-                self._advance(new, *runner.prefill(new))
-                self._release()
+                tokens, logprobs = runner.prefill(new)  # reads its rows' state before _launched advances it
+                self._complete(self._launched(new), tokens, logprobs, latest=True)
+        launched = None
         if sched.running:
-            self._advance(sched.running, *runner.decode(sched.running))
-            self._release()
-        self.num_steps += 1
+            output = runner.decode(sched.running, keep=self.overlap_steps)
+            launched = (self._launched(sched.running), output)
+        if self._in_flight is not None:
+            self._complete(self._in_flight[0], *self._in_flight[1].result(), latest=False)
+        self._in_flight = launched if self.overlap_steps else None
+        if launched is not None and not self.overlap_steps:
+            self._complete(launched[0], *launched[1].result(), latest=True)
+        if new or launched is not None:  # not the read of a last step that launched nothing after it
+            self.num_steps += 1
 
     def _align(self, seq: Sequence) -> None:
         t = seq.job.transcription
@@ -344,21 +367,48 @@ class Engine:
         text = t.tokens_to_align(seq)
         seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
 
-    def _advance(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
-        tok = self.tokenizer
-        for seq, token, logprob in zip(seqs, tokens, logprobs):
+    def _launched(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, int]]:
+        """What the host knows as soon as a step is launched: positions advance, forced prompt tokens are next, and
+        a sampled token (or language pick) will be fed back from the device. Returns (sequence, mode, positions
+        cached after the step) per row for `_complete`."""
+        record = []
+        for row, seq in enumerate(seqs):
             seq.num_cached += len(seq.pending)
+            seq.row = row
             if seq.forced:  # prompt tokens still to feed: the model's output is not used
+                mode = FORCED
                 seq.pending = [seq.forced.popleft()]
+            elif seq.detecting:  # the model's pick among language tokens, then the rest of the prompt
+                mode = DETECT
+                seq.detecting = False
+                seq.forced.extend(seq.job.forced_after_language)
+                seq.pending = [ON_DEVICE]
+            else:
+                mode = SAMPLE
+                seq.num_launched += 1
+                seq.pending = [ON_DEVICE]
+            record.append((seq, mode, seq.num_cached))
+        return record
+
+    def _complete(
+        self, record: list[tuple[Sequence, int, int]], tokens: list[int], logprobs: list[float], latest: bool
+    ) -> None:
+        """A step's results: tokens appended, ends found, finished windows released. A sequence that ended in an
+        earlier step was still in this one (launched before that end was read): its row is ignored. `latest`: no
+        step was launched after this one, so the next step's inputs can come from the host again."""
+        tok = self.tokenizer
+        for (seq, mode, cached), token, logprob in zip(record, tokens, logprobs):
+            if latest:
+                seq.row = None
+                if seq.pending[0] == ON_DEVICE:
+                    seq.pending = [token]
+            if mode == FORCED or seq.finished:
                 continue
             t = seq.job.transcription
             if t.first_token_at is None:
                 t.first_token_at = time.perf_counter()
-            if seq.detecting:  # the model's pick among language tokens
+            if mode == DETECT:
                 seq.language = tok.language_codes[token]
-                seq.detecting = False
-                seq.forced.extend(seq.job.forced_after_language)
-                seq.pending = [token]
                 continue
             seq.sum_logprob += logprob
             fixed = seq.job.fixed_decode_tokens
@@ -369,9 +419,9 @@ class Engine:
             self.num_tokens += 1
             if token >= tok.timestamp_begin:
                 seq.last_timestamp = token
-            seq.pending = [token]
-            if (fixed is not None and len(seq.tokens) >= fixed) or seq.num_cached + 1 >= self.runner.n_text_ctx:
+            if (fixed is not None and len(seq.tokens) >= fixed) or cached + 1 >= self.runner.n_text_ctx:
                 seq.finished = True  # clean stop at the decoder's context limit
+        self._release()
 
     def _release(self) -> None:
         for seq in self.scheduler.running:

@@ -19,7 +19,7 @@ from .features import LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
 from .model import Whisper
-from .sequence import Sequence
+from .sequence import ON_DEVICE, Sequence
 from .tokenizer import Tokenizer
 from .weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 
@@ -92,6 +92,8 @@ class ModelRunner:
         if self.on_gpu and not config.enforce_eager:
             self.graphs = GraphRunner(self.model, self.cache, self.num_slots, self.max_encoder_batch, self.dtype)
             self.graphs.capture()
+        # the last decode step's sampled tokens and rule state, still on the device (see decode)
+        self._prev: tuple[Tensor, Tensor] | None = None
         tok = self.tokenizer
         self.logits_processor = LogitsProcessor(
             tok,
@@ -180,7 +182,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
-        """Feed each new sequence its whole prompt (right-padded); sample each one's first output."""
+        """Feed each new sequence its whole prompt (right-padded); sample each one's first output (waits for it)."""
         slot_start = seqs[0].slot
         lengths = [len(s.pending) for s in seqs]
         width = max(lengths)
@@ -195,17 +197,28 @@ class ModelRunner:
         logits = self.model.decoder.logits(hidden[batch, last])
         sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
         no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech]
-        tokens, logprobs, no_speech = self._sample(seqs, logits, no_speech)
-        for seq, p in zip(seqs, no_speech):
-            seq.no_speech_prob = p
-        return tokens, logprobs
+        state = self._to_device([self._host_state(s) for s in seqs])
+        return self._sample(seqs, logits, state, no_speech, list(range(len(seqs)))).result()
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
-        """One token for every running sequence; seqs[i] lives in slot i."""
-        host = torch.tensor([[s.pending[0], s.num_cached] for s in seqs], pin_memory=self.on_gpu)
-        host = host.to(self.device, non_blocking=True)
-        tokens, positions = host[:, :1], host[:, 1:]
+    def decode(self, seqs: list[Sequence], keep: bool = False) -> StepOutput:
+        """Launch one token for every running sequence (seqs[i] lives in slot i); the output is read later.
+        `keep`: the next step may be launched before this one is read, so keep its tokens and rule state.
+
+        A sequence whose next token the host does not know yet (ON_DEVICE: the previous step sampled it and its
+        result has not been read) takes it from that step's output on the device, and likewise the state its
+        timestamp rules need; everything else comes from the host in one copy."""
+        prev = self._prev
+        host = [self._host_row(s, prev is not None) for s in seqs]
+        h = self._to_device(host)
+        positions = h[:, 1:2].contiguous()
+        tokens = h[:, 0]
+        if prev is not None and any(r[2] >= 0 for r in host):
+            tokens = torch.where(tokens >= 0, tokens, prev[0][h[:, 2].clamp(min=0)])
+        state = h[:, 4:7]
+        if prev is not None and any(r[3] >= 0 for r in host):
+            state = torch.where(h[:, 3:4] >= 0, prev[1][h[:, 3].clamp(min=0)], state)
+        tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
         if logits is None:
@@ -228,10 +241,26 @@ class ModelRunner:
             no_speech = logits[self._to_device(sot_rows)].softmax(dim=-1)[:, self.tokenizer.no_speech]
         # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
         # and a graph's logits buffer is rewritten by the next replay anyway
-        tokens, logprobs, no_speech = self._sample(seqs, logits, no_speech)
-        for i, p in zip(sot_rows, no_speech):
-            seqs[i].no_speech_prob = p
-        return tokens, logprobs
+        return self._sample(seqs, logits, state, no_speech, sot_rows, keep)
+
+    def reset_steps(self) -> None:
+        """Forget the last step's device outputs (after a failed step: no sequence may take its tokens)."""
+        self._prev = None
+
+    def _host_row(self, seq: Sequence, have_prev: bool) -> list[int]:
+        """[token or -1, position, row of the token in the last step or -1, row of the rule state or -1, state]."""
+        on_device = have_prev and seq.row is not None
+        token = seq.pending[0]
+        if token == ON_DEVICE and not on_device:
+            raise RuntimeError("a sequence waits for a token that no launched step holds")
+        state_row = seq.row if on_device else -1
+        return [token, seq.num_cached, state_row if token == ON_DEVICE else -1, state_row, *self._host_state(seq)]
+
+    def _host_state(self, seq: Sequence) -> tuple[int, int, int]:
+        """What the timestamp rules need from a sequence's sampled tokens: last, second to last (-1: none) and the
+        last timestamp token (-1: none). Exact whenever no step's output for it is still on the device."""
+        toks = seq.tokens
+        return (toks[-1] if toks else -1, toks[-2] if len(toks) > 1 else -1, seq.last_timestamp)
 
     @torch.inference_mode()
     def align(self, seq: Sequence, text: list[int], language: str, task: str, num_frames: int) -> AlignmentInput:
@@ -256,52 +285,84 @@ class ModelRunner:
         return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
 
     def _sample(
-        self, seqs: list[Sequence], logits: Tensor, extra: Tensor | None = None
-    ) -> tuple[list[int], list[float], list[float]]:
-        """Rules and sampling; returns tokens, their log-probabilities and `extra`'s values, read in one copy."""
-        rules = self._rules(seqs)
+        self, seqs: list[Sequence], logits: Tensor, state: Tensor, extra: Tensor | None, extra_rows: list[int],
+        keep: bool = False,
+    ) -> StepOutput:
+        """Rules and sampling, queued on the device; the tokens, their log-probabilities and `extra` (the no-speech
+        probabilities of `extra_rows`) go to the host in one copy that nothing waits for yet. With `keep` the
+        sampled tokens and the updated rule state stay on the device for the next step (`decode`)."""
+        rules = self._rules(seqs, state)
         logits = self.logits_processor(logits, rules)
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
         gens = [s.job.transcription.generator if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens)
+        if keep:
+            sampled = [i for i, s in enumerate(seqs) if s.sampling]
+            if sampled:  # a sampled token becomes the last one; a timestamp also the last timestamp
+                rows = self._to_device(sampled)
+                tok, old = tokens[rows], state[rows]
+                last_ts = torch.where(tok >= self.tokenizer.timestamp_begin, tok, old[:, 2])
+                state = state.index_copy(0, rows, torch.stack((tok, old[:, 0], last_ts), dim=1))
+            self._prev = (tokens, state)
         parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
-        out = torch.cat(parts).tolist()  # the one device sync of a step
-        n = len(seqs)
-        return [int(t) for t in out[:n]], out[n : 2 * n], out[2 * n :]
+        return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows])
 
-    def _rules(self, seqs: list[Sequence]) -> StepRules:
-        ts_begin = self.tokenizer.timestamp_begin
+    def _rules(self, seqs: list[Sequence], state: Tensor) -> StepRules:
+        """Row sets from the host's view of each sequence; the timestamp rules' inputs from `state` (rows of last
+        token, second to last, last timestamp), which may still be on its way from the previous step."""
         first, eot, detect, ts_rows = [], [], [], []
-        last_ts, penult_ts, min_ts, first_ts = [], [], [], []
         for i, s in enumerate(seqs):
             if s.detecting and not s.forced:
                 detect.append(i)
             if not s.sampling:
                 continue
-            toks = s.tokens
-            if not toks:
+            if s.num_launched == 0:
                 first.append(i)
             fixed = s.job.fixed_decode_tokens
-            if fixed is not None and len(toks) < fixed:
+            if fixed is not None and s.num_launched < fixed:
                 eot.append(i)
             if s.job.with_timestamps:
                 ts_rows.append(i)
-                last = bool(toks) and toks[-1] >= ts_begin
-                penult = len(toks) < 2 or toks[-2] >= ts_begin
-                last_ts.append(last)
-                penult_ts.append(penult)
-                first_ts.append(not toks)
-                if s.last_timestamp < 0:
-                    min_ts.append(ts_begin)
-                else:  # a lone timestamp may be repeated once to close its segment
-                    min_ts.append(s.last_timestamp + (0 if last and not penult else 1))
 
         def rows(xs: list) -> Tensor | None:
             return self._to_device(xs) if xs else None
 
         rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
         if ts_rows:
+            ts_begin = self.tokenizer.timestamp_begin
             rules.with_timestamps = rows(ts_rows)
-            rules.last_is_ts, rules.penultimate_is_ts = rows(last_ts), rows(penult_ts)
-            rules.min_timestamp, rules.is_first_ts = rows(min_ts), rows(first_ts)
+            last, penult, last_ts = state[rules.with_timestamps].unbind(1)
+            rules.last_is_ts = last >= ts_begin
+            rules.penultimate_is_ts = (penult < 0) | (penult >= ts_begin)  # fewer than two tokens counts as one
+            rules.is_first_ts = last < 0
+            # a lone timestamp may be repeated once to close its segment
+            step = (~(rules.last_is_ts & ~rules.penultimate_is_ts)).long()
+            rules.min_timestamp = torch.where(last_ts < 0, ts_begin, last_ts + step)
         return rules
+
+
+class StepOutput:
+    """A step's tokens, log-probabilities and extra values on their way to the host: the copy is queued behind the
+    step, so reading it (`result`) is the one wait for the GPU, and the host can launch the next step first."""
+
+    def __init__(self, values: Tensor, n: int, extra_seqs: list[Sequence]):
+        self.n = n
+        self.extra_seqs = extra_seqs
+        self.event = None
+        if values.device.type == "cuda":
+            self.values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.values.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.values = values
+
+    def result(self) -> tuple[list[int], list[float]]:
+        """Waits for the step; the no-speech probabilities go to their sequences, tokens and log-probs are returned."""
+        if self.event is not None:
+            self.event.synchronize()
+        out = self.values.tolist()
+        n = self.n
+        for seq, p in zip(self.extra_seqs, out[2 * n :]):
+            seq.no_speech_prob = p
+        return [int(t) for t in out[:n]], out[n : 2 * n]

@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from .alignment import AlignmentInput
     from .transcription import Transcription
 
+# `Sequence.pending` holds this in place of a token the GPU has sampled but the host has not read yet: the next
+# step takes it from the previous step's output on the device (row `Sequence.row`), so it can be launched before
+# that read (engine.Engine.step overlaps them).
+ON_DEVICE = -1
+
 
 @dataclass(slots=True)
 class WindowJob:
@@ -35,8 +40,10 @@ class WindowJob:
 class Sequence:
     job: WindowJob
     slot: int
-    num_cached: int = 0  # positions written in this slot's self-attention cache
-    pending: list[int] = field(default_factory=list)  # tokens to feed at the next forward
+    num_cached: int = 0  # positions written (or queued to be written) in this slot's self-attention cache
+    pending: list[int] = field(default_factory=list)  # tokens to feed at the next forward (or ON_DEVICE)
+    row: int | None = None  # row in the last launched decode step while its output is still only on the device
+    num_launched: int = 0  # steps launched whose output is a sampled token (known before their results are)
     forced: deque[int] = field(default_factory=deque)  # prompt tokens still to feed after language detection
     detecting: bool = False  # next output is the language token
     tokens: list[int] = field(default_factory=list)  # sampled tokens (text + timestamps), EOT excluded

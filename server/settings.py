@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     cross_cache_dtype: Literal["auto", "model", "int8"] = "auto"
     """Cross-attention cache type: the model's dtype, or int8 with a scale per vector (half the bytes each decode
     step reads on a GPU; same transcripts in our tests)."""
+    overlap_steps: bool | None = None
+    """Launch each decode step before reading the previous step's tokens, so the host's work between steps runs
+    while the GPU computes; default on a GPU, off on a CPU."""
     seed: int = 0
     """Seed for sampling at temperature > 0 (requests are reproducible)."""
     fixed_decode_tokens: int | None = Field(default=None, ge=1)
@@ -94,6 +97,7 @@ class Settings(BaseSettings):
             max_audio_ctx=self.max_audio_ctx,
             max_text_ctx=self.max_text_ctx,
             stepwise_prompt_tokens=self.stepwise_prompt_tokens,
+            overlap_steps=self.overlap_steps,
             cross_cache_dtype=self.cross_cache_dtype,
             device=self.device,
             dtype=self.dtype,

@@ -3,6 +3,7 @@
 On a CPU the int8 cache is read through the reference path (dequantize, then SDPA); the GPU kernel is checked
 against that path in tests/gpu/test_int8_cross_attention.py, so together they tie the kernel to these tokens."""
 
+import jiwer
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.int8_attention import dequantize, quantize
 from engine.request import DecodeOptions
-from tests.engine.engine_utils import submit_all, tokens_of
+from tests.engine.engine_utils import normalize_english, submit_all, tokens_of
 
 CLIPS = 5  # a spread of the short English clips: enough to see a systematic change, cheap enough for CI
 
@@ -39,8 +40,14 @@ def test_int8_cross_cache_keeps_the_tokens(tiny_engine, int8_engine, short_engli
     audios = {row["file"]: load_clip(row["file"]) for row in rows}
     # submitted together: sequences finish at different steps, so slots (and their scales) are moved
     ours, reference = submit_all(int8_engine, audios), submit_all(tiny_engine, audios)
-    for name in audios:
-        assert tokens_of(ours[name]) == tokens_of(reference[name]), name
+    # The int8 values are rounded, so a word at a near-tie may flip; which one depends on the CPU's float paths
+    # (AVX-512: the sonnet clip's "increase" becomes "and crease"; AVX2: none). A systematic change would show on
+    # several clips or as more than a word or two.
+    changed = [name for name in audios if tokens_of(ours[name]) != tokens_of(reference[name])]
+    assert len(changed) <= 1, changed
+    for name in changed:
+        edits = jiwer.process_words(normalize_english(reference[name].text), normalize_english(ours[name].text))
+        assert edits.substitutions + edits.deletions + edits.insertions <= 2, (name, ours[name].text)
 
 
 def test_int8_cross_cache_word_timestamps(tiny_engine, int8_engine, load_clip):

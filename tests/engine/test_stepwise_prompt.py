@@ -1,4 +1,6 @@
-"""A prompt fed one token per decode step (the GPU default) gives what a prefill pass gives, on real weights."""
+"""The GPU's way of decoding gives what the CPU's gives, on real weights: a prompt fed one token per decode step
+instead of a prefill pass, and each step launched before the previous one's tokens are read (overlap_steps: next
+tokens and the timestamp rules' state come from the device)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ OTHER = ("g3_de_picovoice-leopard_test_de.wav", "g3_es_librivox_capitan-veneno-d
 
 
 def stepwise_engine(model: str) -> Engine:
-    engine = Engine(EngineConfig(model=model, device="cpu", stepwise_prompt_tokens=8))
+    engine = Engine(EngineConfig(model=model, device="cpu", stepwise_prompt_tokens=8, overlap_steps=True))
     engine.start()
     return engine
 
@@ -51,9 +53,17 @@ def stepwise_tiny(tiny_engine):  # tiny_engine skips when the weights are missin
 
 
 def test_stepwise_prompt_equals_prefill(stepwise_tiny, tiny_engine, load_clip):
+    assert not tiny_engine.overlap_steps
     audios = {name: load_clip(name) for name in ENGLISH}
     stepwise = submit_all(stepwise_tiny, audios, DEFAULTS)
     prefill = submit_all(tiny_engine, audios, DEFAULTS)
+    words = DecodeOptions(word_timestamps=True)  # aligned from the slot while the next step is in flight
+    stepwise["words"] = stepwise_tiny.submit(audios["g1_en_jfk.flac"], words).wait(timeout=WAIT_S)
+    prefill["words"] = tiny_engine.submit(audios["g1_en_jfk.flac"], words).wait(timeout=WAIT_S)
+    assert [w.word for s in stepwise["words"].segments for w in s.words]
+    assert [(w.word, w.start, w.end) for s in stepwise["words"].segments for w in s.words] == [
+        (w.word, w.start, w.end) for s in prefill["words"].segments for w in s.words
+    ]
     for name in ENGLISH:
         assert stepwise[name].text, name
         assert fields(stepwise[name]) == fields(prefill[name]), name
@@ -82,8 +92,8 @@ def test_multi_token_prompts_take_one_step_per_token(stepwise_tiny, tiny_engine,
     assert fields(results["stepwise"]) == fields(results["prefill"])
     assert scores(results["stepwise"]) == pytest.approx(scores(results["prefill"]), rel=1e-3, abs=1e-5)
     # a prefill step yields two tokens (the prompt's and the first decode step's); fed one by one, the prompt's
-    # tokens take a step each
-    assert steps["stepwise"] - steps["prefill"] == prompt_len
+    # tokens take a step each; and one step more was launched before the end of text was read
+    assert steps["stepwise"] - steps["prefill"] == prompt_len + 1
 
 
 def test_stepwise_prompt_detects_the_language(base_engine, load_clip):
