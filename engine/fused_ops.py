@@ -1,4 +1,5 @@
-"""Two fusions for a GPU's transformer blocks: residual add + layer norm in one kernel, bias + GELU in the GEMM.
+"""GPU kernels for a transformer block's small pieces: residual add + layer norm in one kernel, bias + GELU in the
+GEMM, and a one-row product for a lone sequence's decode step.
 
 Between two sub-layers a block adds the sub-layer's output to the residual stream and normalizes the sum for the
 next one. Done by torch these are two kernels that pass the sum through memory; on a GPU `add_norm` does both in
@@ -14,6 +15,12 @@ cuBLASLt's epilogue computes GELU's tanh form, which differs from the exact (erf
 most 4.7e-4, at outputs near 2.7, where a float16 step is 2e-3: the epilogue is only used in half precision, where
 that difference is below the result's own rounding. float32 models and CPUs keep the exact form, and on a CPU
 `add_norm` runs the two torch operations as before (bitwise the same results).
+
+`linear` with a single row (one sequence decoding) and a weight of at most ONE_ROW_MAX_WEIGHT elements runs a Triton
+matrix-vector product: cuBLAS takes ~4.9 us for large-v3's 1,280 x 1,280 products at one row, a kernel that gives
+each program 4 output features and streams the weight in 256-wide chunks takes 2.9 us (H200, each weight read from
+HBM, not L2; BENCHMARKS.md, seventh session); three such products per decoder layer. Larger weights
+(the 3,840-wide QKV, the MLP) gained <10% in that measurement and stay with cuBLAS, as do two or more rows.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ except ImportError:  # CPU-only installs: the torch operations below are used
     triton = None
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+ONE_ROW_MAX_WEIGHT = 2**21  # elements: large-v3's 1,280 x 1,280 products qualify, its QKV and MLP do not
 
 
 def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
@@ -49,6 +57,22 @@ def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:
     block = triton.next_power_of_2(n)
     _add_layer_norm[(rows,)](x, y, ln.weight, ln.bias, out_x, out_h, n, ln.eps, BLOCK=block, num_warps=4 if block <= 1024 else 8)
     return out_x, out_h
+
+
+def linear(proj: nn.Linear, x: Tensor) -> Tensor:
+    """proj(x); a single row on a GPU through the one-row kernel when the weight is small enough (see above)."""
+    w, b = proj.weight, proj.bias
+    if not x.is_cuda:
+        return F.linear(x, w, b)
+    n, k = w.shape
+    if not (
+        triton is not None and x.numel() == k and w.numel() <= ONE_ROW_MAX_WEIGHT and b is not None
+        and n % 4 == 0 and k % 128 == 0 and x.is_contiguous() and w.is_contiguous() and x.dtype == w.dtype
+    ):  # fmt: skip
+        return F.linear(x, w, b)
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    _one_row[(n // 4,)](x, w, b, out, k, BLOCK_N=4, BLOCK_K=256 if k % 256 == 0 else 128, num_warps=4)
+    return out
 
 
 def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
@@ -79,3 +103,16 @@ if triton is not None:
         w = tl.load(W + cols, mask=valid, other=0.0).to(tl.float32)
         b = tl.load(B + cols, mask=valid, other=0.0).to(tl.float32)
         tl.store(OUT_H + row * N + cols, (d * rstd * w + b).to(OUT_H.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _one_row(X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # BLOCK_N output features per program; the weight rows are contiguous along K, read once, in float32 sums
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            w = tl.load(W + rows[:, None] * K + cols[None, :]).to(tl.float32)
+            x = tl.load(X + cols).to(tl.float32)
+            acc += tl.sum(w * x[None, :], axis=1)
+        acc += tl.load(B + rows).to(tl.float32)
+        tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from . import decode_attention
 from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
-from .fused_ops import add_norm, linear_gelu
+from .fused_ops import add_norm, linear, linear_gelu
 from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
 
@@ -34,8 +34,6 @@ def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
-def linear(proj: nn.Linear, x: Tensor) -> Tensor:
-    return F.linear(x, proj.weight, proj.bias)
 
 
 def cross_attention(q: Tensor, cache: KVCache, layer: int, slots: slice) -> Tensor:

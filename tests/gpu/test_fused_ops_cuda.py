@@ -1,4 +1,5 @@
-"""engine/fused_ops.py on a GPU: the Triton add + layer norm and the GELU epilogue against torch's operations."""
+"""engine/fused_ops.py on a GPU: the Triton add + layer norm, the GELU epilogue and the one-row product against
+torch's operations."""
 
 import pytest
 import torch
@@ -49,3 +50,16 @@ def test_gelu_epilogue_is_as_close_as_the_separate_gelu(cuda, rows):
         fused = (linear_gelu(proj, x).float() - ref).abs().max().item()
         separate = (F.gelu(proj(x)).float() - ref).abs().max().item()
     assert fused <= separate * 1.25 + 1e-3, (fused, separate)
+
+
+@pytest.mark.parametrize("shape", [(1280, 1280), (384, 384), (512, 512)])
+def test_one_row_linear_matches_cublas(cuda, shape):
+    """The one-row product (a lone sequence's decode step) against F.linear: float32 sums in another order."""
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(shape[1], shape[0]).to("cuda", torch.float16)
+    x = torch.randn(1, 1, shape[1], device="cuda", dtype=torch.float16)
+    got, want = fused_ops.linear(proj, x), F.linear(x, proj.weight, proj.bias)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
+    two = torch.randn(2, 1, shape[1], device="cuda", dtype=torch.float16)
+    assert torch.equal(fused_ops.linear(proj, two), F.linear(two, proj.weight, proj.bias))  # cuBLAS from 2 rows
