@@ -21,10 +21,16 @@ def print_engine_phases(engine, run: Callable[[], float], label: str, repeats: i
     targets += [(decoder, "forward"), (decoder, "logits")]  # eager model time (a GPU step with graphs skips them)
     if runner.graphs is not None:
         targets.append((runner.graphs, "decode"))
+    # the sampler (a module function), a step's output copy and its read, the small host-to-device copies
+    import engine.model_runner as model_runner
+
+    targets += [(model_runner, "sample"), (model_runner.StepOutput, "__init__"), (model_runner.StepOutput, "result")]
+    targets.append((runner, "_to_device"))
     originals = []
     for obj, name in targets:
         fn = getattr(obj, name)
-        phase = f"{type(obj).__name__}.{name}"
+        owner = obj.__name__.rsplit(".", 1)[-1] if isinstance(obj, type) or hasattr(obj, "__file__") else type(obj).__name__
+        phase = f"{owner}.{name}"
 
         def timed(*a, _fn=fn, _phase=phase, **k):
             start = time.perf_counter()

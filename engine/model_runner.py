@@ -92,8 +92,8 @@ class ModelRunner:
         if self.on_gpu and not config.enforce_eager:
             self.graphs = GraphRunner(self.model, self.cache, self.num_slots, self.max_encoder_batch, self.dtype)
             self.graphs.capture()
-        # the last decode step's sampled tokens and rule state, still on the device (see decode)
-        self._prev: tuple[Tensor, Tensor] | None = None
+        # the last decode step's sampled tokens and rule state (None: no timestamp window), on the device (decode)
+        self._prev: tuple[Tensor, Tensor | None] | None = None
         tok = self.tokenizer
         self.logits_processor = LogitsProcessor(
             tok,
@@ -213,11 +213,22 @@ class ModelRunner:
         h = self._to_device(host)
         positions = h[:, 1:2].contiguous()
         tokens = h[:, 0]
-        if prev is not None and any(r[2] >= 0 for r in host):
+        # steady state: every row's token (or state) is in the same row of the last step's output, taken as it is
+        same_rows = prev is not None and len(prev[0]) == len(seqs)
+        if prev is not None and all(r[2] == i for i, r in enumerate(host)) and same_rows:
+            tokens = prev[0]
+        elif prev is not None and any(r[2] >= 0 for r in host):
             tokens = torch.where(tokens >= 0, tokens, prev[0][h[:, 2].clamp(min=0)])
-        state = h[:, 4:7]
-        if prev is not None and any(r[3] >= 0 for r in host):
-            state = torch.where(h[:, 3:4] >= 0, prev[1][h[:, 3].clamp(min=0)], state)
+        # the rule state only matters while some window decodes with timestamps: kept on the device only then
+        # (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)
+        state = h[:, 4:7] if any(s.job.with_timestamps for s in seqs) else None
+        if state is not None and prev is not None and any(r[3] >= 0 for r in host):
+            if prev[1] is None:  # cannot happen: a timestamp window in the last step made it keep its state
+                raise RuntimeError("a sequence needs rule state that the last step did not keep")
+            if same_rows and all(r[3] == i for i, r in enumerate(host)):
+                state = prev[1]
+            else:
+                state = torch.where(h[:, 3:4] >= 0, prev[1][h[:, 3].clamp(min=0)], state)
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
@@ -285,7 +296,7 @@ class ModelRunner:
         return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
 
     def _sample(
-        self, seqs: list[Sequence], logits: Tensor, state: Tensor, extra: Tensor | None, extra_rows: list[int],
+        self, seqs: list[Sequence], logits: Tensor, state: Tensor | None, extra: Tensor | None, extra_rows: list[int],
         keep: bool = False,
     ) -> StepOutput:
         """Rules and sampling, queued on the device; the tokens, their log-probabilities and `extra` (the no-speech
@@ -298,16 +309,18 @@ class ModelRunner:
         tokens, logprobs = sample(logits, temps, gens)
         if keep:
             sampled = [i for i, s in enumerate(seqs) if s.sampling]
-            if sampled:  # a sampled token becomes the last one; a timestamp also the last timestamp
-                rows = self._to_device(sampled)
-                tok, old = tokens[rows], state[rows]
+            if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp
+                every = len(sampled) == len(seqs)
+                rows = None if every else self._to_device(sampled)
+                tok, old = (tokens, state) if every else (tokens[rows], state[rows])
                 last_ts = torch.where(tok >= self.tokenizer.timestamp_begin, tok, old[:, 2])
-                state = state.index_copy(0, rows, torch.stack((tok, old[:, 0], last_ts), dim=1))
+                new = torch.stack((tok, old[:, 0], last_ts), dim=1)
+                state = new if every else state.index_copy(0, rows, new)
             self._prev = (tokens, state)
         parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
         return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows])
 
-    def _rules(self, seqs: list[Sequence], state: Tensor) -> StepRules:
+    def _rules(self, seqs: list[Sequence], state: Tensor | None) -> StepRules:
         """Row sets from the host's view of each sequence; the timestamp rules' inputs from `state` (rows of last
         token, second to last, last timestamp), which may still be on its way from the previous step."""
         first, eot, detect, ts_rows = [], [], [], []
