@@ -113,3 +113,35 @@ def test_stepwise_prompt_detects_the_language(base_engine, load_clip):
             assert fields(stepwise) == fields(prefill), name
     finally:
         engine.shutdown()
+
+
+def test_overlapped_steps_stop_at_the_context_limit(stepwise_tiny, tiny_engine, load_clip):
+    """A sequence ending at the decoder's context is found one step late: the extra step launched meanwhile must
+    stay inside the cache (position 447 at most) and the transcript must equal the one read step by step."""
+    options = DecodeOptions(without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=1000)
+    audio = load_clip("g1_en_jfk.flac")
+    overlapped = stepwise_tiny.submit(audio, options).wait(timeout=WAIT_S)
+    plain = tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
+    assert fields(overlapped) == fields(plain)
+    assert overlapped.num_tokens == stepwise_tiny.runner.n_text_ctx - 2  # <|startoftranscript|><|notimestamps|>
+
+
+def test_abort_while_a_step_is_in_flight(stepwise_tiny, tiny_engine, load_clip):
+    """Aborting a request whose next step is already launched: it fails as aborted, its slot is freed, and the
+    request decoding beside it is not disturbed."""
+    from engine.request import RequestAbortedError
+
+    long_audio, jfk = load_clip("g2_en_earnings22_4482311_3-62s.wav"), load_clip("g1_en_jfk.flac")
+    doomed = stepwise_tiny.submit(long_audio, DEFAULTS)
+    kept = stepwise_tiny.submit(jfk, DEFAULTS)
+    deadline = time.monotonic() + WAIT_S
+    while stepwise_tiny.stats().num_running < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)  # both decoding (the loop is then always one step ahead of what it has read)
+    doomed.abort()
+    with pytest.raises(RequestAbortedError):
+        doomed.wait(timeout=WAIT_S)
+    assert fields(kept.wait(timeout=WAIT_S)) == fields(tiny_engine.submit(jfk, DEFAULTS).wait(timeout=WAIT_S))
+    deadline = time.monotonic() + 10
+    while stepwise_tiny.stats().num_running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stepwise_tiny.stats().num_running == 0
