@@ -293,7 +293,7 @@ class ModelRunner:
         the host goes on preparing the rest of the step meanwhile."""
         if not self.on_gpu:
             return torch.tensor(values)
-        return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
+        return torch.tensor(values, pin_memory=True).to(self.device, non_blocking=True)
 
     def _sample(
         self, seqs: list[Sequence], logits: Tensor, state: Tensor | None, extra: Tensor | None, extra_rows: list[int],
