@@ -197,7 +197,8 @@ class ModelRunner:
         logits = self.model.decoder.logits(hidden[batch, last])
         sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
         no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech]
-        state = self._to_device([self._host_state(s) for s in seqs])
+        timestamps = any(s.job.with_timestamps for s in seqs)
+        state = self._to_device([self._host_state(s) for s in seqs]) if timestamps else None
         return self._sample(seqs, logits, state, no_speech, list(range(len(seqs)))).result()
 
     @torch.inference_mode()
@@ -213,22 +214,16 @@ class ModelRunner:
         h = self._to_device(host)
         positions = h[:, 1:2].contiguous()
         tokens = h[:, 0]
-        # steady state: every row's token (or state) is in the same row of the last step's output, taken as it is
-        same_rows = prev is not None and len(prev[0]) == len(seqs)
-        if prev is not None and all(r[2] == i for i, r in enumerate(host)) and same_rows:
-            tokens = prev[0]
-        elif prev is not None and any(r[2] >= 0 for r in host):
-            tokens = torch.where(tokens >= 0, tokens, prev[0][h[:, 2].clamp(min=0)])
+        if prev is not None:
+            rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
+            tokens = self._from_last_step(tokens, prev[0], rows, h[:, 0] == ON_DEVICE, h[:, 2])
         # the rule state only matters while some window decodes with timestamps: kept on the device only then
         # (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)
-        state = h[:, 4:7] if any(s.job.with_timestamps for s in seqs) else None
-        if state is not None and prev is not None and any(r[3] >= 0 for r in host):
+        state = h[:, 3:6] if any(s.job.with_timestamps for s in seqs) else None
+        if state is not None and prev is not None and any(r[2] >= 0 for r in host):
             if prev[1] is None:  # cannot happen: a timestamp window in the last step made it keep its state
                 raise RuntimeError("a sequence needs rule state that the last step did not keep")
-            if same_rows and all(r[3] == i for i, r in enumerate(host)):
-                state = prev[1]
-            else:
-                state = torch.where(h[:, 3:4] >= 0, prev[1][h[:, 3].clamp(min=0)], state)
+            state = self._from_last_step(state, prev[1], [r[2] for r in host], h[:, 2:3] >= 0, h[:, 2])
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
@@ -259,13 +254,22 @@ class ModelRunner:
         self._prev = None
 
     def _host_row(self, seq: Sequence, have_prev: bool) -> list[int]:
-        """[token or -1, position, row of the token in the last step or -1, row of the rule state or -1, state]."""
-        on_device = have_prev and seq.row is not None
-        token = seq.pending[0]
-        if token == ON_DEVICE and not on_device:
+        """[token or ON_DEVICE, position, its row in the last step or -1 (the host's values are exact), state]."""
+        row = seq.row if have_prev and seq.row is not None else -1
+        if seq.pending[0] == ON_DEVICE and row < 0:
             raise RuntimeError("a sequence waits for a token that no launched step holds")
-        state_row = seq.row if on_device else -1
-        return [token, seq.num_cached, state_row if token == ON_DEVICE else -1, state_row, *self._host_state(seq)]
+        return [seq.pending[0], seq.num_cached, row, *self._host_state(seq)]
+
+    @staticmethod
+    def _from_last_step(own: Tensor, last: Tensor, rows: list[int], take: Tensor, index: Tensor) -> Tensor:
+        """Per row the host's value (`own`) or, where `take`, row `index` of the last step's output `last`; `rows`
+        holds the same choice on the host (-1: own), so the common cases need no device work: no row moved (the
+        last output as it is) or none takes from it."""
+        if len(last) == len(rows) and all(r == i for i, r in enumerate(rows)):
+            return last
+        if all(r < 0 for r in rows):
+            return own
+        return torch.where(take, last[index.clamp(min=0)], own)
 
     def _host_state(self, seq: Sequence) -> tuple[int, int, int]:
         """What the timestamp rules need from a sequence's sampled tokens: last, second to last (-1: none) and the
@@ -308,7 +312,7 @@ class ModelRunner:
         gens = [s.job.transcription.generator if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens)
         if keep:
-            sampled = [i for i, s in enumerate(seqs) if s.sampling]
+            sampled = [i for i, s in enumerate(seqs) if s.sampling]  # rows whose token joins the sequence
             if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp
                 every = len(sampled) == len(seqs)
                 rows = None if every else self._to_device(sampled)
