@@ -32,14 +32,16 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 
 
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
-               stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None):
+               stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None,
+               encoder_precision: str = "model"):
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.request import DecodeOptions
 
     engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,
-                                 cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap))
+                                 cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap,
+                                 encoder_precision=encoder_precision))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=tokens,
@@ -130,6 +132,8 @@ def main() -> None:
                     help="the engine's cross_cache_dtype (int8: half the cross-attention bytes per step)")
     ap.add_argument("--overlap-steps", default="auto", choices=["auto", "on", "off"],
                     help="the engine's overlap_steps (on: each step launched before the previous one is read)")
+    ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"],
+                    help="the engine's encoder_precision (float8: e4m3 encoder products; transformers stays float16)")
     args = ap.parse_args()
     overlap = {"auto": None, "on": True, "off": False}[args.overlap_steps]
     if len(args.models) > 1:
@@ -143,7 +147,8 @@ def main() -> None:
     rows = []
     for model in args.models:
         ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
-                                               args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap)
+                                               args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
+                                               args.encoder_precision)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))

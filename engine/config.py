@@ -7,6 +7,7 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 CROSS_CACHE_DTYPES = ("auto", "model", "int8")
+ENCODER_PRECISIONS = ("model", "float8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,9 @@ class EngineConfig:
     # The cross-attention cache's element type: "model" (the weights' dtype), or "int8" with a bfloat16 scale per
     # vector (engine/int8_attention.py: half the bytes a decode step reads). auto = model_runner.default_int8_cross.
     cross_cache_dtype: str = "auto"
+    # The encoder's products: in the model's dtype, or "float8" (e4m3 with a scale per row; engine/fp8.py): faster
+    # on GPUs with FP8 tensor cores, at some cost in precision, so opt-in.
+    encoder_precision: str = "model"
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None
     # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
@@ -45,6 +49,8 @@ class EngineConfig:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.cross_cache_dtype not in CROSS_CACHE_DTYPES:
             raise ValueError(f"cross_cache_dtype must be one of {CROSS_CACHE_DTYPES}, got {self.cross_cache_dtype!r}")
+        if self.encoder_precision not in ENCODER_PRECISIONS:
+            raise ValueError(f"encoder_precision must be one of {ENCODER_PRECISIONS}, got {self.encoder_precision!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:

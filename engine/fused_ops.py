@@ -55,8 +55,48 @@ def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:
     rows = x.numel() // n
     out_x, out_h = torch.empty_like(x), torch.empty_like(x)
     block = triton.next_power_of_2(n)
-    _add_layer_norm[(rows,)](x, y, ln.weight, ln.bias, out_x, out_h, n, ln.eps, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+    _add_layer_norm[(rows,)](
+        x, y, ln.weight, ln.bias, out_x, out_h, out_h, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False
+    )
     return out_x, out_h
+
+
+def add_norm_fp8(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, Tensor]:
+    """add_norm with the normalized rows in float8 e4m3 and a float32 scale per row (rows, 1), ready for
+    torch._scaled_mm: the quantization costs no pass of its own (CUDA and Triton only)."""
+    assert _fused_norm_applies(x, y), "add_norm_fp8 needs two contiguous CUDA tensors of one shape"
+    n = x.shape[-1]
+    rows = x.numel() // n
+    out_x = torch.empty_like(x)
+    out_h = torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(n)
+    _add_layer_norm[(rows,)](
+        x, y, ln.weight, ln.bias, out_x, out_h, scale, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=True
+    )
+    return out_x, out_h, scale
+
+
+def quantize_rows(x: Tensor, gelu: bool = False) -> tuple[Tensor, Tensor]:
+    """(rows of x in float8 e4m3, float32 scale per row); x is (rows, n) contiguous or an attention output
+    (batch, time, heads, head_dim) as the transposed view SDPA returns (read in place). gelu: of x, first."""
+    if x.dim() == 2:
+        x = x[None, :, None, :]
+    b, t, heads, head_dim = x.shape
+    assert x.stride(3) == 1
+    rows, n = b * t, heads * head_dim
+    out = torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(n)
+    _quantize_rows[(rows,)](
+        x, out, scale, n, t, x.stride(0), x.stride(1), x.stride(2), head_dim,
+        BLOCK=block, GELU=gelu, num_warps=_warps(block),
+    )  # fmt: skip
+    return out, scale
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 1024 else 8
 
 
 def linear(proj: nn.Linear, x: Tensor) -> Tensor:
@@ -87,7 +127,14 @@ def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
 if triton is not None:
 
     @triton.jit
-    def _add_layer_norm(X, Y, W, B, OUT_X, OUT_H, N, eps, BLOCK: tl.constexpr):
+    def _store_fp8_row(OUT, SCALE, row, cols, v, valid):
+        # one row in float8 e4m3 with its own scale (amax / 448, the format's largest value), for torch._scaled_mm
+        scale = tl.maximum(tl.max(tl.where(valid, tl.abs(v), 0.0), axis=0), 1e-12) / 448.0
+        tl.store(OUT + cols, (v / scale).to(OUT.dtype.element_ty), mask=valid)
+        tl.store(SCALE + row, scale)
+
+    @triton.jit
+    def _add_layer_norm(X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         valid = cols < N
@@ -102,7 +149,27 @@ if triton is not None:
         rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / N + eps)
         w = tl.load(W + cols, mask=valid, other=0.0).to(tl.float32)
         b = tl.load(B + cols, mask=valid, other=0.0).to(tl.float32)
-        tl.store(OUT_H + row * N + cols, (d * rstd * w + b).to(OUT_H.dtype.element_ty), mask=valid)
+        h = d * rstd * w + b
+        if FP8:
+            _store_fp8_row(OUT_H + row * N, H_SCALE, row, cols, h, valid)
+        else:
+            tl.store(OUT_H + row * N + cols, h.to(OUT_H.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _quantize_rows(
+        X, OUT, SCALE, N, T, stride_b, stride_t, stride_head, head_dim, BLOCK: tl.constexpr, GELU: tl.constexpr
+    ):
+        # row (b, t) of N values laid out as heads of head_dim, stride_head apart: an attention output is read
+        # through its (batch, time, heads, dim) view without a copy; GELU (exact, erf) first for an MLP's product
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        valid = cols < N
+        base = (row // T) * stride_b + (row % T) * stride_t
+        v = tl.load(X + base + (cols // head_dim) * stride_head + cols % head_dim, mask=valid, other=0.0)
+        v = v.to(tl.float32)
+        if GELU:
+            v = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+        _store_fp8_row(OUT + row * N, SCALE, row, cols, v, valid)
 
     @triton.jit
     def _one_row(X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

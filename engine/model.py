@@ -9,7 +9,8 @@ from torch import Tensor, nn
 from . import decode_attention
 from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
-from .fused_ops import add_norm, linear, linear_gelu
+from .fp8 import Fp8Linear
+from .fused_ops import add_norm, add_norm_fp8, linear, linear_gelu, quantize_rows
 from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
 
@@ -98,6 +99,21 @@ class AudioEncoder(nn.Module):
             ResidualAttentionBlock(dims.n_audio_state, dims.n_audio_head) for _ in range(dims.n_audio_layer)
         )
         self.ln_post = nn.LayerNorm(dims.n_audio_state)
+        self.fp8: nn.ModuleList | None = None  # the blocks' products in float8 (use_fp8)
+
+    def use_fp8(self) -> None:
+        """Run the blocks' products in float8 from now on (engine/fp8.py); their float16 weights are freed."""
+        products = []
+        for block in self.blocks:
+            attn, mlp = block.attn, block.mlp
+            products.append(nn.ModuleDict({
+                "qkv": Fp8Linear.fuse([attn.query, attn.key, attn.value]),
+                "out": Fp8Linear(attn.out.weight, attn.out.bias),
+                "fc1": Fp8Linear(mlp[0].weight, mlp[0].bias),
+                "fc2": Fp8Linear(mlp[2].weight, mlp[2].bias),
+            }))  # fmt: skip
+            del attn.query, attn.key, attn.value, attn.out, block.mlp
+        self.fp8 = nn.ModuleList(products)
 
     def forward(self, mel: Tensor) -> Tensor:
         """mel : (batch, n_mels, 3000) -> (batch, n_audio_ctx, n_audio_state)"""
@@ -107,6 +123,8 @@ class AudioEncoder(nn.Module):
         # 49 ms went to slow strided adds and the copies before each linear)
         x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
         x = x + self.positional_embedding
+        if self.fp8 is not None:
+            return self._blocks_fp8(x)
         # each residual add is fused with the layer norm after it (engine/fused_ops.py), the last with ln_post
         h = norm(self.blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in list(self.blocks)[1:]] + [self.ln_post]
@@ -114,6 +132,25 @@ class AudioEncoder(nn.Module):
             x, h = add_norm(x, block.attn(h), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h), next_norm)
         return h
+
+    def _blocks_fp8(self, x: Tensor) -> Tensor:
+        """The blocks with float8 products: every product's input is quantized by the kernel that makes it (the
+        add + norms, the GELU, the attention output's read), so the float8 path adds no pass over the rows."""
+        b, t, n = x.shape
+        heads = self.blocks[0].attn.n_head
+        h, h_scale = quantize_rows(norm(self.blocks[0].attn_ln, x).view(b * t, n))
+        last = len(self.blocks) - 1
+        for i, (block, p) in enumerate(zip(self.blocks, self.fp8)):
+            q, k, v = p["qkv"](h, h_scale).view(b, t, 3, heads, n // heads).unbind(2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            o, o_scale = quantize_rows(o.transpose(1, 2))
+            x, h, h_scale = add_norm_fp8(x, p["out"](o, o_scale).view(b, t, n), block.mlp_ln)
+            f, f_scale = quantize_rows(p["fc1"](h, h_scale), gelu=True)
+            y = p["fc2"](f, f_scale).view(b, t, n)
+            if i == last:
+                return add_norm(x, y, self.ln_post)[1]
+            x, h, h_scale = add_norm_fp8(x, y, self.blocks[i + 1].attn_ln)
+        raise AssertionError("an encoder has blocks")
 
 
 class TextDecoder(nn.Module):

@@ -14,7 +14,7 @@ from .config import EngineConfig
 from .cpu_memory import keep_freed_memory
 from .cuda_graphs import KV_BUCKET, GraphRunner
 from .dims import DUMMY_DIMS
-from . import cpu_kernels, int8_attention
+from . import cpu_kernels, fp8, int8_attention
 from .features import LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
@@ -138,6 +138,12 @@ class ModelRunner:
         model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
         model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         on_cpu = self.device.type == "cpu"
+        if self.config.encoder_precision == "float8":
+            why = fp8.unsupported_reason(self.device, self.dtype)
+            if why is not None:
+                raise ValueError(f"encoder_precision float8: {why}; use encoder_precision model")
+            model.encoder.use_fp8()
+            torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
         model.decoder.fuse_qkv(input_major=on_cpu)
         if on_cpu:
             model.decoder.prepare_for_cpu(cpu_kernels.load() if self.dtype == torch.float32 else None)

@@ -25,3 +25,17 @@ def test_linear_gelu_on_cpu_is_exact_gelu():
     x = torch.randn(3, 64, generator=gen) * 3
     with torch.no_grad():
         assert torch.equal(linear_gelu(proj, x), F.gelu(proj(x)))
+
+
+def test_float8_encoder_is_refused_where_it_cannot_run():
+    import pytest
+
+    from engine import fp8
+    from engine.config import EngineConfig
+    from engine.model_runner import ModelRunner
+
+    assert "CUDA" in fp8.unsupported_reason(torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="encoder_precision"):
+        EngineConfig(encoder_precision="float4")
+    with pytest.raises(ValueError, match="encoder_precision float8: .*CUDA GPU"):
+        ModelRunner(EngineConfig(model="tiny.en", device="cpu", encoder_precision="float8"))
