@@ -32,6 +32,7 @@ KINDS = (
     ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet")),
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
     ("copy/index", ("copy", "index", "scatter", "gather", "cat")),
+    ("quantize", ("quantize",)),
     ("norm", ("norm",)),
     ("elementwise", ("elementwise", "vectorized")),
     ("reduce/softmax", ("reduce", "softmax", "argmax")),
@@ -52,10 +53,11 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="also print the engine loop's phases for one window")
     ap.add_argument("--host-concurrency", type=int, default=1, help="windows per request batch for --host")
     ap.add_argument("--top", type=int, default=0, help="also list the N kernels with the most GPU time")
+    ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"])
     args = ap.parse_args()
 
     engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
-                                 tokenizer=args.tokenizer))
+                                 tokenizer=args.tokenizer, encoder_precision=args.encoder_precision))
     engine.start()
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=args.tokens,
                             no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)
