@@ -7,7 +7,7 @@ Prints GPU microseconds per call (20 calls captured in a CUDA graph, as the engi
 launch path would otherwise be what is timed at small batches), the bytes each reads and the bandwidth that
 makes, and the int8 kernel's speed-up; then the quantization of one layer's keys for 32 windows, the separate
 torch ops against the one kernel the engine uses. --sweep also times the kernel's block size and warp count
-choices (int8_attention.BLOCK_N, NUM_WARPS) so the defaults can be checked on a new card.
+choices (int8_attention.BLOCK_N, NUM_WARPS, NUM_STAGES) so the defaults can be checked on a new card.
 """
 
 from __future__ import annotations
@@ -69,15 +69,17 @@ def main() -> None:
         print(f"| {b} | {fp16:.1f} | {bytes16 / fp16 / 1e6:.2f} | {int8:.1f} | {bytes8 / int8 / 1e6:.2f} | "
               f"{fp16 / int8:.2f}x | {splits} |")  # fmt: skip
         if args.sweep:
-            default = (int8_attention.BLOCK_N, int8_attention.NUM_WARPS)
+            default = (int8_attention.BLOCK_N, int8_attention.NUM_WARPS, int8_attention.NUM_STAGES)
             cells = []
             for block in (16, 32, 64, 128):
                 for warps in (2, 4, 8):
-                    int8_attention.BLOCK_N, int8_attention.NUM_WARPS = block, warps
-                    t = time_us(lambda: int8_attention.int8_attention(q, kq[:b], ks[:b], vq[:b], vs[:b]))
-                    cells.append(f"{block}/{warps}: {t:.1f}")
-            int8_attention.BLOCK_N, int8_attention.NUM_WARPS = default
-            print(f"|   sweep {b} (block/warps: us) | " + ", ".join(cells) + " |")
+                    for stages in (1, 2, 3, 4):
+                        int8_attention.BLOCK_N, int8_attention.NUM_WARPS, int8_attention.NUM_STAGES = block, warps, stages
+                        t = time_us(lambda: int8_attention.int8_attention(q, kq[:b], ks[:b], vq[:b], vs[:b]))
+                        cells.append((t, f"{block}/{warps}/{stages}: {t:.1f}"))
+            int8_attention.BLOCK_N, int8_attention.NUM_WARPS, int8_attention.NUM_STAGES = default
+            cells.sort()
+            print(f"|   sweep {b} (block/warps/stages: us, fastest first) | " + ", ".join(c for _, c in cells[:12]) + " |")
     x = torch.randn(32, n, h * d, device=dev, dtype=torch.float16).view(32, n, h, d).transpose(1, 2)
     values = torch.zeros(32, h, n, d, dtype=torch.int8, device=dev)
     scale = torch.zeros(32, h, n, dtype=int8_attention.SCALE_DTYPE, device=dev)

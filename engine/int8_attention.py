@@ -32,6 +32,7 @@ QMAX = 127.0
 SCALE_DTYPE = torch.bfloat16
 BLOCK_N = 32  # keys per block (H200: 32 and 64 with 4 warps were the fastest of 32-128 x 2-4 warps)
 NUM_WARPS = 4
+NUM_STAGES = 3  # Triton's default software pipelining depth of the key loop
 MAX_SPLITS = 16
 QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
@@ -110,7 +111,7 @@ def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
         *q.stride()[:3], *k.stride()[:3], *k_scale.stride()[:2], *v.stride()[:3], *v_scale.stride()[:2],
         *out.stride()[:3],
         h, t, n, keys_per_split, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, num_warps=NUM_WARPS,
+        HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
         _combine_splits[(rows,)](m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, num_warps=1)
