@@ -1,0 +1,73 @@
+"""The encoder alone on a GPU, float16 products against float8 ones (engine/fp8.py), dummy weights.
+
+    python benchmarks/gpu_encoder.py [--model large-v3] [--batch 1 8 32] [--repeats 5]
+
+Prints milliseconds per encoder pass and per window for each batch size, both precisions, in one process (the
+same weights, quantized after the float16 runs), and the float8 output's relative error against float16 on the
+same random input. Eager passes timed with CUDA events after two warm-ups; the engine replays them as graphs,
+which for batches this large changes little. Quality on real speech is tests/gpu/test_fp8_encoder.py's job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.dims import DUMMY_DIMS  # noqa: E402
+from engine.fp8 import unsupported_reason  # noqa: E402
+from engine.model import AudioEncoder  # noqa: E402
+from engine.weights import dummy_state_dict  # noqa: E402
+
+
+def time_ms(encoder: AudioEncoder, mel: torch.Tensor, repeats: int) -> float:
+    with torch.inference_mode():
+        for _ in range(2):
+            encoder(mel)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            encoder(mel)
+        end.record()
+        torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="large-v3", choices=sorted(DUMMY_DIMS))
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 8, 32])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    if why := unsupported_reason(device, torch.float16):
+        sys.exit(why)
+    dims = DUMMY_DIMS[args.model]
+    state = dummy_state_dict(dims, dtype=torch.float16, device=device)
+    prefix = "encoder."
+    with torch.device("meta"):
+        encoder = AudioEncoder(dims)
+    encoder.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, assign=True)
+    encoder = encoder.to(device).eval()
+    gen = torch.Generator(device).manual_seed(0)
+    mels = {b: torch.randn(b, dims.n_mels, 3000, device=device, generator=gen, dtype=torch.float16) for b in args.batch}
+    half = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
+    with torch.inference_mode():
+        reference = encoder(mels[args.batch[0]]).float()
+        encoder.use_fp8()
+        torch.cuda.empty_cache()
+        error = (encoder(mels[args.batch[0]]).float() - reference).norm() / reference.norm()
+    eight = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
+    print(f"{torch.cuda.get_device_name()}, {args.model} encoder, dummy weights; float8 output vs float16: "
+          f"relative error {error.item():.4f}")  # fmt: skip
+    print("| batch | float16 ms | float8 ms | float16 ms per window | float8 ms per window | float8 / float16 |")
+    print("|---|---|---|---|---|---|")
+    for b in args.batch:
+        print(f"| {b} | {half[b]:.1f} | {eight[b]:.1f} | {half[b] / b:.2f} | {eight[b] / b:.2f} | {eight[b] / half[b]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
