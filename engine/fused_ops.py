@@ -21,6 +21,10 @@ matrix-vector product: cuBLAS takes ~4.9 us for large-v3's 1,280 x 1,280 product
 each program 4 output features and streams the weight in 256-wide chunks takes 2.9 us (H200, each weight read from
 HBM, not L2; BENCHMARKS.md, seventh session); three such products per decoder layer. Larger weights
 (the 3,840-wide QKV, the MLP) gained <10% in that measurement and stay with cuBLAS, as do two or more rows.
+
+For the float8 encoder (engine/fp8.py) the products' inputs are quantized by the kernels that make them:
+`add_norm_fp8` writes the normalized rows in e4m3 with a float32 scale per row, and `quantize_rows` does the same
+for the MLP's GELU (applied to its first product's output) and for the attention output, read in place.
 """
 
 from __future__ import annotations
