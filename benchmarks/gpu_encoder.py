@@ -1,6 +1,6 @@
 """The encoder alone on a GPU, float16 products against float8 ones (engine/fp8.py), dummy weights.
 
-    python benchmarks/gpu_encoder.py [--model large-v3] [--batch 1 8 32] [--repeats 5]
+    python benchmarks/gpu_encoder.py [--model large-v3] [--batch 1 8 32] [--repeats 5] [--model-dtype-blocks N]
 
 Prints milliseconds per encoder pass and per window for each batch size, both precisions, in one process (the
 same weights, quantized after the float16 runs), and the float8 output's relative error against float16 on the
@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.dims import DUMMY_DIMS  # noqa: E402
-from engine.fp8 import unsupported_reason  # noqa: E402
+from engine.fp8 import MODEL_DTYPE_BLOCKS, unsupported_reason  # noqa: E402
 from engine.model import AudioEncoder  # noqa: E402
 from engine.weights import dummy_state_dict  # noqa: E402
 
@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--model", default="large-v3", choices=sorted(DUMMY_DIMS))
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model-dtype-blocks", type=int, default=MODEL_DTYPE_BLOCKS,
+                    help="first blocks kept in float16 (the engine's choice by default)")
     args = ap.parse_args()
     device = torch.device("cuda")
     if why := unsupported_reason(device, torch.float16):
@@ -57,12 +59,12 @@ def main() -> None:
     half = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
     with torch.inference_mode():
         reference = encoder(mels[args.batch[0]]).float()
-        encoder.use_fp8()
+        encoder.use_fp8(args.model_dtype_blocks)
         torch.cuda.empty_cache()
         error = (encoder(mels[args.batch[0]]).float() - reference).norm() / reference.norm()
     eight = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
-    print(f"{torch.cuda.get_device_name()}, {args.model} encoder, dummy weights; float8 output vs float16: "
-          f"relative error {error.item():.4f}")  # fmt: skip
+    print(f"{torch.cuda.get_device_name()}, {args.model} encoder, dummy weights, first {encoder.fp8_start} blocks "
+          f"in float16; float8 output vs float16: relative error {error.item():.4f}")  # fmt: skip
     print("| batch | float16 ms | float8 ms | float16 ms per window | float8 ms per window | float8 / float16 |")
     print("|---|---|---|---|---|---|")
     for b in args.batch:

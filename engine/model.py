@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from . import decode_attention
 from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
-from .fp8 import Fp8Linear
+from .fp8 import MODEL_DTYPE_BLOCKS, Fp8Linear
 from .fused_ops import add_norm, add_norm_fp8, linear, linear_gelu, quantize_rows
 from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
@@ -99,12 +99,15 @@ class AudioEncoder(nn.Module):
             ResidualAttentionBlock(dims.n_audio_state, dims.n_audio_head) for _ in range(dims.n_audio_layer)
         )
         self.ln_post = nn.LayerNorm(dims.n_audio_state)
-        self.fp8: nn.ModuleList | None = None  # the blocks' products in float8 (use_fp8)
+        self.fp8: nn.ModuleList | None = None  # the products of blocks fp8_start.. in float8 (use_fp8)
+        self.fp8_start = 0
 
-    def use_fp8(self) -> None:
-        """Run the blocks' products in float8 from now on (engine/fp8.py); their float16 weights are freed."""
+    def use_fp8(self, model_dtype_blocks: int = MODEL_DTYPE_BLOCKS) -> None:
+        """Run the products of all blocks but the first `model_dtype_blocks` in float8 from now on (engine/fp8.py);
+        their float16 weights are freed."""
+        self.fp8_start = min(model_dtype_blocks, len(self.blocks))
         products = []
-        for block in self.blocks:
+        for block in list(self.blocks)[self.fp8_start :]:
             attn, mlp = block.attn, block.mlp
             products.append(nn.ModuleDict({
                 "qkv": Fp8Linear.fuse([attn.query, attn.key, attn.value]),
@@ -123,33 +126,33 @@ class AudioEncoder(nn.Module):
         # 49 ms went to slow strided adds and the copies before each linear)
         x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
         x = x + self.positional_embedding
-        if self.fp8 is not None:
-            return self._blocks_fp8(x)
+        blocks = list(self.blocks)
+        end = len(blocks) if self.fp8 is None else self.fp8_start  # blocks in the model's dtype
         # each residual add is fused with the layer norm after it (engine/fused_ops.py), the last with ln_post
-        h = norm(self.blocks[0].attn_ln, x)
-        next_norms = [block.attn_ln for block in list(self.blocks)[1:]] + [self.ln_post]
-        for block, next_norm in zip(self.blocks, next_norms):
+        h = norm(blocks[0].attn_ln, x)
+        next_norms = [block.attn_ln for block in blocks[1:]] + [self.ln_post]
+        for block, next_norm in zip(blocks[:end], next_norms[:end]):
             x, h = add_norm(x, block.attn(h), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h), next_norm)
-        return h
+        return h if end == len(blocks) else self._blocks_fp8(x, h, blocks)
 
-    def _blocks_fp8(self, x: Tensor) -> Tensor:
-        """The blocks with float8 products: every product's input is quantized by the kernel that makes it (the
-        add + norms, the GELU, the attention output's read), so the float8 path adds no pass over the rows."""
+    def _blocks_fp8(self, x: Tensor, h: Tensor, blocks: list[ResidualAttentionBlock]) -> Tensor:
+        """The blocks from fp8_start on, with float8 products: every product's input is quantized by the kernel
+        that makes it (the add + norms, the GELU, the attention output's read), so float8 adds no pass over the
+        rows. x is the residual stream entering block fp8_start, h its normalized copy."""
         b, t, n = x.shape
-        heads = self.blocks[0].attn.n_head
-        h, h_scale = quantize_rows(norm(self.blocks[0].attn_ln, x).view(b * t, n))
-        last = len(self.blocks) - 1
-        for i, (block, p) in enumerate(zip(self.blocks, self.fp8)):
+        heads = blocks[0].attn.n_head
+        h, h_scale = quantize_rows(h.view(b * t, n))
+        for i, p in enumerate(self.fp8, start=self.fp8_start):
             q, k, v = p["qkv"](h, h_scale).view(b, t, 3, heads, n // heads).unbind(2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             o, o_scale = quantize_rows(o.transpose(1, 2))
-            x, h, h_scale = add_norm_fp8(x, p["out"](o, o_scale).view(b, t, n), block.mlp_ln)
+            x, h, h_scale = add_norm_fp8(x, p["out"](o, o_scale).view(b, t, n), blocks[i].mlp_ln)
             f, f_scale = quantize_rows(p["fc1"](h, h_scale), gelu=True)
             y = p["fc2"](f, f_scale).view(b, t, n)
-            if i == last:
+            if i == len(blocks) - 1:
                 return add_norm(x, y, self.ln_post)[1]
-            x, h, h_scale = add_norm_fp8(x, y, self.blocks[i + 1].attn_ln)
+            x, h, h_scale = add_norm_fp8(x, y, blocks[i + 1].attn_ln)
         raise AssertionError("an encoder has blocks")
 
 

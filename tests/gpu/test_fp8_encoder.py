@@ -92,9 +92,9 @@ def test_fp8_encoder_stays_close_to_float16_on_speech(engines, gpu_clips, read_w
     cos = F.cosine_similarity(ours.flatten(0, 1), ref.flatten(0, 1), dim=-1)
     print(f"\nfloat8 encoder: relative error {err:.4f}, frame cosine p1 {cos.quantile(0.01).item():.4f}, "
           f"worst {cos.min().item():.4f}")  # fmt: skip
-    # tiny.en on six clips: 7-9% relative error, 99% of frames above 0.988; a handful of frames per window
-    # (out of 1,500) come out far off (cosine down to -0.2), and transcripts are unaffected (the test below)
-    assert err < 0.12 and cos.quantile(0.01).item() > 0.98
+    # with every block in float8: 8.9% and 0.989 here, a few frames far off (worst -0.14); the first blocks in
+    # float16 (engine/fp8.py) bring the CPU emulation of these products to ~4% and 0.998 (tests/engine)
+    assert err < 0.07 and cos.quantile(0.01).item() > 0.995
     assert eight.graphs.stats.encoder_replays > 0
     assert torch.allclose(replayed, ours, rtol=1e-3, atol=1e-3)
 
