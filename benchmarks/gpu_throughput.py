@@ -7,11 +7,17 @@ window (EOS ignored, so both systems do the same work). RTFx = seconds of audio 
 engine also the time to first token (TTFT) of each request, from submission to its first decoded token, as p50
 and p90 over the requests of a concurrency level: all of them are submitted at once, so later ones wait for the
 encoder batches ahead of them while earlier ones decode. Both systems run each concurrency once untimed first.
+
+--closed-loop R also runs the engine as benchmarks/http_load.py drives a server, without HTTP: the largest
+concurrency's number of clients, each submitting its next request when the last one is done, R requests in all.
+Its RTFx against the all-at-once figure shows what the arrival pattern alone costs; against http_load's, what
+HTTP costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import statistics
 import subprocess
@@ -33,7 +39,7 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
                stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None,
-               encoder_precision: str = "model"):
+               encoder_precision: str = "model", closed_loop: int = 0):
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.request import DecodeOptions
@@ -65,6 +71,11 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
             assert engine.num_tokens - before == c * tokens, (engine.num_tokens - before, c * tokens)
         results[c] = statistics.median(times)
         ttfts[c] = (statistics.median(ttft), float(np.percentile(ttft, 90)))
+    if closed_loop:
+        c = max(concurrency)
+        wall = asyncio.run(run_closed_loop(engine, audio, options, c, closed_loop))
+        print(f"{model}: closed loop, {c} clients, {closed_loop} requests: {wall:.2f} s, "
+              f"RTFx {closed_loop * WINDOW_S / wall:.0f} (all {c} at once: {c * WINDOW_S / results[c]:.0f})", flush=True)
     stats = engine.runner.graphs.stats if engine.runner.graphs else None
     slots = engine.runner.num_slots
     engine.shutdown()
@@ -72,6 +83,21 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
     gc.collect()
     torch.cuda.empty_cache()
     return results, ttfts, stats, slots
+
+
+async def run_closed_loop(engine, audio: np.ndarray, options, clients: int, total: int) -> float:
+    """Seconds for `total` requests from `clients` clients that each send their next request when the last is done."""
+    remaining = total
+
+    async def client() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await engine.submit(audio, options).result()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return time.perf_counter() - start
 
 
 def run_transformers(model: str, concurrency: list[int], tokens: int, repeats: int):
@@ -132,6 +158,9 @@ def main() -> None:
                     help="the engine's cross_cache_dtype (int8: half the cross-attention bytes per step)")
     ap.add_argument("--overlap-steps", default="auto", choices=["auto", "on", "off"],
                     help="the engine's overlap_steps (on: each step launched before the previous one is read)")
+    ap.add_argument("--closed-loop", type=int, default=0, metavar="R",
+                    help="also R requests from as many clients as the largest concurrency, each sending its next "
+                         "when the last is done (http_load's pattern, without HTTP)")
     ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"],
                     help="the engine's encoder_precision (float8: e4m3 encoder products; transformers stays float16)")
     args = ap.parse_args()
@@ -148,7 +177,7 @@ def main() -> None:
     for model in args.models:
         ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
                                                args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
-                                               args.encoder_precision)
+                                               args.encoder_precision, args.closed_loop)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))
