@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -222,14 +223,14 @@ class ModelRunner:
         tokens = h[:, 0]
         if prev is not None:
             rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
-            tokens = self._from_last_step(tokens, prev[0], rows, h[:, 0] == ON_DEVICE, h[:, 2])
+            tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
         # the rule state only matters while some window decodes with timestamps: kept on the device only then
         # (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)
         state = h[:, 3:6] if any(s.job.with_timestamps for s in seqs) else None
         if state is not None and prev is not None and any(r[2] >= 0 for r in host):
             if prev[1] is None:  # cannot happen: a timestamp window in the last step made it keep its state
                 raise RuntimeError("a sequence needs rule state that the last step did not keep")
-            state = self._from_last_step(state, prev[1], [r[2] for r in host], h[:, 2:3] >= 0, h[:, 2])
+            state = self._from_last_step(state, prev[1], [r[2] for r in host], lambda: h[:, 2:3] >= 0, h[:, 2])
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
@@ -267,15 +268,18 @@ class ModelRunner:
         return [seq.pending[0], seq.num_cached, row, *self._host_state(seq)]
 
     @staticmethod
-    def _from_last_step(own: Tensor, last: Tensor, rows: list[int], take: Tensor, index: Tensor) -> Tensor:
-        """Per row the host's value (`own`) or, where `take`, row `index` of the last step's output `last`; `rows`
-        holds the same choice on the host (-1: own), so the common cases need no device work: no row moved (the
-        last output as it is) or none takes from it."""
+    def _from_last_step(
+        own: Tensor, last: Tensor, rows: list[int], take: Callable[[], Tensor], index: Tensor
+    ) -> Tensor:
+        """Per row the host's value (`own`) or, where the mask `take()` holds, row `index` of the last step's output
+        `last`; `rows` holds the same choice on the host (-1: own), so the common cases need no device work: no row
+        moved (the last output as it is) or none takes from it. The mask is built only when it is needed (each
+        small eager operation costs ~10 us of host time, and a small model's step is host-bound)."""
         if len(last) == len(rows) and all(r == i for i, r in enumerate(rows)):
             return last
         if all(r < 0 for r in rows):
             return own
-        return torch.where(take, last[index.clamp(min=0)], own)
+        return torch.where(take(), last[index.clamp(min=0)], own)
 
     def _host_state(self, seq: Sequence) -> tuple[int, int, int]:
         """What the timestamp rules need from a sequence's sampled tokens: last, second to last (-1: none) and the
