@@ -22,6 +22,11 @@ each program 4 output features and streams the weight in 256-wide chunks takes 2
 HBM, not L2; BENCHMARKS.md, seventh session); three such products per decoder layer. Larger weights
 (the 3,840-wide QKV, the MLP) gained <10% in that measurement and stay with cuBLAS, as do two or more rows.
 
+A lone sequence's decode step also runs each sub-layer's residual add, layer norm and first product in one
+kernel (`add_norm_linear`, one row, half precision): every program recomputes the row's sum and norm statistics
+(1,280 values, cheap against its share of the weight) and program 0 writes the new residual stream, so the
+three kernels between two sub-layers (product, add + norm, product) become two, and the MLP's GELU rides along.
+
 For the float8 encoder (engine/fp8.py) the products' inputs are quantized by the kernels that make them:
 `add_norm_fp8` writes the normalized rows in e4m3 with a float32 scale per row, and `quantize_rows` does the same
 for the MLP's GELU (applied to its first product's output) and for the attention output, read in place.
@@ -41,6 +46,8 @@ except ImportError:  # CPU-only installs: the torch operations below are used
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 ONE_ROW_MAX_WEIGHT = 2**21  # elements: large-v3's 1,280 x 1,280 products qualify, its QKV and MLP do not
+NORM_PRODUCT = True  # add_norm_linear for a lone sequence's step (False: the separate kernels, for A/B runs)
+NORM_PRODUCT_FEATURES = 4  # output features per program of add_norm_linear (H200: 4 beat 8 and 16 on all three shapes)
 
 
 def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
@@ -131,13 +138,56 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
     return out
 
 
+def norm_product_applies(x: Tensor, weight: Tensor) -> bool:
+    """add_norm_linear's kernel runs for one half-precision row on a GPU (x: (1, 1, n) contiguous) whose width is
+    a multiple of 128, against a contiguous weight of the same dtype."""
+    n = x.shape[-1]
+    return (
+        NORM_PRODUCT and triton is not None and x.is_cuda and x.numel() == n and n % 128 == 0
+        and x.dtype in HALF_DTYPES and weight.dtype == x.dtype and weight.is_contiguous() and x.is_contiguous()
+        and weight.shape[1] == n and weight.shape[0] % NORM_PRODUCT_FEATURES == 0
+    )  # fmt: skip
+
+
+def add_norm_linear(
+    x: Tensor, y: Tensor | None, ln: nn.LayerNorm, weight: Tensor, bias: Tensor, gelu: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(x + y, f(ln(x + y) @ weight.T + bias)) with f GELU's tanh form (as linear_gelu's epilogue) or identity;
+    y None: (x, f(ln(x) @ weight.T + bias)). One kernel where norm_product_applies, else add_norm and a product
+    (the reference the GPU test compares the kernel against)."""
+    if not norm_product_applies(x, weight):
+        h = norm(ln, x) if y is None else None
+        if y is not None:
+            x, h = add_norm(x, y, ln)
+        return x, (_linear_gelu(h, weight, bias) if gelu else F.linear(h, weight, bias))
+    n = x.shape[-1]
+    features = weight.shape[0]
+    out_x = torch.empty_like(x) if y is not None else x
+    out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
+    _add_norm_product[(features // NORM_PRODUCT_FEATURES,)](
+        x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, n, ln.eps,
+        BLOCK=triton.next_power_of_2(n), BLOCK_N=NORM_PRODUCT_FEATURES, BLOCK_K=256 if n % 256 == 0 else 128,
+        ADD=y is not None, GELU=gelu, num_warps=4,
+    )  # fmt: skip
+    return out_x, out
+
+
+def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    """ln(x) without nn.Module.__call__, whose dispatch the decode step would pay ~40 times (see TextDecoder)."""
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
 def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
     """gelu(proj(x)); on a GPU in half precision, one cuBLASLt product with the bias and GELU in its epilogue."""
-    if x.is_cuda and x.dtype in HALF_DTYPES and proj.bias is not None:
+    return _linear_gelu(x, proj.weight, proj.bias)
+
+
+def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    if x.is_cuda and x.dtype in HALF_DTYPES and bias is not None:
         rows = x.reshape(-1, x.shape[-1])
-        out = torch._addmm_activation(proj.bias, rows, proj.weight.t(), use_gelu=True)
+        out = torch._addmm_activation(bias, rows, weight.t(), use_gelu=True)
         return out.view(*x.shape[:-1], out.shape[-1])
-    return F.gelu(F.linear(x, proj.weight, proj.bias))
+    return F.gelu(F.linear(x, weight, bias))
 
 
 if triton is not None:
@@ -186,6 +236,41 @@ if triton is not None:
         if GELU:  # tanh form, as cuBLASLt's epilogue in the float16 path: erf made this kernel 1.9x slower
             v = v / (1.0 + tl.exp(-1.5957691216057308 * (v + 0.044715 * v * v * v)))
         _store_fp8_row(OUT + row * N, SCALE, row, cols, v, valid)
+
+    @triton.jit
+    def _add_norm_product(
+        X, Y, LN_W, LN_B, W, BIAS, OUT_X, OUT, K: tl.constexpr, eps,
+        BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ADD: tl.constexpr, GELU: tl.constexpr,
+    ):  # fmt: skip
+        # the row's sum and its norm statistics, as _add_layer_norm computes them (every program, from L2)
+        cols = tl.arange(0, BLOCK)
+        valid = cols < K
+        s = tl.load(X + cols, mask=valid, other=0.0).to(tl.float32)
+        if ADD:
+            s = (s + tl.load(Y + cols, mask=valid, other=0.0).to(tl.float32)).to(OUT_X.dtype.element_ty)
+            if tl.program_id(0) == 0:
+                tl.store(OUT_X + cols, s, mask=valid)
+            s = s.to(tl.float32)
+        mean = tl.sum(s, axis=0) / K
+        d = tl.where(valid, s - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / K + eps)
+        # then BLOCK_N output features against the normalized row, rebuilt chunk by chunk and rounded to the
+        # weight's dtype as the separate kernels' stored row is
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kc = k0 + tl.arange(0, BLOCK_K)
+            v = tl.load(X + kc).to(tl.float32)
+            if ADD:
+                v = (v + tl.load(Y + kc).to(tl.float32)).to(OUT_X.dtype.element_ty).to(tl.float32)
+            h = (v - mean) * rstd * tl.load(LN_W + kc).to(tl.float32) + tl.load(LN_B + kc).to(tl.float32)
+            h = h.to(W.dtype.element_ty).to(tl.float32)
+            w = tl.load(W + rows[:, None] * K + kc[None, :]).to(tl.float32)
+            acc += tl.sum(w * h[None, :], axis=1)
+        acc += tl.load(BIAS + rows).to(tl.float32)
+        if GELU:  # tanh form, as linear_gelu's cuBLASLt epilogue
+            acc = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
+        tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))
 
     @triton.jit
     def _one_row(X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

@@ -4,6 +4,7 @@ launched before the previous one is read (the GPU default) give the tokens of st
 import pytest
 import torch
 
+from engine import fused_ops
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.request import DecodeOptions
@@ -46,6 +47,28 @@ def test_every_decoder_bucket_matches_eager(graph_engine):
                 assert torch.equal(replayed.argmax(-1), eager.argmax(-1)), (bs, kv)
                 assert (replayed - eager).abs().max().item() < 1e-2 * eager.abs().max().item(), (bs, kv)
     assert graphs.stats.decoder_replays >= len(graphs.kv_sizes) * len(graphs.decode_sizes)
+
+
+def test_lone_sequence_step_matches_the_separate_kernels(graph_engine, monkeypatch):
+    """A lone sequence's step (TextDecoder._step_gpu_row: add + norm + product fused) against the separate
+    kernels for the same row, over a few positions: same argmax, logits within float16 rounding."""
+    runner = graph_engine.runner
+    model, cache = runner.model, runner.cache
+    slot, kv = 5, cache.shape.n_text_ctx
+    gen = torch.Generator(runner.device).manual_seed(2)
+    with torch.inference_mode():
+        feats = torch.randn(1, runner.dims.n_audio_ctx, runner.dims.n_audio_state, device=runner.device, generator=gen)
+        model.decoder.fill_cross_cache(feats.to(runner.dtype), cache, slot)
+        for p in range(6):
+            tokens = torch.randint(0, 50000, (1, 1), device=runner.device, generator=gen)
+            positions = torch.full((1, 1), p, device=runner.device)
+            assert fused_ops.norm_product_applies(model.decoder.token_embedding(tokens), model.decoder.blocks[0].attn.qkv_weight)
+            fused = model.decoder.logits(model.decoder(tokens, positions, cache, slot, kv, None)[:, -1])
+            monkeypatch.setattr(fused_ops, "NORM_PRODUCT", False)
+            separate = model.decoder.logits(model.decoder(tokens, positions, cache, slot, kv, None)[:, -1])
+            monkeypatch.setattr(fused_ops, "NORM_PRODUCT", True)
+            assert torch.equal(fused.argmax(-1), separate.argmax(-1)), p
+            assert (fused - separate).abs().max().item() < 1e-2 * separate.abs().max().item(), p
 
 
 def test_every_encoder_bucket_matches_eager(graph_engine):

@@ -63,3 +63,31 @@ def test_one_row_linear_matches_cublas(cuda, shape):
     assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
     two = torch.randn(2, 1, shape[1], device="cuda", dtype=torch.float16)
     assert torch.equal(fused_ops.linear(proj, two), F.linear(two, proj.weight, proj.bias))  # cuBLAS from 2 rows
+
+
+@pytest.mark.parametrize("add", [True, False])
+@pytest.mark.parametrize("n,features,gelu", [(1280, 3840, False), (1280, 1280, False), (1280, 5120, True), (384, 1152, False), (384, 1536, True)])
+def test_add_norm_linear_matches_the_separate_kernels(cuda, monkeypatch, add, n, features, gelu):
+    """A lone sequence's fused add + norm + product against add_norm and the product it replaces: the residual
+    stream bit for bit, the product within float16 rounding of the float32 reference, no further from it than
+    the separate kernels' result."""
+    gen = torch.Generator(cuda).manual_seed(n + features)
+    x, y = (torch.randn(1, 1, n, device=cuda, generator=gen).half() * 4 for _ in "xy")
+    ln = nn.LayerNorm(n, device=cuda, dtype=torch.float16)
+    with torch.no_grad():
+        ln.weight.copy_(torch.randn(n, device=cuda, generator=gen))
+        ln.bias.copy_(torch.randn(n, device=cuda, generator=gen))
+    weight = (torch.randn(features, n, device=cuda, generator=gen) * 0.03).half()
+    bias = (torch.randn(features, device=cuda, generator=gen) * 0.1).half()
+    assert fused_ops.norm_product_applies(x, weight)
+    with torch.no_grad():
+        new_x, out = fused_ops.add_norm_linear(x, y if add else None, ln, weight, bias, gelu)
+        monkeypatch.setattr(fused_ops, "NORM_PRODUCT", False)
+        ref_x, separate = fused_ops.add_norm_linear(x, y if add else None, ln, weight, bias, gelu)
+    assert torch.equal(new_x, ref_x)
+    s = (x + y) if add else x
+    h = F.layer_norm(s, (n,), ln.weight, ln.bias, ln.eps).float()  # the stored float16 row, in float32
+    exact = F.linear(h, weight.float(), bias.float())
+    exact = F.gelu(exact, approximate="tanh") if gelu else exact
+    ours, theirs = (out.float() - exact).abs().max().item(), (separate.float() - exact).abs().max().item()
+    assert ours <= theirs * 1.25 + 2e-3, (ours, theirs)
