@@ -25,6 +25,11 @@ except ImportError:  # CPU-only installs
 
 BLOCK_N = 32  # keys per block
 NUM_WARPS = 4
+# Below ~2 programs per SM of an H100/H200 (a few rows), each program streams its prefix nearly alone and is bound
+# by how many of its loads are in flight: 8 warps instead of 4 (H200, one row at position 440: 11.3 -> 7.7 us per
+# layer; 8 rows 12.2 -> 8.8; at position 64 3.4 -> 3.3: a workbench sweep, BENCHMARKS.md ninth session).
+FEW_PROGRAMS = 256
+FEW_PROGRAMS_WARPS = 8
 
 
 def cache_supported(cache_k: Tensor) -> bool:
@@ -52,7 +57,7 @@ def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions
     out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
     _write_and_attend[(b * h,)](
         qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS,
+        HEAD_DIM=d, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_WARPS,
     )  # fmt: skip
     return out
 
