@@ -10,7 +10,10 @@ from . import decode_attention
 from .cpu_kernels import CpuKernels
 from .dims import ModelDimensions
 from .fp8 import MODEL_DTYPE_BLOCKS, Fp8Linear
-from .fused_ops import add_norm, add_norm_fp8, add_norm_linear, linear, linear_gelu, norm, norm_product_applies, quantize_rows
+from .fused_ops import (
+    add_norm, add_norm_fp8, add_norm_linear, linear, linear_gelu, norm, norm_product_applies, one_row_logits,
+    quantize_rows,
+)  # fmt: skip
 from .int8_attention import dequantize, int8_attention, quantize_into
 from .kv_cache import KVCache
 
@@ -259,7 +262,8 @@ class TextDecoder(nn.Module):
         for i, block in enumerate(self.blocks):
             attn, cross, fc1 = block.attn, block.cross_attn, block.mlp[0]
             x, qkv = add_norm_linear(x, y, block.attn_ln, attn.qkv_weight, attn.qkv_bias)
-            o = decode_attention.self_attention_step(qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot)
+            k_cache, v_cache = cache.self_k_layers[i], cache.self_v_layers[i]
+            o = decode_attention.self_attention_step(qkv, k_cache, v_cache, positions, slot)
             x, q = add_norm_linear(x, linear(attn.out, o), block.cross_attn_ln, cross.query.weight, cross.query.bias)
             o = cross.merge_heads(cross_attention(cross.split_heads(q), cache, i, slots))
             x, f = add_norm_linear(x, linear(cross.out, o), block.mlp_ln, fc1.weight, fc1.bias, gelu=True)
@@ -417,6 +421,10 @@ class TextDecoder(nn.Module):
         """Output projection tied to the token embedding; always in float32 for stable sampling."""
         weight = self.token_embedding.weight
         if not hasattr(self, "output_chunks"):
+            if hidden.numel() == weight.shape[1]:  # a lone sequence's step on a GPU: one kernel, float32 out
+                out = one_row_logits(hidden, weight)
+                if out is not None:
+                    return out.view(*hidden.shape[:-1], weight.shape[0])
             return F.linear(hidden, weight).float()
         rows = hidden.reshape(-1, hidden.shape[-1])
         if rows.shape[0] == 1:

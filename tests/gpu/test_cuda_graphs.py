@@ -62,7 +62,8 @@ def test_lone_sequence_step_matches_the_separate_kernels(graph_engine, monkeypat
         for p in range(6):
             tokens = torch.randint(0, 50000, (1, 1), device=runner.device, generator=gen)
             positions = torch.full((1, 1), p, device=runner.device)
-            assert fused_ops.norm_product_applies(model.decoder.token_embedding(tokens), model.decoder.blocks[0].attn.qkv_weight)
+            x = model.decoder.token_embedding(tokens)
+            assert fused_ops.norm_product_applies(x, model.decoder.blocks[0].attn.qkv_weight)
             fused = model.decoder.logits(model.decoder(tokens, positions, cache, slot, kv, None)[:, -1])
             monkeypatch.setattr(fused_ops, "NORM_PRODUCT", False)
             separate = model.decoder.logits(model.decoder(tokens, positions, cache, slot, kv, None)[:, -1])

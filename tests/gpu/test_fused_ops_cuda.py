@@ -66,7 +66,9 @@ def test_one_row_linear_matches_cublas(cuda, shape):
 
 
 @pytest.mark.parametrize("add", [True, False])
-@pytest.mark.parametrize("n,features,gelu", [(1280, 3840, False), (1280, 1280, False), (1280, 5120, True), (384, 1152, False), (384, 1536, True)])
+@pytest.mark.parametrize(
+    "n,features,gelu", [(1280, 3840, False), (1280, 1280, False), (1280, 5120, True), (384, 1152, False), (384, 1536, True)]
+)
 def test_add_norm_linear_matches_the_separate_kernels(cuda, monkeypatch, add, n, features, gelu):
     """A lone sequence's fused add + norm + product against add_norm and the product it replaces: the residual
     stream bit for bit, the product within float16 rounding of the float32 reference, no further from it than
@@ -91,3 +93,17 @@ def test_add_norm_linear_matches_the_separate_kernels(cuda, monkeypatch, add, n,
     exact = F.gelu(exact, approximate="tanh") if gelu else exact
     ours, theirs = (out.float() - exact).abs().max().item(), (separate.float() - exact).abs().max().item()
     assert ours <= theirs * 1.25 + 2e-3, (ours, theirs)
+
+
+@pytest.mark.parametrize("vocab,n", [(51866, 1280), (51864, 384)])
+def test_one_row_logits_match_cublas(cuda, vocab, n):
+    """A lone sequence's vocabulary projection in one kernel, float32 out, against cuBLAS and the cast."""
+    gen = torch.Generator(cuda).manual_seed(vocab)
+    weight = (torch.randn(vocab, n, device=cuda, generator=gen) * 0.05).half()
+    x = torch.randn(1, n, device=cuda, generator=gen).half()
+    got, want = fused_ops.one_row_logits(x, weight), F.linear(x, weight).float()
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    # cuBLAS rounds its float32 sums to float16 before the cast; the kernel keeps them
+    assert (got - want).abs().max().item() <= 2e-3 * want.abs().max().item()
+    assert fused_ops.one_row_logits(torch.randn(2, n, device=cuda).half(), weight) is None  # two rows: cuBLAS
