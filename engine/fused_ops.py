@@ -134,14 +134,16 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
     ):  # fmt: skip
         return F.linear(x, w, b)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    _one_row[(n // 4,)](x, w, b, out, k, BLOCK_N=4, BLOCK_K=256 if k % 256 == 0 else 128, HAS_BIAS=True, num_warps=4)
+    _one_row[(n // 4,)](x, w, b, out, k, BLOCK_N=4, BLOCK_K=256 if k % 256 == 0 else 128, HAS_BIAS=True, ROUND=False, num_warps=4)
     return out
 
 
 def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
-    """x (1, n) @ weight.T in float32 for a lone sequence's vocabulary projection on a GPU, or None where the
+    """x (1, n) @ weight.T as float32 for a lone sequence's vocabulary projection on a GPU, or None where the
     kernel does not apply. Against cuBLAS's matrix-vector product and the cast after it: 48 -> 32 us per step for
-    large-v3's 51,866 x 1,280 (H200; 2 outputs and 2 warps per program were the fastest of 27 configurations)."""
+    large-v3's 51,866 x 1,280 (H200; 2 outputs and 2 warps per program were the fastest of 27 configurations).
+    The sums are rounded to x's dtype before the float32 store, as cuBLAS's half-precision output is, so a row's
+    greedy pick does not depend on whether it decodes alone (near-ties are common at float16's step)."""
     v, k = weight.shape
     if not (
         triton is not None and x.is_cuda and x.numel() == k and k % 128 == 0 and v % 2 == 0
@@ -150,7 +152,9 @@ def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
         return None
     out = torch.empty(1, v, dtype=torch.float32, device=x.device)
     block_k = 256 if k % 256 == 0 else 128
-    _one_row[(v // 2,)](x, weight, weight, out, k, BLOCK_N=2, BLOCK_K=block_k, HAS_BIAS=False, num_warps=2)
+    _one_row[(v // 2,)](
+        x, weight, weight, out, k, BLOCK_N=2, BLOCK_K=block_k, HAS_BIAS=False, ROUND=True, num_warps=2
+    )  # fmt: skip
     return out
 
 
@@ -289,7 +293,10 @@ if triton is not None:
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))
 
     @triton.jit
-    def _one_row(X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    def _one_row(
+        X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+        ROUND: tl.constexpr,
+    ):  # fmt: skip
         # BLOCK_N output features per program; the weight rows are contiguous along K, read once, in float32 sums
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -300,4 +307,6 @@ if triton is not None:
             acc += tl.sum(w * x[None, :], axis=1)
         if HAS_BIAS:
             acc += tl.load(B + rows).to(tl.float32)
+        if ROUND:  # to the input's precision first (a float32 output of half-precision operands)
+            acc = acc.to(X.dtype.element_ty).to(tl.float32)
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))
