@@ -134,7 +134,8 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
     ):  # fmt: skip
         return F.linear(x, w, b)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    _one_row[(n // 4,)](x, w, b, out, k, BLOCK_N=4, BLOCK_K=256 if k % 256 == 0 else 128, HAS_BIAS=True, ROUND=False, num_warps=4)
+    block_k = 256 if k % 256 == 0 else 128
+    _one_row[(n // 4,)](x, w, b, out, k, BLOCK_N=4, BLOCK_K=block_k, HAS_BIAS=True, ROUND=False, num_warps=4)
     return out
 
 
@@ -176,9 +177,7 @@ def add_norm_linear(
     y None: (x, f(ln(x) @ weight.T + bias)). One kernel where norm_product_applies, else add_norm and a product
     (the reference the GPU test compares the kernel against)."""
     if not norm_product_applies(x, weight):
-        h = norm(ln, x) if y is None else None
-        if y is not None:
-            x, h = add_norm(x, y, ln)
+        x, h = (x, norm(ln, x)) if y is None else add_norm(x, y, ln)
         return x, (_linear_gelu(h, weight, bias) if gelu else F.linear(h, weight, bias))
     n = x.shape[-1]
     features = weight.shape[0]
