@@ -207,7 +207,8 @@ class TextDecoder(nn.Module):
         slots = slice(slot_start, slot_start + b)
         # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/decode_attention.py)
         step_kernel = position is None and decode_attention.applies(x, cache.self_k)
-        if step_kernel and b == 1 and norm_product_applies(x, getattr(self.blocks[0].attn, "qkv_weight", x)):
+        attn0 = self.blocks[0].attn
+        if step_kernel and b == 1 and hasattr(attn0, "qkv_weight") and norm_product_applies(x, attn0.qkv_weight):
             return self._step_gpu_row(x, cache, slot_start, positions)
         rows = None
         if step_kernel:
