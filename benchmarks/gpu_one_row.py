@@ -1,0 +1,124 @@
+"""A lone sequence's decode-step kernels on a GPU, each against what it replaced.
+
+    python benchmarks/gpu_one_row.py
+
+Large-v3 shapes, float16, GPU microseconds per call inside a CUDA graph (Triton's Python launch path would
+otherwise be what is timed), each weight one of 8 copies used in turn so it is read from HBM, not L2. Prints:
+1. residual add + layer norm + product in one kernel (fused_ops.add_norm_linear) against add_norm and the product
+   (fused_ops.NORM_PRODUCT off), for 4, 8 and 16 output features per program (NORM_PRODUCT_FEATURES);
+2. the vocabulary projection of one row (fused_ops.one_row_logits) against cuBLAS and the float32 cast;
+3. the decode step's self-attention kernel with 4 and 8 warps per program, by rows and position (the engine uses
+   8 below decode_attention.FEW_PROGRAMS programs).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine import decode_attention, fused_ops  # noqa: E402
+
+COPIES = 8
+
+
+def time_us(fn, calls: int = 64, replays: int = 5) -> float:
+    """GPU time per call of fn, from a CUDA graph of `calls` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()  # warm-up (compilation) outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (calls * replays) * 1e3
+
+
+def rotating(tensors: list):
+    """A function returning the next of `tensors` at each call (a new weight each time, as a decode step's layers)."""
+    state = [0]
+
+    def next_one():
+        state[0] = (state[0] + 1) % len(tensors)
+        return tensors[state[0]]
+
+    return next_one
+
+
+def fused_products(dev: str) -> None:
+    features = (4, 8, 16)
+    print("| one row | separate kernels us | " + " | ".join(f"fused, {f} per program" for f in features) + " |")
+    print("|---|---|" + "---|" * len(features))
+    default = (fused_ops.NORM_PRODUCT, fused_ops.NORM_PRODUCT_FEATURES)
+    for name, n, out, gelu in (("add + norm + QKV 1280->3840", 1280, 3840, False),
+                               ("add + norm + cross query 1280->1280", 1280, 1280, False),
+                               ("add + norm + fc1 + GELU 1280->5120", 1280, 5120, True)):  # fmt: skip
+        x, y = (torch.randn(1, 1, n, device=dev, dtype=torch.float16) for _ in "xy")
+        ln = nn.LayerNorm(n, device=dev, dtype=torch.float16)
+        params = rotating([(torch.randn(out, n, device=dev, dtype=torch.float16) * 0.03,
+                            torch.randn(out, device=dev, dtype=torch.float16)) for _ in range(COPIES)])  # fmt: skip
+        call = lambda: fused_ops.add_norm_linear(x, y, ln, *params(), gelu)  # noqa: E731
+        fused_ops.NORM_PRODUCT = False
+        cells = [time_us(call)]
+        fused_ops.NORM_PRODUCT = True
+        for f in features:
+            fused_ops.NORM_PRODUCT_FEATURES = f
+            cells.append(time_us(call))
+        fused_ops.NORM_PRODUCT, fused_ops.NORM_PRODUCT_FEATURES = default
+        print(f"| {name} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
+
+
+def vocabulary(dev: str) -> None:
+    vocab, n = 51866, 1280
+    x = torch.randn(1, n, device=dev, dtype=torch.float16)
+    weights = rotating([torch.randn(vocab, n, device=dev, dtype=torch.float16) * 0.03 for _ in range(2)])
+    cublas = time_us(lambda: F.linear(x, weights()).float())
+    kernel = time_us(lambda: fused_ops.one_row_logits(x, weights()))
+    print(f"\nvocabulary projection {vocab} x {n}, one row: cuBLAS + cast {cublas:.1f} us, one_row_logits {kernel:.1f} us")
+
+
+def self_attention(dev: str) -> None:
+    heads, dim, positions = 20, 64, (64, 200, 440)
+    k_cache = torch.randn(300, heads, 448, dim, device=dev, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    default = (decode_attention.NUM_WARPS, decode_attention.FEW_PROGRAMS_WARPS)
+    print("\n| rows | " + " | ".join(f"position {p}: 4 / 8 warps us" for p in positions) + " |")
+    print("|---|" + "---|" * len(positions))
+    for rows in (1, 8, 16, 64, 256):
+        qkv = torch.randn(rows, 1, 3 * heads * dim, device=dev, dtype=torch.float16)
+        cells = []
+        for p in positions:
+            pos = torch.full((rows, 1), p, device=dev, dtype=torch.long)
+            t = {}
+            for warps in (4, 8):
+                decode_attention.NUM_WARPS = decode_attention.FEW_PROGRAMS_WARPS = warps
+                t[warps] = time_us(lambda: decode_attention.self_attention_step(qkv, k_cache, v_cache, pos, 0))
+            cells.append(f"{t[4]:.1f} / {t[8]:.1f}")
+        decode_attention.NUM_WARPS, decode_attention.FEW_PROGRAMS_WARPS = default
+        print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, large-v3 shapes")
+    fused_products("cuda")
+    vocabulary("cuda")
+    self_attention("cuda")
+
+
+if __name__ == "__main__":
+    main()
