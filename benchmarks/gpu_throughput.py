@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+from engine import int8_attention  # noqa: E402
 
 WINDOW_S = 30.0
 # The floor from the card (PERF.md): minimum GPU time per 30 s window at ~100 tokens.
@@ -163,7 +164,11 @@ def main() -> None:
                          "when the last is done (http_load's pattern, without HTTP)")
     ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"],
                     help="the engine's encoder_precision (float8: e4m3 encoder products; transformers stays float16)")
+    ap.add_argument("--int8-kernel", default="cuda", choices=["cuda", "triton"],
+                    help="the int8 cross-attention kernel (engine/int8_attention.py KERNEL; cuda falls back to triton "
+                         "where it does not build)")
     args = ap.parse_args()
+    int8_attention.KERNEL = args.int8_kernel
     overlap = {"auto": None, "on": True, "off": False}[args.overlap_steps]
     if len(args.models) > 1:
         # one process per model: a finished engine's caches and graph pools are then surely returned

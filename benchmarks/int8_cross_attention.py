@@ -1,18 +1,20 @@
-"""Cross-attention of a decode step on a GPU: the int8 cache's Triton kernel against cuDNN SDPA on float16.
+"""Cross-attention of a decode step on a GPU: the int8 cache's CUDA and Triton kernels against cuDNN SDPA on float16.
 
-    python benchmarks/int8_cross_attention.py [--batch 1 8 64 256] [--heads 20] [--sweep]
+    python benchmarks/int8_cross_attention.py [--batch 1 8 64 256] [--heads 20] [--sweep] [--sweep-cuda]
 
 One query per row against 1,500 encoder positions, K and V read in place from a cache slice (as in the engine).
-Prints GPU microseconds per call (20 calls captured in a CUDA graph, as the engine runs them: Triton's Python
-launch path would otherwise be what is timed at small batches), the bytes each reads and the bandwidth that
-makes, and the int8 kernel's speed-up; then the quantization of one layer's keys for 32 windows, the separate
-torch ops against the one kernel the engine uses. --sweep also times the kernel's block size and warp count
-choices (int8_attention.BLOCK_N, NUM_WARPS, NUM_STAGES) so the defaults can be checked on a new card.
+Prints GPU microseconds per call (20 calls captured in a CUDA graph, as the engine runs them: the Python launch
+paths would otherwise be what is timed at small batches), the bytes each reads and the bandwidth that makes, and
+the speed-ups; then the quantization of one layer's keys for 32 windows, the separate torch ops against the one
+kernel the engine uses. --sweep also times the Triton kernel's block size and warp count choices
+(int8_attention.BLOCK_N, NUM_WARPS, NUM_STAGES), --sweep-cuda the CUDA kernel's compile-time settings
+(int8_attention.CUDA_SETTINGS) and its key splits, so the defaults can be checked on a new card.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -45,29 +47,70 @@ def time_us(fn, calls: int = 20, replays: int = 5) -> float:
     return start.elapsed_time(end) / (calls * replays) * 1e3
 
 
+def time_with(kernel: str, int8_args) -> float:
+    default = int8_attention.KERNEL
+    int8_attention.KERNEL = kernel
+    try:
+        if kernel == "cuda":
+            assert int8_attention._cuda_kernel(int8_args[0]) is not None, "the CUDA kernel did not build"
+        return time_us(lambda: int8_attention.int8_attention(*int8_args))
+    finally:
+        int8_attention.KERNEL = default
+
+
+def sweep_cuda(int8_args) -> list[str]:
+    """The CUDA kernel under other compile-time settings and key splits; cells 'setting=value ...: us'."""
+    default, default_target = dict(int8_attention.CUDA_SETTINGS), int8_attention.CUDA_TARGET_BLOCKS
+    grid = itertools.product((32, 64, 128, 256), (1, 2, 3, 4), (1, 8), (0, 1, 2))
+    variants = [{"THREADS": t, "UNROLL": u, "MIN_BLOCKS": mb, "LOAD_HINT": hint} for t, u, mb, hint in grid]
+    variants += [{"K_DP4A": 0}, {"V_PRMT": 0}, {"K_DP4A": 0, "V_PRMT": 0}, {"TPK": 8}]
+    cells = []
+    try:
+        for change in variants:
+            int8_attention.CUDA_SETTINGS = {**default, **change}
+            int8_attention._cuda_kernels.clear()
+            t = time_with("cuda", int8_args)
+            cells.append((t, " ".join(f"{k}={v}" for k, v in change.items()) + f": {t:.1f}"))
+        int8_attention.CUDA_SETTINGS = default
+        int8_attention._cuda_kernels.clear()
+        for target in (160, 320, 1280, 2560, 5120):
+            int8_attention.CUDA_TARGET_BLOCKS = target
+            t = time_with("cuda", int8_args)
+            splits = int8_attention._cuda_splits(int8_args[0].shape[:3].numel())
+            cells.append((t, f"target blocks {target} (splits {splits}): {t:.1f}"))
+    finally:
+        int8_attention.CUDA_SETTINGS, int8_attention.CUDA_TARGET_BLOCKS = default, default_target
+        int8_attention._cuda_kernels.clear()
+    return [c for _, c in sorted(cells)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 8, 64, 256])
     ap.add_argument("--heads", type=int, default=20)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-cuda", action="store_true")
     args = ap.parse_args()
     h, d, n, dev = args.heads, 64, 1500, "cuda"
     print(f"{torch.cuda.get_device_name()}, {h} heads x {d}, {n} keys; us per call, TB/s of K/V bytes read")
-    print("| batch | fp16 cuDNN us | TB/s | int8 us | TB/s | speed-up | splits |")
-    print("|---|---|---|---|---|---|---|")
+    print("| batch | fp16 cuDNN us | TB/s | int8 Triton us | TB/s | int8 CUDA us | TB/s | CUDA vs Triton "
+          "| CUDA vs cuDNN | splits (Triton / CUDA) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for b in args.batch:
         slots = b + 1  # a slice of a larger cache, as in the engine
         k16, v16 = (torch.randn(slots, h, n, d, device=dev, dtype=torch.float16) for _ in "kv")
         (kq, ks), (vq, vs) = int8_attention.quantize(k16), int8_attention.quantize(v16)
         q = torch.randn(b, h, 1, d, device=dev, dtype=torch.float16)
+        int8_args = (q, kq[:b], ks[:b], vq[:b], vs[:b])
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             fp16 = time_us(lambda: F.scaled_dot_product_attention(q, k16[:b], v16[:b]))
-        int8 = time_us(lambda: int8_attention.int8_attention(q, kq[:b], ks[:b], vq[:b], vs[:b]))
+        triton, cuda = (time_with(kernel, int8_args) for kernel in ("triton", "cuda"))
         bytes16 = 2 * b * h * n * d * 2
         bytes8 = 2 * b * h * n * (d + 2)
-        splits = int8_attention._splits(b * h, n)
-        print(f"| {b} | {fp16:.1f} | {bytes16 / fp16 / 1e6:.2f} | {int8:.1f} | {bytes8 / int8 / 1e6:.2f} | "
-              f"{fp16 / int8:.2f}x | {splits} |")  # fmt: skip
+        splits = f"{int8_attention._splits(b * h, n)} / {int8_attention._cuda_splits(b * h)}"
+        print(f"| {b} | {fp16:.1f} | {bytes16 / fp16 / 1e6:.2f} | {triton:.1f} | {bytes8 / triton / 1e6:.2f} | "
+              f"{cuda:.1f} | {bytes8 / cuda / 1e6:.2f} | {triton / cuda:.2f}x | {fp16 / cuda:.2f}x "
+              f"| {splits} |")  # fmt: skip
         if args.sweep:
             default = (int8_attention.BLOCK_N, int8_attention.NUM_WARPS, int8_attention.NUM_STAGES)
             cells = []
@@ -75,11 +118,13 @@ def main() -> None:
                 for warps in (2, 4, 8):
                     for stages in (1, 2, 3, 4):
                         int8_attention.BLOCK_N, int8_attention.NUM_WARPS, int8_attention.NUM_STAGES = block, warps, stages
-                        t = time_us(lambda: int8_attention.int8_attention(q, kq[:b], ks[:b], vq[:b], vs[:b]))
+                        t = time_with("triton", int8_args)
                         cells.append((t, f"{block}/{warps}/{stages}: {t:.1f}"))
             int8_attention.BLOCK_N, int8_attention.NUM_WARPS, int8_attention.NUM_STAGES = default
             cells.sort()
             print(f"|   sweep {b} (block/warps/stages: us, fastest first) | " + ", ".join(c for _, c in cells[:12]) + " |")
+        if args.sweep_cuda:
+            print(f"|   CUDA sweep {b} (us, fastest first) | " + ", ".join(sweep_cuda(int8_args)[:12]) + " |")
     x = torch.randn(32, n, h * d, device=dev, dtype=torch.float16).view(32, n, h, d).transpose(1, 2)
     values = torch.zeros(32, h, n, d, dtype=torch.int8, device=dev)
     scale = torch.zeros(32, h, n, dtype=int8_attention.SCALE_DTYPE, device=dev)

@@ -7,16 +7,22 @@ the transcripts: tiny.en gave the same tokens on every English clip of the evalu
 float8 (e4m3) cache with the same scaling changed 4 of 43 (a workbench comparison; tests/engine/test_int8_cross_cache.py
 checks a set of clips on every run).
 
-The kernel is flash-decoding: each (batch, head, query) row streams its keys and values in blocks with an online
-softmax; when there are few rows, the keys are split over several programs and a second kernel combines them.
-Scales fold into the arithmetic: score_j = (q . k_j) * sk_j and out = sum_j (p_j * sv_j) v_j, so the int8
-values are never expanded in memory. H200, large-v3 shapes, GPU time in a CUDA graph
-(benchmarks/int8_cross_attention.py): 256 rows 312 us against cuDNN's 439 us on the float16 cache, 64 rows 93 vs
-117 us, 8 rows 15 vs 20 us, 1 row 6.1 vs 7.1 us. Without a GPU (or without Triton) the same function
-dequantizes and calls SDPA: correct, not fast, and the reference the GPU test compares the kernel against.
+The kernels are flash-decoding: each (batch, head, query) row streams its keys and values in blocks with an
+online softmax; when there are few rows, the keys are split over several programs and a second kernel combines
+them. Scales fold into the arithmetic: score_j = (q . k_j) * sk_j and out = sum_j (p_j * sv_j) v_j, so the int8
+values are never expanded in memory. Two kernels compute this: a CUDA C++ one (csrc/int8_attention.cu, compiled
+at first use with NVRTC through torch), which computes q . k in integer dp4a instructions instead of converting
+every key byte to float, and the Triton one below, used where NVRTC is unavailable or the layout does not suit the
+CUDA kernel's 16-byte loads. H200, large-v3 shapes, GPU time in a CUDA graph (benchmarks/int8_cross_attention.py):
+256 rows ~240 us (CUDA) / ~295 us (Triton) against cuDNN's ~440 us on the float16 cache. Without a GPU (or
+without Triton) the same function dequantizes and calls SDPA: correct, not fast, and the reference the GPU tests
+compare both kernels against.
 """
 
 from __future__ import annotations
+
+import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +42,18 @@ NUM_STAGES = 3  # Triton's default software pipelining depth of the key loop
 MAX_SPLITS = 16
 QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
+
+log = logging.getLogger(__name__)
+
+# "cuda": the NVRTC kernel where it compiles and the layout suits it, else Triton; "triton": Triton only
+# (benchmarks compare the two through this).
+KERNEL = "cuda"
+CUDA_SOURCE = Path(__file__).with_name("csrc") / "int8_attention.cu"
+# H200, 256 rows (benchmarks/int8_cross_attention.py --sweep-cuda): 128 threads, 4 threads per key, 2 keys per
+# group loaded ahead, registers capped for 8 blocks per SM, loads that skip L1 (read once). 237 us; 4.27 TB/s.
+CUDA_SETTINGS = {"THREADS": 128, "TPK": 4, "UNROLL": 2, "MIN_BLOCKS": 8, "LOAD_HINT": 1, "K_DP4A": 1, "V_PRMT": 1}
+CUDA_TARGET_BLOCKS = 640  # split keys until this many blocks (H200, 1-256 rows: 5 per SM was the fastest)
+_cuda_kernels: dict[tuple[int, torch.dtype], object] = {}
 
 
 def _kernels_apply(x: Tensor) -> bool:
@@ -82,6 +100,9 @@ def int8_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Te
     Views with a unit last stride (slices of the cache) are read in place."""
     if not _kernels_apply(q):
         return F.scaled_dot_product_attention(q, dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype))
+    kernel = _cuda_kernel(q) if KERNEL == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale) else None
+    if kernel is not None:
+        return _cuda_attention(kernel, q, k, k_scale, v, v_scale)
     return _triton_attention(q, k, k_scale, v, v_scale)
 
 
@@ -92,6 +113,67 @@ def _splits(rows: int, n: int) -> int:
     return splits
 
 
+def _cuda_kernel(q: Tensor):
+    """The compiled CUDA kernel for q's device and dtype, or None where it cannot be built (no NVRTC, a torch
+    without torch.cuda._compile_kernel, a non-NVIDIA GPU): Triton's kernel then runs, after one warning."""
+    key = (q.device.index, q.dtype)
+    if key not in _cuda_kernels:
+        _cuda_kernels[key] = None
+        try:
+            settings = {**CUDA_SETTINGS, "OUT_BF16": int(q.dtype == torch.bfloat16)}
+            with torch.cuda.device(q.device):
+                _cuda_kernels[key] = torch.cuda._compile_kernel(
+                    CUDA_SOURCE.read_text(), "int8_attention", nvcc_options=[f"-D{k}={v}" for k, v in settings.items()]
+                )
+        except Exception as e:  # noqa: BLE001 - any failure to build means the Triton kernel serves instead
+            log.warning("int8 cross-attention: the CUDA kernel did not build (%s); using the Triton kernel", e)
+    return _cuda_kernels[key]
+
+
+def _cuda_layout_fits(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> bool:
+    """The CUDA kernel reads 64-value vectors with 16-byte loads and takes 32-bit strides."""
+    aligned = all(x.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in x.stride()[:3]) for x in (k, v))
+    small = all(st < 2**31 for x in (q, k, k_scale, v, v_scale) for st in x.stride())
+    return q.shape[-1] == 64 and q.dtype in (torch.float16, torch.bfloat16) and aligned and small
+
+
+def _cuda_splits(rows: int) -> int:
+    splits = 1
+    while rows * splits < CUDA_TARGET_BLOCKS and splits < MAX_SPLITS:
+        splits *= 2
+    return splits
+
+
+def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
+    b, h, t, d = q.shape
+    n = k.shape[2]
+    assert k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
+    out = torch.empty_like(q)
+    rows = b * h * t
+    splits = _cuda_splits(rows)
+    keys_per_split = -(-n // splits)
+    m, lse, acc = _split_buffers(rows, splits, d, out)
+    kernel(
+        grid=(rows, splits, 1), block=(CUDA_SETTINGS["THREADS"], 1, 1),
+        args=[
+            q, k, k_scale, v, v_scale, out, m, lse, acc,
+            *q.stride()[:3], *k.stride()[:3], *k_scale.stride()[:2], *v.stride()[:3], *v_scale.stride()[:2],
+            *out.stride()[:3], h, t, n, keys_per_split, d**-0.5, splits,
+        ],
+    )  # fmt: skip
+    if splits > 1:
+        _combine_splits[(rows,)](m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, num_warps=1)
+    return out
+
+
+def _split_buffers(rows: int, splits: int, d: int, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each split's running max, sum and unnormalized output, for the combining kernel (unused with one split)."""
+    if splits == 1:
+        return out, out, out
+    m = torch.empty(rows * splits, dtype=torch.float32, device=out.device)
+    return m, torch.empty_like(m), torch.empty(rows * splits, d, dtype=torch.float32, device=out.device)
+
+
 def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
     b, h, t, d = q.shape
     n = k.shape[2]
@@ -100,12 +182,7 @@ def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
     rows = b * h * t
     splits = _splits(rows, n)
     keys_per_split = -(-n // (splits * BLOCK_N)) * BLOCK_N
-    if splits > 1:
-        m = torch.empty(rows * splits, dtype=torch.float32, device=q.device)
-        lse = torch.empty_like(m)
-        acc = torch.empty(rows * splits, d, dtype=torch.float32, device=q.device)
-    else:
-        m = lse = acc = out  # unused
+    m, lse, acc = _split_buffers(rows, splits, d, out)
     _attention_blocks[(rows, splits)](
         q, k, k_scale, v, v_scale, out, m, lse, acc,
         *q.stride()[:3], *k.stride()[:3], *k_scale.stride()[:2], *v.stride()[:3], *v_scale.stride()[:2],
