@@ -32,6 +32,7 @@ from .request import (
 )
 from .model_runner import StepOutput
 from .sequence import ON_DEVICE, Sequence
+from .tokenizer import Tokenizer
 from .transcription import Transcription
 from .vad import VoiceActivityDetector
 
@@ -48,6 +49,29 @@ STEPWISE_MAX_RUNNING = 64
 # What a launched step's output is for one sequence: nothing (a forced prompt token was fed), the language pick,
 # or a sampled token.
 FORCED, DETECT, SAMPLE = 0, 1, 2
+
+
+def check_audio(audio: np.ndarray) -> np.ndarray:
+    """Samples as the engine takes them: 1-D, floating point, finite; InvalidRequestError otherwise."""
+    audio = np.asarray(audio)
+    if audio.ndim != 1 or audio.dtype.kind != "f":
+        raise InvalidRequestError(f"audio must be 1-D float samples, got {audio.dtype} of shape {audio.shape}")
+    if not np.isfinite(audio).all():
+        raise InvalidRequestError("audio contains NaN or infinite samples", "file")
+    return audio
+
+
+def validate_options(tok: Tokenizer, options: DecodeOptions) -> None:
+    """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""
+    if options.language is not None:
+        if not tok.is_multilingual and options.language != "en":
+            raise InvalidRequestError(
+                f"This model is English-only; language {options.language!r} is not supported", "language"
+            )
+        if tok.is_multilingual and options.language not in tok.language_ids:
+            raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
+    if options.task == Task.TRANSLATE and not tok.is_multilingual:
+        raise InvalidRequestError("This model is English-only and cannot translate", "model")
 
 
 class RequestHandle:
@@ -190,26 +214,13 @@ class Engine:
         return totals
 
     def validate(self, options: DecodeOptions) -> None:
-        tok = self.tokenizer
-        if options.language is not None:
-            if not tok.is_multilingual and options.language != "en":
-                raise InvalidRequestError(
-                    f"This model is English-only; language {options.language!r} is not supported", "language"
-                )
-            if tok.is_multilingual and options.language not in tok.language_ids:
-                raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
-        if options.task == Task.TRANSLATE and not tok.is_multilingual:
-            raise InvalidRequestError("This model is English-only and cannot translate", "model")
+        validate_options(self.tokenizer, options)
 
-    def submit(self, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
+    def submit(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
         """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
-        audio = np.asarray(audio)
-        if audio.ndim != 1 or audio.dtype.kind != "f":
-            raise InvalidRequestError(f"audio must be 1-D float samples, got {audio.dtype} of shape {audio.shape}")
-        if not np.isfinite(audio).all():
-            raise InvalidRequestError("audio contains NaN or infinite samples", "file")
+        audio = check_audio(audio)
         self.validate(options)
         if self.config.fixed_decode_tokens is not None:
             options = dataclasses.replace(
@@ -220,9 +231,16 @@ class Engine:
             if self._num_pending >= self.config.max_waiting:
                 raise EngineOverloadedError(f"{self._num_pending} requests are already waiting; retry later")
             self._num_pending += 1
-        handle = RequestHandle(self, f"req-{next(self._ids)}")
+        handle = self.make_handle(request_id or f"req-{next(self._ids)}")
         self._send(("add", handle, np.ascontiguousarray(audio, dtype=np.float32), options))
         return handle
+
+    def make_handle(self, request_id: str) -> RequestHandle:
+        """The handle a request's events go to (engine/process.py's child forwards them to its parent instead)."""
+        return RequestHandle(self, request_id)
+
+    def on_taken(self, request_id: str) -> None:
+        """Called on the loop thread when it takes a request from the inbox (it then no longer counts as waiting)."""
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
@@ -302,6 +320,7 @@ class Engine:
     def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, prepared=None) -> None:
         with self._lock:
             self._num_pending -= 1
+        self.on_taken(handle.request_id)
         try:
             if isinstance(prepared, Exception):
                 raise prepared

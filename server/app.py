@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from engine.engine import Engine
+from engine.model_runner import resolve_device
+from engine.process import EngineProcess
 
 from .chat_templates import ChatTemplate
 from .errors import install_error_handlers
@@ -30,11 +32,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     config = settings.engine_config()
     logger.info("loading %s (%s)", settings.model, config)
+    own_process = settings.engine_process == "on" or (
+        settings.engine_process == "auto" and resolve_device(config.device).type == "cuda"
+    )
     # Loading weights takes seconds; off the loop so that the process stays responsive to signals.
-    engine = await asyncio.to_thread(Engine, config)
+    engine = await asyncio.to_thread(EngineProcess if own_process else Engine, config)
     engine.start()
     app.state.engine = engine
-    logger.info("serving %s as %r (and 'whisper-1')", engine.model_name, settings.model_id)
+    logger.info(
+        "serving %s as %r (and 'whisper-1')%s", engine.model_name, settings.model_id,
+        f"; engine in process {engine.pid}" if own_process else "",
+    )  # fmt: skip
     try:
         yield
     finally:
@@ -42,7 +50,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(engine.shutdown)
 
 
-def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine: Engine | EngineProcess | None = None) -> FastAPI:
     """Build the app. Pass `engine` (already started) to share one across apps or to test without loading."""
     settings = settings or Settings()
     app = FastAPI(title="whisper-server", summary="OpenAI-compatible Whisper speech-to-text", lifespan=lifespan)

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from engine.engine import Engine
+from engine.process import EngineProcess
 
 from .errors import APIError
 from .metrics import Metrics
@@ -25,7 +26,7 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-async def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine | EngineProcess:
     engine = request.app.state.engine
     if engine is None or not engine.is_alive:
         raise APIError(503, "The engine is not running.", code="engine_unavailable")
@@ -34,4 +35,4 @@ async def get_engine(request: Request) -> Engine:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+EngineDep = Annotated[Engine | EngineProcess, Depends(get_engine)]

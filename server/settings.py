@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     """Log level of the server and uvicorn."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """How long a Python thread may hold the GIL while another waits for it (Python's default: 5 ms)."""
+    engine_process: Literal["auto", "on", "off"] = "auto"
+    """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
+    engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
 
     @property
     def model_id(self) -> str:

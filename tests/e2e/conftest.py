@@ -103,3 +103,19 @@ def small_upload_server():
     remote = RemoteServer("--max-upload-mb", "1")
     yield remote
     remote.stop()
+
+
+@pytest.fixture(scope="session")
+def process_server():
+    """The default model with the engine in a child process (`--engine-process on`, the default on a GPU)."""
+    remote = RemoteServer("--engine-process", "on")
+    yield remote
+    remote.stop()
+
+
+@pytest.fixture
+def doomed_process_server():
+    """Like process_server, for a test that kills its engine process."""
+    remote = RemoteServer("--engine-process", "on")
+    yield remote
+    remote.stop()

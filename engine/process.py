@@ -1,0 +1,297 @@
+"""EngineProcess: the engine in a child process of its own, behind the Engine's interface.
+
+Why: in one process the HTTP side (the event loop, multipart parsing, audio decoding, responses) and the engine's
+loop thread share one GIL, and the loop's host work between GPU steps then waits for it. On an H200 (large-v3, 256
+HTTP clients) steps took 29.3 ms against ~26 ms at the engine level, which capped the HTTP figure near 2,300 RTFx
+however fast the GPU kernels got (BENCHMARKS.md). In its own process the loop has a GIL to itself. What crosses
+the process boundary: each request's float32 samples (one pipe write of their bytes, no pickling) and small
+pickled messages: options, segment events, results, errors, stats.
+
+Protocol (two one-way pipes; the parent writes from one sender thread so a full pipe never blocks its caller):
+  parent -> child: (ADD, request_id, options, n) followed by the n samples' bytes; (ABORT, request_id);
+                   (STATS, token); (SHUTDOWN,)
+  child -> parent: (READY, tokenizer) or (FAILED, exception) once; (TAKEN, request_id) when the engine's loop
+                   takes a request (the parent's backpressure count, as Engine's own); (EVENT, request_id, item)
+                   for each segment event, the result or an error; (STATS, token, EngineStats); (DEAD, message)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import pickle
+import queue
+import signal
+import sys
+import threading
+
+import numpy as np
+
+from .config import EngineConfig
+from .engine import Engine, RequestHandle, check_audio, validate_options
+from .request import (
+    DecodeOptions,
+    EngineDeadError,
+    EngineOverloadedError,
+    EngineStats,
+    TranscriptionResult,
+)
+
+log = logging.getLogger(__name__)
+
+ADD, ABORT, STATS, SHUTDOWN = "add", "abort", "stats", "shutdown"
+READY, FAILED, TAKEN, EVENT, DEAD = "ready", "failed", "taken", "event", "dead"
+STATS_TIMEOUT_S = 5.0
+SHUTDOWN_TIMEOUT_S = 15.0
+
+
+class EngineProcess:
+    """Engine's interface (submit, abort, stats, is_alive, tokenizer, start, shutdown) over a child process."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        # spawn, not fork: the parent may already hold CUDA or OpenMP state that a forked child cannot use
+        ctx = multiprocessing.get_context("spawn")
+        self._events, child_out = ctx.Pipe(duplex=False)
+        child_in, self._requests = ctx.Pipe(duplex=False)
+        root = logging.getLogger()
+        fmt = root.handlers[0].formatter._fmt if root.handlers and root.handlers[0].formatter else None
+        setup = (root.level, fmt, sys.getswitchinterval())  # the child logs and switches threads as this process
+        self._process = ctx.Process(
+            target=_child_main, args=(config, setup, child_in, child_out), name="whisper-engine", daemon=True
+        )
+        self._process.start()
+        child_in.close()
+        child_out.close()  # the parent keeps only its ends, so the child's exit reads as end-of-file here
+        try:
+            kind, payload = self._events.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(f"the engine process exited while loading (exit code {self._process.exitcode})")
+        if kind == FAILED:
+            self._process.join()
+            raise payload
+        self.tokenizer = payload
+        self._ids = itertools.count()
+        self._tokens = itertools.count()
+        self._lock = threading.Lock()
+        self._handles: dict[str, RequestHandle] = {}
+        self._untaken: set[str] = set()  # sent, not yet taken by the child's loop: Engine's "pending"
+        self._stats: dict[int, tuple[threading.Event, list]] = {}
+        self._dead: str | None = None
+        self._started = False
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._send_forever, name="engine-process-send", daemon=True).start()
+        threading.Thread(target=self._receive_forever, name="engine-process-receive", daemon=True).start()
+
+    # ---- Engine's interface -----------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.tokenizer.is_multilingual
+
+    @property
+    def is_alive(self) -> bool:
+        return self._started and self._dead is None and self._process.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def start(self) -> None:
+        self._started = True
+
+    def validate(self, options: DecodeOptions) -> None:
+        validate_options(self.tokenizer, options)
+
+    def submit(self, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
+        """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError (as Engine)."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running{f': {self._dead}' if self._dead else ''}")
+        audio = np.ascontiguousarray(check_audio(audio), dtype=np.float32)
+        self.validate(options)
+        request_id = f"req-{next(self._ids)}"
+        handle = RequestHandle(self, request_id)  # type: ignore[arg-type]  (it needs only abort())
+        with self._lock:
+            if len(self._untaken) >= self.config.max_waiting:
+                raise EngineOverloadedError(f"{len(self._untaken)} requests are already waiting; retry later")
+            self._untaken.add(request_id)
+            self._handles[request_id] = handle
+        self._outbox.put(((ADD, request_id, options, len(audio)), audio))
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        self._outbox.put(((ABORT, request_id), None))
+
+    def stats(self) -> EngineStats:
+        token = next(self._tokens)
+        done, reply = threading.Event(), []
+        self._stats[token] = (done, reply)
+        self._outbox.put(((STATS, token), None))
+        try:
+            if not done.wait(STATS_TIMEOUT_S):
+                raise EngineDeadError("the engine process did not answer for its stats")
+        finally:
+            self._stats.pop(token, None)
+        stats: EngineStats = reply[0]
+        with self._lock:
+            stats.num_waiting += len(self._untaken)  # sent but not yet taken: counted here, as Engine does
+        return stats
+
+    def shutdown(self) -> None:
+        self._outbox.put(((SHUTDOWN,), None))
+        self._process.join(timeout=SHUTDOWN_TIMEOUT_S)
+        if self._process.is_alive():
+            log.warning("the engine process did not stop in %.0f s; terminating it", SHUTDOWN_TIMEOUT_S)
+            self._process.terminate()
+            self._process.join(timeout=5)
+        self._outbox.put(None)
+        self._mark_dead("the engine was shut down")
+
+    # ---- threads ----------------------------------------------------------------------------------
+
+    def _send_forever(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            message, samples = item
+            try:
+                self._requests.send(message)
+                if samples is not None:
+                    self._requests.send_bytes(memoryview(samples).cast("B"))
+            except (OSError, ValueError):  # the child is gone; the receiver reports it
+                if message[0] == ADD:
+                    self._finish(message[1], EngineDeadError("the engine process is not running"))
+
+    def _receive_forever(self) -> None:
+        try:
+            while True:
+                message = self._events.recv()
+                kind = message[0]
+                if kind == EVENT:
+                    _, request_id, item = message
+                    with self._lock:
+                        handle = self._handles.get(request_id)
+                        if isinstance(item, (TranscriptionResult, BaseException)):
+                            self._handles.pop(request_id, None)
+                            self._untaken.discard(request_id)
+                    if handle is not None:
+                        handle.emit(item)
+                elif kind == TAKEN:
+                    with self._lock:
+                        self._untaken.discard(message[1])
+                elif kind == STATS:
+                    waiter = self._stats.get(message[1])
+                    if waiter is not None:
+                        waiter[1].append(message[2])
+                        waiter[0].set()
+                elif kind == DEAD:
+                    self._mark_dead(message[1])
+        except (EOFError, OSError):
+            self._process.join(timeout=2)  # the pipe closes as the child dies: let it be reaped for its exit code
+            code = self._process.exitcode
+            self._mark_dead(f"the engine process exited (exit code {code})" if code is not None else "pipe closed")
+
+    def _mark_dead(self, reason: str) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = reason
+            handles, self._handles = self._handles, {}
+            self._untaken.clear()
+        for handle in handles.values():
+            handle.emit(EngineDeadError(reason))
+
+    def _finish(self, request_id: str, item: BaseException) -> None:
+        with self._lock:
+            handle = self._handles.pop(request_id, None)
+            self._untaken.discard(request_id)
+        if handle is not None:
+            handle.emit(item)
+
+
+# ---- the child ------------------------------------------------------------------------------------
+
+
+class _ForwardingHandle(RequestHandle):
+    """A request's handle in the child: each event goes to the parent."""
+
+    def __init__(self, engine: _ChildEngine, request_id: str):
+        super().__init__(engine, request_id)
+        self._forward = engine.send
+
+    def emit(self, item: object) -> None:
+        self._forward((EVENT, self.request_id, item))
+
+
+class _ChildEngine(Engine):
+    def __init__(self, config: EngineConfig, send):
+        self.send = send
+        super().__init__(config)
+
+    def make_handle(self, request_id: str) -> RequestHandle:
+        return _ForwardingHandle(self, request_id)
+
+    def on_taken(self, request_id: str) -> None:
+        self.send((TAKEN, request_id))
+
+
+def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
+    level, fmt, switch_interval = setup
+    logging.basicConfig(level=level, **({"format": fmt} if fmt else {}))
+    sys.setswitchinterval(switch_interval)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
+    lock = threading.Lock()  # the loop thread (events, TAKEN) and this one (replies) both write
+
+    def send(message: tuple) -> None:
+        try:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable error still has to reach its request
+            data = pickle.dumps((*message[:-1], RuntimeError(repr(message[-1]))), protocol=pickle.HIGHEST_PROTOCOL)
+            log.debug("unpicklable message %r: %s", message[0], exc)
+        with lock:
+            try:
+                outbox.send_bytes(data)
+            except OSError:  # the parent is gone; the loop below ends at end-of-file
+                pass
+
+    # The parent enforces max_waiting over what it has sent; the child's own count would refuse a burst the
+    # parent already admitted while it crossed the pipe.
+    config = dataclasses.replace(config, max_waiting=1 << 30)
+    try:
+        engine = _ChildEngine(config, send)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it from EngineProcess()
+        send((FAILED, exc))
+        return
+    engine.start()
+    send((READY, engine.tokenizer))
+    reported_dead = False
+    while True:
+        if not inbox.poll(0.5):
+            if not engine.is_alive and not reported_dead:
+                send((DEAD, "the engine loop stopped"))
+                reported_dead = True
+            continue
+        try:
+            message = inbox.recv()
+        except EOFError:
+            break
+        kind = message[0]
+        if kind == ADD:
+            _, request_id, options, n = message
+            samples = np.empty(n, dtype=np.float32)  # received in place: one copy, and writable for torch
+            inbox.recv_bytes_into(samples)
+            try:
+                engine.submit(samples, options, request_id=request_id)
+            except Exception as exc:  # noqa: BLE001 - the request's own error, sent to its handle
+                send((EVENT, request_id, exc))
+        elif kind == ABORT:
+            engine.abort(message[1])
+        elif kind == STATS:
+            send((STATS, message[1], engine.stats()))
+        elif kind == SHUTDOWN:
+            break
+    engine.shutdown()

@@ -1,0 +1,74 @@
+"""`serve --engine-process on` (the default on a GPU), here on the CPU: the engine runs in a child process and the
+API behaves as with the engine in the server's process: transcripts, streams, errors, disconnects, /metrics; when
+the child dies, /health and requests answer 503 instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from e2e_utils import JFK, JFK_WORDS, contains_words
+from openai.types.audio import TranscriptionTextDoneEvent
+
+LONG = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # ~230 s: many windows, long enough to abandon
+
+
+def engine_pid(server) -> int:
+    match = re.search(r"engine in process (\d+)", server.log_tail(100_000))
+    assert match, server.log_tail()
+    return int(match.group(1))
+
+
+def metric(server, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", httpx.get(f"{server.url}/metrics").text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_transcripts_streams_and_errors(process_server, server, data_dir):
+    """The same answers as the default server (engine in its process) for a transcript, a stream and a 400."""
+    assert engine_pid(process_server) != process_server.proc.pid
+    client = process_server.client()
+    text = client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1").text
+    assert contains_words(text, JFK_WORDS)
+    assert text == server.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1").text
+    events = list(client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1", stream=True))
+    assert isinstance(events[-1], TranscriptionTextDoneEvent) and events[-1].text == text
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1", language="de")
+    error = caught.value.body
+    assert error["param"] == "language" and "English-only" in error["message"]
+    assert metric(process_server, 'whisper_engine_total{name="tokens"}') > 0
+    assert metric(process_server, "whisper_decode_slots") > 0
+
+
+def test_disconnect_aborts_in_the_child(process_server, data_dir):
+    files = {"file": (LONG, (data_dir / LONG).read_bytes(), "audio/flac")}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{process_server.url}/v1/audio/transcriptions",
+            files=files,
+            data={"model": "whisper-1"},
+            timeout=httpx.Timeout(30, read=3),
+        )
+    deadline = time.monotonic() + 60
+    while metric(process_server, "whisper_running_sequences") > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert metric(process_server, "whisper_running_sequences") == 0
+
+
+def test_a_dead_engine_process_answers_503(doomed_process_server, data_dir):
+    remote = doomed_process_server
+    os.kill(engine_pid(remote), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{remote.url}/health").status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    health = httpx.get(f"{remote.url}/health")
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_unavailable"
+    with pytest.raises(openai.InternalServerError) as caught:
+        remote.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
+    assert caught.value.status_code == 503
