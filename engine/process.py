@@ -291,7 +291,10 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
         elif kind == ABORT:
             engine.abort(message[1])
         elif kind == STATS:
-            send((STATS, message[1], engine.stats()))
+            # Waiting in the scheduler only: requests not yet taken by the loop are counted by the parent, which
+            # sent them (the child's own count of those would count them twice).
+            stats = engine.stats()
+            send((STATS, message[1], dataclasses.replace(stats, num_waiting=engine.scheduler.num_waiting)))
         elif kind == SHUTDOWN:
             break
     engine.shutdown()

@@ -19,7 +19,10 @@
  * weighted values; groups merge once at the end through shared memory. With NUM_SPLITS > 1 a block writes its
  * partial max (natural log units), sum and unnormalized output, combined by a second kernel.
  *
- * Compile-time settings (-D): THREADS, TPK, UNROLL, OUT_BF16 (output and query dtype), K_DP4A, V_PRMT.
+ * Compile-time settings (-D; engine/int8_attention.py CUDA_SETTINGS, swept by benchmarks/int8_cross_attention.py
+ * --sweep-cuda): THREADS, TPK, UNROLL; MIN_BLOCKS (blocks per multiprocessor the registers are capped for);
+ * LOAD_HINT (0 plain read-only loads, 1 skipping L1, 2 also prefetching 256 bytes into L2); OUT_BF16 (query and
+ * output in bfloat16, else float16); K_DP4A and V_PRMT (1: the integer forms above; 0: converting instructions).
  */
 
 #define HEAD_DIM 64
@@ -78,8 +81,6 @@ struct Chunk {
 #define LD_PREFIX "ld.global.nc.L1::no_allocate"
 #elif LOAD_HINT == 2
 #define LD_PREFIX "ld.global.nc.L1::no_allocate.L2::256B"
-#elif LOAD_HINT == 3
-#define LD_PREFIX "ld.global.nc.L2::128B"
 #endif
 
 __device__ __forceinline__ Chunk load_chunk(const signed char *p) {
