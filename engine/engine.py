@@ -61,17 +61,32 @@ def check_audio(audio: np.ndarray) -> np.ndarray:
     return audio
 
 
-def validate_options(tok: Tokenizer, options: DecodeOptions) -> None:
-    """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""
-    if options.language is not None:
-        if not tok.is_multilingual and options.language != "en":
-            raise InvalidRequestError(
-                f"This model is English-only; language {options.language!r} is not supported", "language"
-            )
-        if tok.is_multilingual and options.language not in tok.language_ids:
-            raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
-    if options.task == Task.TRANSLATE and not tok.is_multilingual:
-        raise InvalidRequestError("This model is English-only and cannot translate", "model")
+class EngineFront:
+    """What Engine and engine/process.py's EngineProcess answer alike, from the config and the tokenizer."""
+
+    config: EngineConfig
+    tokenizer: Tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.tokenizer.is_multilingual
+
+    def validate(self, options: DecodeOptions) -> None:
+        """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""
+        tok = self.tokenizer
+        if options.language is not None:
+            if not tok.is_multilingual and options.language != "en":
+                raise InvalidRequestError(
+                    f"This model is English-only; language {options.language!r} is not supported", "language"
+                )
+            if tok.is_multilingual and options.language not in tok.language_ids:
+                raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
+        if options.task == Task.TRANSLATE and not tok.is_multilingual:
+            raise InvalidRequestError("This model is English-only and cannot translate", "model")
 
 
 class RequestHandle:
@@ -130,7 +145,7 @@ class RequestHandle:
             self.engine.abort(self.request_id)
 
 
-class Engine:
+class Engine(EngineFront):
     def __init__(self, config: EngineConfig):
         self.config = config
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -170,14 +185,6 @@ class Engine:
     # ---- public API (any thread) ------------------------------------------------------------------
 
     @property
-    def model_name(self) -> str:
-        return self.config.model
-
-    @property
-    def is_multilingual(self) -> bool:
-        return self.tokenizer.is_multilingual
-
-    @property
     def is_alive(self) -> bool:
         return self._started.is_set() and self._thread.is_alive() and self._error is None
 
@@ -212,9 +219,6 @@ class Engine:
                 encoder_padded_windows=s.encoder_padded_windows,
             )  # fmt: skip
         return totals
-
-    def validate(self, options: DecodeOptions) -> None:
-        validate_options(self.tokenizer, options)
 
     def submit(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
         """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError."""

@@ -30,7 +30,7 @@ import threading
 import numpy as np
 
 from .config import EngineConfig
-from .engine import Engine, RequestHandle, check_audio, validate_options
+from .engine import Engine, EngineFront, RequestHandle, check_audio
 from .request import (
     DecodeOptions,
     EngineDeadError,
@@ -47,7 +47,7 @@ STATS_TIMEOUT_S = 5.0
 SHUTDOWN_TIMEOUT_S = 15.0
 
 
-class EngineProcess:
+class EngineProcess(EngineFront):
     """Engine's interface (submit, abort, stats, is_alive, tokenizer, start, shutdown) over a child process."""
 
     def __init__(self, config: EngineConfig):
@@ -89,14 +89,6 @@ class EngineProcess:
     # ---- Engine's interface -----------------------------------------------------------------------
 
     @property
-    def model_name(self) -> str:
-        return self.config.model
-
-    @property
-    def is_multilingual(self) -> bool:
-        return self.tokenizer.is_multilingual
-
-    @property
     def is_alive(self) -> bool:
         return self._started and self._dead is None and self._process.is_alive()
 
@@ -106,9 +98,6 @@ class EngineProcess:
 
     def start(self) -> None:
         self._started = True
-
-    def validate(self, options: DecodeOptions) -> None:
-        validate_options(self.tokenizer, options)
 
     def submit(self, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
         """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError (as Engine)."""

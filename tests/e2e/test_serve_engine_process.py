@@ -1,6 +1,6 @@
 """`serve --engine-process on` (the default on a GPU), here on the CPU: the engine runs in a child process and the
-API behaves as with the engine in the server's process: transcripts, streams, errors, disconnects, /metrics; when
-the child dies, /health and requests answer 503 instead of hanging."""
+API behaves as with the engine in the server's process: transcripts, streams, errors, /metrics (disconnects:
+test_disconnect.py); when the child dies, /health and requests answer 503 instead of hanging."""
 
 from __future__ import annotations
 
@@ -12,21 +12,14 @@ import time
 import httpx
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, contains_words
+from e2e_utils import JFK, JFK_WORDS, contains_words, metric
 from openai.types.audio import TranscriptionTextDoneEvent
-
-LONG = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # ~230 s: many windows, long enough to abandon
 
 
 def engine_pid(server) -> int:
     match = re.search(r"engine in process (\d+)", server.log_tail(100_000))
     assert match, server.log_tail()
     return int(match.group(1))
-
-
-def metric(server, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", httpx.get(f"{server.url}/metrics").text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_transcripts_streams_and_errors(process_server, server, data_dir):
@@ -44,21 +37,6 @@ def test_transcripts_streams_and_errors(process_server, server, data_dir):
     assert error["param"] == "language" and "English-only" in error["message"]
     assert metric(process_server, 'whisper_engine_total{name="tokens"}') > 0
     assert metric(process_server, "whisper_decode_slots") > 0
-
-
-def test_disconnect_aborts_in_the_child(process_server, data_dir):
-    files = {"file": (LONG, (data_dir / LONG).read_bytes(), "audio/flac")}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{process_server.url}/v1/audio/transcriptions",
-            files=files,
-            data={"model": "whisper-1"},
-            timeout=httpx.Timeout(30, read=3),
-        )
-    deadline = time.monotonic() + 60
-    while metric(process_server, "whisper_running_sequences") > 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert metric(process_server, "whisper_running_sequences") == 0
 
 
 def test_a_dead_engine_process_answers_503(doomed_process_server, data_dir):
