@@ -220,12 +220,19 @@ class Engine(EngineFront):
             )  # fmt: skip
         return totals
 
-    def submit(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
+    def submit(self, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
         """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         audio = check_audio(audio)
         self.validate(options)
+        return self.submit_checked(audio, options)
+
+    def submit_checked(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
+        """submit() for samples and options already checked: engine/process.py's child, whose parent checked them,
+        so the scan of every sample is not repeated beside this engine's loop."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running")
         if self.config.fixed_decode_tokens is not None:
             options = dataclasses.replace(
                 options, fixed_decode_tokens=self.config.fixed_decode_tokens, temperatures=(0.0,),

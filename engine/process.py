@@ -274,7 +274,7 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
             samples = np.empty(n, dtype=np.float32)  # received in place: one copy, and writable for torch
             inbox.recv_bytes_into(samples)
             try:
-                engine.submit(samples, options, request_id=request_id)
+                engine.submit_checked(samples, options, request_id=request_id)
             except Exception as exc:  # noqa: BLE001 - the request's own error, sent to its handle
                 send((EVENT, request_id, exc))
         elif kind == ABORT:
