@@ -7,52 +7,74 @@ torch.profiler's host table misled on the GPU: with the profiler attached, each 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
-def print_engine_phases(engine, run: Callable[[], float], label: str, repeats: int = 5) -> None:
-    """`run()` serves one request on `engine` and returns its wall time; prints a table of the phases per request."""
-    spent: dict[str, float] = collections.defaultdict(float)
-    calls: collections.Counter = collections.Counter()
+def phase_targets(engine) -> list[tuple[object, str, str]]:
+    """(object, method name, phase label) for each engine-loop method worth timing."""
     runner, decoder = engine.runner, engine.runner.model.decoder
     targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample", "_rules", "logits_processor")]
-    targets += [(engine, n) for n in ("step", "_launched", "_complete", "_release")]
+    targets += [(engine, n) for n in ("step", "_add", "_launched", "_complete", "_release")]
+    targets += [(engine.scheduler, "admit"), (decoder, "fill_cross_cache")]
     targets += [(decoder, "forward"), (decoder, "logits")]  # eager model time (a GPU step with graphs skips them)
     if runner.graphs is not None:
-        targets.append((runner.graphs, "decode"))
+        targets += [(runner.graphs, "decode"), (runner.graphs, "encode")]
     # the sampler (a module function), a step's output copy and its read, the small host-to-device copies
     import engine.model_runner as model_runner
 
     targets += [(model_runner, "sample"), (model_runner.StepOutput, "__init__"), (model_runner.StepOutput, "result")]
     targets.append((runner, "_to_device"))
-    originals = []
+    named = []
     for obj, name in targets:
-        fn = getattr(obj, name)
         owner = obj.__name__.rsplit(".", 1)[-1] if isinstance(obj, type) or hasattr(obj, "__file__") else type(obj).__name__
-        phase = f"{owner}.{name}"
+        named.append((obj, name, f"{owner}.{name}"))
+    return named
 
-        def timed(*a, _fn=fn, _phase=phase, **k):
-            start = time.perf_counter()
-            try:
+
+@contextlib.contextmanager
+def wrapped_phases(engine, around: Callable[[str], contextlib.AbstractContextManager]) -> Iterator[list[str]]:
+    """Every phase_targets method runs inside `around(label)` until the block ends; yields the labels."""
+    originals = []
+    for obj, name, phase in phase_targets(engine):
+        fn = getattr(obj, name)
+
+        def wrapper(*a, _fn=fn, _phase=phase, **k):
+            with around(_phase):
                 return _fn(*a, **k)
-            finally:
-                spent[_phase] += time.perf_counter() - start
-                calls[_phase] += 1
 
         originals.append((obj, name, obj.__dict__.get(name)))
-        setattr(obj, name, timed)
+        setattr(obj, name, wrapper)
     try:
-        run()  # warm-up with the timers in place
-        spent.clear()
-        calls.clear()
-        wall = sum(run() for _ in range(repeats)) / repeats
+        yield [phase for _, _, phase in phase_targets(engine)]
     finally:
         for obj, name, before in originals:
             if before is None:
                 delattr(obj, name)
             else:
                 setattr(obj, name, before)
+
+
+def print_engine_phases(engine, run: Callable[[], float], label: str, repeats: int = 5) -> None:
+    """`run()` serves one request on `engine` and returns its wall time; prints a table of the phases per request."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+
+    @contextlib.contextmanager
+    def timed(phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent[phase] += time.perf_counter() - start
+            calls[phase] += 1
+
+    with wrapped_phases(engine, timed):
+        run()  # warm-up with the timers in place
+        spent.clear()
+        calls.clear()
+        wall = sum(run() for _ in range(repeats)) / repeats
     print(f"\n{label}: engine-loop phases (mean of {repeats}; wall {wall * 1e3:.1f} ms per request)")
     print("| phase | ms per request | calls | us per call |")
     print("|---|---|---|---|")

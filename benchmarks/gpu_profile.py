@@ -6,7 +6,8 @@ Dummy weights, float16, random 30 s windows, exactly --tokens tokens per window.
 and RTFx of one run, then a profiled run whose CUDA kernels are grouped (GEMM, attention, copies, ...) with their
 share of the wall time (--top N: also the N kernels with the most time); with --host, the wall time of each
 engine-loop phase for --host-concurrency windows (default one: encoder, prompt, graph replay, logit rules, sampling
-and the wait for the step's tokens).
+and the wait for the step's tokens); with --gaps, the GPU's idle time in a run of the largest concurrency (no
+kernel or copy running on any stream), split by the engine-loop phase the host was in meanwhile: what starves it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.request import DecodeOptions  # noqa: E402
-from engine_phases import print_engine_phases  # noqa: E402
+from engine_phases import print_engine_phases, wrapped_phases  # noqa: E402
 
 KINDS = (
     ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet")),
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="also print the engine loop's phases for one window")
     ap.add_argument("--host-concurrency", type=int, default=1, help="windows per request batch for --host")
     ap.add_argument("--top", type=int, default=0, help="also list the N kernels with the most GPU time")
+    ap.add_argument("--gaps", action="store_true", help="also split the GPU's idle time by the host's engine phase")
     ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"])
     args = ap.parse_args()
 
@@ -96,10 +98,97 @@ def main() -> None:
             print("|---|---|---|---|")
             for name, us in by_name.most_common(args.top):
                 print(f"| {name[:100]} | {us / 1e3:.1f} | {name_count[name]} | {us / name_count[name]:.1f} |")
+    if args.gaps:
+        print_idle_gaps(engine, run, max(args.concurrency), args.model)
     if args.host:
         n = args.host_concurrency
         print_engine_phases(engine, lambda: run(n), f"{args.model}, {n} window(s)")
     engine.shutdown()
+
+
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def idle_by_phase(
+    busy: list[tuple[float, float]], phases: list[tuple[float, float, str]], start: float, end: float
+) -> tuple[collections.Counter, collections.Counter]:
+    """Idle time of the device within [start, end] (outside every `busy` interval), split by the innermost host
+    phase running meanwhile ("outside any phase" where none is). Phases must nest (one thread's calls).
+    Returns (microseconds per phase, gaps per phase)."""
+    idle_us, gaps = collections.Counter(), collections.Counter()
+    cursor = start
+    holes = []
+    for a, b in merged(busy):
+        if b <= start or a >= end:
+            continue
+        if a > cursor:
+            holes.append((cursor, a))
+        cursor = max(cursor, b)
+    if cursor < end:
+        holes.append((cursor, end))
+    phases = sorted(phases)
+    for a, b in holes:
+        cuts = sorted({a, b, *(t for p0, p1, _ in phases for t in (p0, p1) if a < t < b)})
+        seen = set()
+        for c0, c1 in zip(cuts, cuts[1:]):
+            mid = (c0 + c1) / 2
+            active = [(p0, name) for p0, p1, name in phases if p0 <= mid < p1]
+            name = max(active)[1] if active else "outside any phase"
+            idle_us[name] += c1 - c0
+            seen.add(name)
+        for name in seen:
+            gaps[name] += 1
+    return idle_us, gaps
+
+
+def print_idle_gaps(engine, run, n: int, model: str) -> None:
+    """One profiled run of n windows with every engine-loop phase labelled; the device's idle time by phase."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.autograd.profiler import record_function
+
+    # the engine loop runs on a thread of its own, which the profiler only sees when told to watch every thread
+    every_thread = _ExperimentalConfig(profile_all_threads=True)
+    with wrapped_phases(engine, record_function) as labels:
+        run(n)  # warm-up with the labels in place
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], experimental_config=every_thread) as prof:
+            with record_function("run"):
+                wall = run(n)
+    labels = set(labels)
+    events = prof.events()
+    busy = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    span = next(e.time_range for e in events if e.name == "run")
+    steps = [e for e in events if e.name == "Engine.step"]
+    loop = collections.Counter(e.thread for e in steps).most_common(1)[0][0]
+    phases = [(e.time_range.start, e.time_range.end, e.name) for e in events
+              if e.name in labels and e.thread == loop]  # fmt: skip
+    idle_us, gaps = idle_by_phase(busy, phases, span.start, span.end)
+    run_us = span.end - span.start
+    busy_us = run_us - sum(idle_us.values())
+    print(f"\n{model}, {n} windows, profiled with host phases labelled: {wall:.3f} s ({30 * n / wall:.0f} RTFx), "
+          f"device busy {busy_us / run_us:.0%} (any kernel or copy on any stream), {len(steps)} loop steps")
+    print("| host phase while the device idles | idle ms | share of the run | gaps |")
+    print("|---|---|---|---|")
+    for name, us in idle_us.most_common():
+        print(f"| {name} | {us / 1e3:.1f} | {us / run_us:.1%} | {gaps[name]} |")
+    # device time of the kernels each phase launched (graph replays included); a phase's figure includes its
+    # nested phases' (GraphRunner.decode within ModelRunner.decode, for example)
+    device_us, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.name in labels and e.thread == loop:
+            device_us[e.name] += e.device_time_total
+            calls[e.name] += 1
+    print("| phase | device ms (nested phases included) | calls | device us per call |")
+    print("|---|---|---|---|")
+    for name, us in device_us.most_common():
+        if us:
+            print(f"| {name} | {us / 1e3:.1f} | {calls[name]} | {us / calls[name]:.0f} |")
 
 
 if __name__ == "__main__":

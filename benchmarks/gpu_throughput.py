@@ -48,7 +48,7 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
     engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,
                                  cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap,
-                                 encoder_precision=encoder_precision))
+                                 encoder_precision=encoder_precision, max_waiting=max(256, *concurrency)))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=tokens,
