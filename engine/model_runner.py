@@ -146,6 +146,8 @@ class ModelRunner:
             model.encoder.use_fp8()
             torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
         model.decoder.fuse_qkv(input_major=on_cpu)
+        if not on_cpu:
+            model.encoder.fuse_qkv()
         if on_cpu:
             model.decoder.prepare_for_cpu(cpu_kernels.load() if self.dtype == torch.float32 else None)
         return model
