@@ -1,14 +1,15 @@
 """A lone sequence's decode-step kernels on a GPU, each against what it replaced.
 
-    python benchmarks/gpu_one_row.py
+    python benchmarks/gpu_one_row.py [--only products vocabulary self-attention]
 
 Large-v3 shapes, float16, GPU microseconds per call inside a CUDA graph (Triton's Python launch path would
 otherwise be what is timed), each weight one of 8 copies used in turn so it is read from HBM, not L2. Prints:
 1. residual add + layer norm + product in one kernel (fused_ops.add_norm_linear) against add_norm and the product
    (fused_ops.NORM_PRODUCT off), for 4, 8 and 16 output features per program (NORM_PRODUCT_FEATURES);
 2. the vocabulary projection of one row (fused_ops.one_row_logits) against cuBLAS and the float32 cast;
-3. the decode step's self-attention kernel with 4 and 8 warps per program, by rows and position (the engine uses
-   8 below decode_attention.FEW_PROGRAMS programs).
+3. the decode step's self-attention kernel at several (keys per block, warps) settings, by rows and the limit its
+   rows' positions are spread below (the engine's choice: decode_attention.MANY_PROGRAMS_SETTINGS, and
+   FEW_PROGRAMS_SETTINGS below decode_attention.FEW_PROGRAMS programs).
 """
 
 from __future__ import annotations
@@ -77,31 +78,39 @@ def vocabulary(dev: str) -> None:
 
 
 def self_attention(dev: str) -> None:
-    heads, dim, positions = 20, 64, (64, 200, 440)
+    """The step's self-attention kernel at each (keys per block, warps), rows with positions spread below a limit."""
+    heads, dim = 20, 64
     k_cache = torch.randn(300, heads, 448, dim, device=dev, dtype=torch.float16)
     v_cache = torch.randn_like(k_cache)
-    default = (decode_attention.NUM_WARPS, decode_attention.FEW_PROGRAMS_WARPS)
-    print("\n| rows | " + " | ".join(f"position {p}: 4 / 8 warps us" for p in positions) + " |")
-    print("|---|" + "---|" * len(positions))
-    for rows in (1, 8, 16, 64, 256):
+    settings = [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8)]
+    default = (decode_attention.MANY_PROGRAMS_SETTINGS, decode_attention.FEW_PROGRAMS_SETTINGS)
+    print("\n| rows | positions below | " + " | ".join(f"{b} keys, {w} warps us" for b, w in settings) + " |")
+    print("|---|---|" + "---|" * len(settings))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for rows in (1, 8, 64, 256):
         qkv = torch.randn(rows, 1, 3 * heads * dim, device=dev, dtype=torch.float16)
-        cells = []
-        for p in positions:
-            pos = torch.full((rows, 1), p, device=dev, dtype=torch.long)
-            t = {}
-            for warps in (4, 8):
-                decode_attention.NUM_WARPS = decode_attention.FEW_PROGRAMS_WARPS = warps
-                t[warps] = time_us(lambda: decode_attention.self_attention_step(qkv, k_cache, v_cache, pos, 0))
-            cells.append(f"{t[4]:.1f} / {t[8]:.1f}")
-        decode_attention.NUM_WARPS, decode_attention.FEW_PROGRAMS_WARPS = default
-        print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+        for limit in (60, 104, 441):
+            pos = torch.randint(4, limit, (rows, 1), device=dev, generator=gen)
+            cells = []
+            for setting in settings:
+                decode_attention.MANY_PROGRAMS_SETTINGS = decode_attention.FEW_PROGRAMS_SETTINGS = setting
+                cells.append(time_us(lambda: decode_attention.self_attention_step(qkv, k_cache, v_cache, pos, 0)))
+            decode_attention.MANY_PROGRAMS_SETTINGS, decode_attention.FEW_PROGRAMS_SETTINGS = default
+            best = min(cells)
+            text = [f"**{us:.1f}**" if us == best else f"{us:.1f}" for us in cells]
+            print(f"| {rows} | {limit} | " + " | ".join(text) + " |", flush=True)
 
 
 def main() -> None:
+    import argparse
+
+    sections = {"products": fused_products, "vocabulary": vocabulary, "self-attention": self_attention}
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="+", choices=sorted(sections), default=list(sections))
+    args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, large-v3 shapes")
-    fused_products("cuda")
-    vocabulary("cuda")
-    self_attention("cuda")
+    for name in args.only:
+        sections[name]("cuda")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from engine.engine import Engine  # noqa: E402
 from engine.request import DecodeOptions  # noqa: E402
 from engine_phases import print_engine_phases, wrapped_phases  # noqa: E402
 
-KINDS = (
+KINDS = (  # first match wins: cuDNN's attention kernels name their architecture too ("sdpa_sm90")
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "attend")),
     ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet")),
-    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
     ("copy/index", ("copy", "index", "scatter", "gather", "cat")),
     ("quantize", ("quantize",)),
     ("norm", ("norm",)),

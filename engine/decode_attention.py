@@ -23,13 +23,15 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-BLOCK_N = 32  # keys per block
-NUM_WARPS = 4
-# Below ~2 programs per SM of an H100/H200 (a few rows), each program streams its prefix nearly alone and is bound
-# by how many of its loads are in flight: 8 warps instead of 4 (H200, one row at position 440: 11.3 -> 7.7 us per
-# layer; 8 rows 12.2 -> 8.8; at position 64 3.4 -> 3.3: a workbench sweep, BENCHMARKS.md ninth session).
+# (keys per block, warps) of a program. With many programs (a batch of rows x heads) each one's prefix is short
+# work and the step is bound by how many programs are resident: 16-key blocks on 2 warps (H200, large-v3 shapes,
+# positions spread below 104: 256 rows 35.7 -> 31.9 us per layer, below 60: 27.8 -> 19.6; 64 rows 9.9 -> 7.9;
+# benchmarks/gpu_one_row.py). Below ~2 programs per SM of an H100/H200 (a few rows), each program streams its
+# prefix nearly alone and is bound by how many of its loads are in flight: 32-key blocks on 8 warps (one row at
+# position 440: 11.3 -> 7.7 us against 4 warps; 8 rows 12.2 -> 8.8; BENCHMARKS.md ninth session).
+MANY_PROGRAMS_SETTINGS = (16, 2)
 FEW_PROGRAMS = 256
-FEW_PROGRAMS_WARPS = 8
+FEW_PROGRAMS_SETTINGS = (32, 8)
 
 
 def cache_supported(cache_k: Tensor) -> bool:
@@ -55,9 +57,10 @@ def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions
     assert qkv.shape == (b, 1, 3 * h * d) and qkv.is_contiguous()
     assert positions.shape == (b, 1) and cache_v.stride() == cache_k.stride()
     out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
+    block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
     _write_and_attend[(b * h,)](
         qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_WARPS,
+        HEAD_DIM=d, BLOCK_N=block_n, num_warps=warps,
     )  # fmt: skip
     return out
 
