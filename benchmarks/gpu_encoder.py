@@ -1,9 +1,10 @@
-"""The encoder alone on a GPU, float16 products against float8 ones (engine/fp8.py), dummy weights.
+"""The encoder alone on a GPU: float16 with separate and fused q/k/v products, then float8 ones (engine/fp8.py).
 
     python benchmarks/gpu_encoder.py [--model large-v3] [--batch 1 8 32] [--repeats 5] [--model-dtype-blocks N]
 
-Prints milliseconds per encoder pass and per window for each batch size, both precisions, in one process (the
-same weights, quantized after the float16 runs), and the float8 output's relative error against float16 on the
+Prints milliseconds per encoder pass and per window for each batch size, float16 with q/k/v as three products and
+as one (AudioEncoder.fuse_qkv, the engine's choice on a GPU), then float8, in one process (the same weights,
+quantized after the float16 runs), and the float8 output's relative error against float16 on the
 same random input. Eager passes timed with CUDA events after two warm-ups; the engine replays them as graphs,
 which for batches this large changes little. Quality on real speech is tests/gpu/test_fp8_encoder.py's job.
 """
@@ -56,19 +57,26 @@ def main() -> None:
     encoder = encoder.to(device).eval()
     gen = torch.Generator(device).manual_seed(0)
     mels = {b: torch.randn(b, dims.n_mels, 3000, device=device, generator=gen, dtype=torch.float16) for b in args.batch}
-    half = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
+    separate = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
     with torch.inference_mode():
         reference = encoder(mels[args.batch[0]]).float()
+        encoder.fuse_qkv()
+        fused_error = (encoder(mels[args.batch[0]]).float() - reference).norm() / reference.norm()
+    half = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
+    with torch.inference_mode():
         encoder.use_fp8(args.model_dtype_blocks)
         torch.cuda.empty_cache()
         error = (encoder(mels[args.batch[0]]).float() - reference).norm() / reference.norm()
     eight = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
     print(f"{torch.cuda.get_device_name()}, {args.model} encoder, dummy weights, first {encoder.fp8_start} blocks "
-          f"in float16; float8 output vs float16: relative error {error.item():.4f}")  # fmt: skip
-    print("| batch | float16 ms | float8 ms | float16 ms per window | float8 ms per window | float8 / float16 |")
-    print("|---|---|---|---|---|---|")
+          f"in float16; relative error against separate q/k/v: fused {fused_error.item():.1e}, float8 "
+          f"{error.item():.4f}")  # fmt: skip
+    print("| batch | float16 separate q/k/v ms | float16 fused ms | float8 ms | float16 fused ms per window "
+          "| float8 ms per window | float8 / float16 fused |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for b in args.batch:
-        print(f"| {b} | {half[b]:.1f} | {eight[b]:.1f} | {half[b] / b:.2f} | {eight[b] / b:.2f} | {eight[b] / half[b]:.2f} |")
+        print(f"| {b} | {separate[b]:.1f} | {half[b]:.1f} | {eight[b]:.1f} | {half[b] / b:.2f} | {eight[b] / b:.2f} "
+              f"| {eight[b] / half[b]:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
