@@ -24,12 +24,14 @@ except ImportError:  # CPU-only installs
     triton = None
 
 # (keys per block, warps) of a program. With many programs (a batch of rows x heads) each one's prefix is short
-# work and the step is bound by how many programs are resident: 16-key blocks on 2 warps (H200, large-v3 shapes,
-# positions spread below 104: 256 rows 35.7 -> 31.9 us per layer, below 60: 27.8 -> 19.6; 64 rows 9.9 -> 7.9;
-# benchmarks/gpu_one_row.py). Below ~2 programs per SM of an H100/H200 (a few rows), each program streams its
-# prefix nearly alone and is bound by how many of its loads are in flight: 32-key blocks on 8 warps (one row at
-# position 440: 11.3 -> 7.7 us against 4 warps; 8 rows 12.2 -> 8.8; BENCHMARKS.md ninth session).
-MANY_PROGRAMS_SETTINGS = (16, 2)
+# work and the step is bound by how many programs are resident: 16-key blocks on 4 warps (H200, large-v3 shapes,
+# `benchmarks/gpu_one_row.py --only self-attention`; positions spread below 60 / 104 / 441: 256 rows 25.4 / 34.0 /
+# 93.8 us per layer against 27.2 / 36.3 / 95.0 with 32-key blocks, 64 rows 7.3 / 9.2 / 31.5 against 7.9 / 9.6 /
+# 31.5). 2 warps were faster at short contexts (256 rows: 19.1 / 32.1) and slower at long ones, which prompts of
+# earlier text reach (100.9; 64 rows 44.3). Below ~2 programs per SM of an H100/H200 (a few rows), each program
+# streams its prefix nearly alone and is bound by how many of its loads are in flight: 32-key blocks on 8 warps
+# (one row at position 440: 11.3 -> 7.7 us against 4 warps; 8 rows 12.2 -> 8.8; BENCHMARKS.md ninth session).
+MANY_PROGRAMS_SETTINGS = (16, 4)
 FEW_PROGRAMS = 256
 FEW_PROGRAMS_SETTINGS = (32, 8)
 
