@@ -219,6 +219,18 @@ if triton is not None:
         tl.store(SCALE + row, amax / 448.0)
 
     @triton.jit
+    def _gelu_tanh(v):
+        # GELU's tanh form, x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3)), as cuBLASLt's epilogue computes it
+        return v / (1.0 + tl.exp(-1.5957691216057308 * (v + 0.044715 * v * v * v)))
+
+    @triton.jit
+    def _mean_rstd(s, valid, n, eps):
+        # a row's layer-norm statistics in float32: mean and 1 / sqrt(variance + eps), over its `valid` columns
+        mean = tl.sum(s, axis=0) / n
+        d = tl.where(valid, s - mean, 0.0)
+        return mean, 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n + eps)
+
+    @triton.jit
     def _add_layer_norm(X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -229,12 +241,10 @@ if triton is not None:
         s = (x + y).to(OUT_X.dtype.element_ty)
         tl.store(OUT_X + row * N + cols, s, mask=valid)
         s = s.to(tl.float32)
-        mean = tl.sum(s, axis=0) / N
-        d = tl.where(valid, s - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / N + eps)
+        mean, rstd = _mean_rstd(s, valid, N, eps)
         w = tl.load(W + cols, mask=valid, other=0.0).to(tl.float32)
         b = tl.load(B + cols, mask=valid, other=0.0).to(tl.float32)
-        h = d * rstd * w + b
+        h = (s - mean) * rstd * w + b
         if FP8:
             _store_fp8_row(OUT_H + row * N, H_SCALE, row, cols, h, valid)
         else:
@@ -253,7 +263,7 @@ if triton is not None:
         v = tl.load(X + base + (cols // head_dim) * stride_head + cols % head_dim, mask=valid, other=0.0)
         v = v.to(tl.float32)
         if GELU:  # tanh form, as cuBLASLt's epilogue in the float16 path: erf made this kernel 1.9x slower
-            v = v / (1.0 + tl.exp(-1.5957691216057308 * (v + 0.044715 * v * v * v)))
+            v = _gelu_tanh(v)
         _store_fp8_row(OUT + row * N, SCALE, row, cols, v, valid)
 
     @triton.jit
@@ -270,9 +280,7 @@ if triton is not None:
             if tl.program_id(0) == 0:
                 tl.store(OUT_X + cols, s, mask=valid)
             s = s.to(tl.float32)
-        mean = tl.sum(s, axis=0) / K
-        d = tl.where(valid, s - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / K + eps)
+        mean, rstd = _mean_rstd(s, valid, K, eps)
         # then BLOCK_N output features against the normalized row, rebuilt chunk by chunk and rounded to the
         # weight's dtype as the separate kernels' stored row is
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -288,7 +296,7 @@ if triton is not None:
             acc += tl.sum(w * h[None, :], axis=1)
         acc += tl.load(BIAS + rows).to(tl.float32)
         if GELU:  # tanh form, as linear_gelu's cuBLASLt epilogue
-            acc = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
+            acc = _gelu_tanh(acc)
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))
 
     @triton.jit

@@ -177,10 +177,9 @@ class AudioEncoder(nn.Module):
             x, h, h_scale = add_norm_fp8(x, p["out"](o, o_scale).view(b, t, n), blocks[i].mlp_ln)
             f, f_scale = quantize_rows(p["fc1"](h, h_scale), gelu=True)
             y = p["fc2"](f, f_scale).view(b, t, n)
-            if i == len(blocks) - 1:
-                return add_norm(x, y, self.ln_post)[1]
-            x, h, h_scale = add_norm_fp8(x, y, blocks[i + 1].attn_ln)
-        raise AssertionError("an encoder has blocks")
+            if i < len(blocks) - 1:
+                x, h, h_scale = add_norm_fp8(x, y, blocks[i + 1].attn_ln)
+        return add_norm(x, y, self.ln_post)[1]  # forward() calls this only when some block is in float8
 
 
 class TextDecoder(nn.Module):
