@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -24,5 +26,7 @@ async def health(request: Request) -> dict[str, str]:
 @router.get("/metrics")
 async def metrics(request: Request, metrics: MetricsDep) -> Response:
     engine = request.app.state.engine
-    stats = engine.stats() if engine is not None and engine.is_alive else None
+    # in a thread: with the engine in its own process, stats are a round trip to it (answered between its steps),
+    # which must not hold up the event loop's other requests
+    stats = await asyncio.to_thread(engine.stats) if engine is not None and engine.is_alive else None
     return Response(metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

@@ -146,6 +146,23 @@ def test_decoding_runs_off_the_event_loop(monkeypatch):
     assert threads and threads[0] is not loop_thread
 
 
+def test_metrics_read_engine_stats_off_the_event_loop():
+    threads = []
+
+    class Engine(FakeEngine):
+        def stats(self):
+            threads.append(threading.current_thread())
+            return super().stats()
+
+    async def body():
+        async with clients(Engine()) as (_, http, _app):
+            assert (await http.get("/metrics")).status_code == 200
+        return threading.current_thread()
+
+    loop_thread = run(body())
+    assert threads and threads[0] is not loop_thread
+
+
 def test_disconnect_aborts_the_engine_request():
     engine = FakeEngine(block=True)
     options = DecodeOptions()
