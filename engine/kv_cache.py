@@ -133,6 +133,7 @@ def _copy_bytes(dst: Tensor, src: Tensor) -> None:
 
 
 def _as_words(t: Tensor) -> Tensor:
+    """t's bytes as the widest integer elements that tile its rows, strides and offset (t itself where none does)."""
     elem = t.element_size()
     if t.stride(-1) != 1:
         return t
