@@ -163,12 +163,9 @@ class EngineProcess(EngineFront):
                 kind = message[0]
                 if kind == EVENT:
                     _, request_id, item = message
-                    with self._lock:
-                        handle = self._handles.get(request_id)
-                        if isinstance(item, (TranscriptionResult, BaseException)):
-                            self._handles.pop(request_id, None)
-                            self._untaken.discard(request_id)
-                    if handle is not None:
+                    if isinstance(item, (TranscriptionResult, BaseException)):  # the request's last event
+                        self._finish(request_id, item)
+                    elif (handle := self._handles.get(request_id)) is not None:
                         handle.emit(item)
                 elif kind == TAKEN:
                     with self._lock:
@@ -194,7 +191,8 @@ class EngineProcess(EngineFront):
         for handle in handles.values():
             handle.emit(EngineDeadError(reason))
 
-    def _finish(self, request_id: str, item: BaseException) -> None:
+    def _finish(self, request_id: str, item: object) -> None:
+        """A request's last event (its result or error): the handle gets it and is forgotten."""
         with self._lock:
             handle = self._handles.pop(request_id, None)
             self._untaken.discard(request_id)
