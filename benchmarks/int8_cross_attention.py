@@ -107,7 +107,7 @@ def main() -> None:
         triton, cuda = (time_with(kernel, int8_args) for kernel in ("triton", "cuda"))
         bytes16 = 2 * b * h * n * d * 2
         bytes8 = 2 * b * h * n * (d + 2)
-        splits = f"{int8_attention._splits(b * h, n)} / {int8_attention._cuda_splits(b * h)}"
+        splits = f"{int8_attention._triton_splits(b * h, n)} / {int8_attention._cuda_splits(b * h)}"
         print(f"| {b} | {fp16:.1f} | {bytes16 / fp16 / 1e6:.2f} | {triton:.1f} | {bytes8 / triton / 1e6:.2f} | "
               f"{cuda:.1f} | {bytes8 / cuda / 1e6:.2f} | {triton / cuda:.2f}x | {fp16 / cuda:.2f}x "
               f"| {splits} |")  # fmt: skip

@@ -106,11 +106,20 @@ def int8_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Te
     return _triton_attention(q, k, k_scale, v, v_scale)
 
 
-def _splits(rows: int, n: int) -> int:
+def _splits(rows: int, target: int, max_splits: float = MAX_SPLITS) -> int:
+    """Key splits per row: doubled while rows x splits stay below `target` programs and below max_splits."""
     splits = 1
-    while rows * splits < TARGET_PROGRAMS and splits < MAX_SPLITS and n > 2 * splits * BLOCK_N:
+    while rows * splits < target and splits < max_splits:
         splits *= 2
     return splits
+
+
+def _triton_splits(rows: int, n: int) -> int:
+    return _splits(rows, TARGET_PROGRAMS, min(MAX_SPLITS, n / (2 * BLOCK_N)))  # each split 2+ blocks of keys
+
+
+def _cuda_splits(rows: int) -> int:
+    return _splits(rows, CUDA_TARGET_BLOCKS)
 
 
 def _cuda_kernel(q: Tensor):
@@ -135,13 +144,6 @@ def _cuda_layout_fits(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
     aligned = all(x.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in x.stride()[:3]) for x in (k, v))
     small = all(st < 2**31 for x in (q, k, k_scale, v, v_scale) for st in x.stride())
     return q.shape[-1] == 64 and q.dtype in (torch.float16, torch.bfloat16) and aligned and small
-
-
-def _cuda_splits(rows: int) -> int:
-    splits = 1
-    while rows * splits < CUDA_TARGET_BLOCKS and splits < MAX_SPLITS:
-        splits *= 2
-    return splits
 
 
 def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
@@ -180,7 +182,7 @@ def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
     assert k.stride(-1) == v.stride(-1) == k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
     out = torch.empty_like(q)
     rows = b * h * t
-    splits = _splits(rows, n)
+    splits = _triton_splits(rows, n)
     keys_per_split = -(-n // (splits * BLOCK_N)) * BLOCK_N
     m, lse, acc = _split_buffers(rows, splits, d, out)
     _attention_blocks[(rows, splits)](
