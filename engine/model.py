@@ -67,11 +67,17 @@ class MultiHeadAttention(nn.Module):
         """Full, unmasked self-attention (the encoder's)."""
         if hasattr(self, "qkv_weight"):
             b, t, _ = x.shape
-            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).view(b, t, 3, self.n_head, -1).unbind(2)
+            q, k, v = self.qkv(x).view(b, t, 3, self.n_head, -1).unbind(2)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        else:
+        else:  # three products, their outputs viewed in place (qkv() would concatenate them: a copy)
             q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
         return self.out(self.merge_heads(F.scaled_dot_product_attention(q, k, v)))
+
+    def qkv(self, x: Tensor) -> Tensor:
+        """[q | k | v] of x along the last axis: one product once fuse_qkv has run, else three concatenated."""
+        if hasattr(self, "qkv_weight"):
+            return F.linear(x, self.qkv_weight, self.qkv_bias)
+        return torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
 
     def fuse_qkv(self, input_major: bool = False) -> None:
         """q, k and v as one product (qkv_weight, qkv_bias), which forward() and the decoder's step use.
@@ -262,12 +268,12 @@ class TextDecoder(nn.Module):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
             attn = block.attn
             if step_kernel:
-                qkv = self._qkv(attn, h)
+                qkv = attn.qkv(h)
                 o = decode_attention.self_attention_step(
                     qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start
                 )
             else:
-                qkv = self._qkv(attn, h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
+                qkv = attn.qkv(h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
                 kv_new = qkv[:, :, 1:]
                 if position is not None:
                     cache.self_kv_layers[i][:, slots, :, position] = kv_new[:, 0].transpose(0, 1)
@@ -346,7 +352,7 @@ class TextDecoder(nn.Module):
         x = x.reshape(b, -1)
         for i, block in enumerate(self.blocks):
             attn = block.attn
-            qkv = self._qkv(attn, norm(block.attn_ln, x))
+            qkv = attn.qkv(norm(block.attn_ln, x))
             k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
             x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
             cross = block.cross_attn
@@ -371,7 +377,7 @@ class TextDecoder(nn.Module):
         qks = []
         for i, block in enumerate(self.blocks):
             attn, h = block.attn, block.attn_ln(x)
-            q, k, v = self._qkv(attn, h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
+            q, k, v = attn.qkv(h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal)
             x = x + attn.out(attn.merge_heads(o))
             cross, h = block.cross_attn, block.cross_attn_ln(x)
@@ -385,12 +391,6 @@ class TextDecoder(nn.Module):
             x = x + cross.out(cross.merge_heads(F.scaled_dot_product_attention(q, ck, cv)))
             x = x + block.mlp(block.mlp_ln(x))
         return torch.cat(qks), self.logits(self.ln(x))[0]
-
-    @staticmethod
-    def _qkv(attn: MultiHeadAttention, h: Tensor) -> Tensor:
-        if hasattr(attn, "qkv_weight"):
-            return F.linear(h, attn.qkv_weight, attn.qkv_bias)
-        return torch.cat([attn.query(h), attn.key(h), attn.value(h)], dim=-1)
 
     def fuse_qkv(self, input_major: bool = False) -> None:
         """One matmul for each self-attention's q, k and v (MultiHeadAttention.fuse_qkv): a decode step launches
