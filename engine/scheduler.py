@@ -68,10 +68,10 @@ class Scheduler:
         keep = len(self.running) - len(finished)
         holes = [s.slot for s in finished if s.slot < keep]
         movers = [s for s in self.running[keep:] if not s.finished]
-        moves = [(seq.slot, hole, seq.num_cached) for hole, seq in zip(holes, movers)]
-        if moves:
-            cache.move_slots(moves)
+        moves = []
         for hole, seq in zip(holes, movers):
+            moves.append((seq.slot, hole, seq.num_cached))
             seq.slot = hole
+        cache.move_slots(moves)
         self.running = sorted((s for s in self.running if not s.finished), key=lambda s: s.slot)
         return finished
