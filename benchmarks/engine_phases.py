@@ -36,8 +36,9 @@ def phase_targets(engine) -> list[tuple[object, str, str]]:
 @contextlib.contextmanager
 def wrapped_phases(engine, around: Callable[[str], contextlib.AbstractContextManager]) -> Iterator[list[str]]:
     """Every phase_targets method runs inside `around(label)` until the block ends; yields the labels."""
+    targets = phase_targets(engine)
     originals = []
-    for obj, name, phase in phase_targets(engine):
+    for obj, name, phase in targets:
         fn = getattr(obj, name)
 
         def wrapper(*a, _fn=fn, _phase=phase, **k):
@@ -47,7 +48,7 @@ def wrapped_phases(engine, around: Callable[[str], contextlib.AbstractContextMan
         originals.append((obj, name, obj.__dict__.get(name)))
         setattr(obj, name, wrapper)
     try:
-        yield [phase for _, _, phase in phase_targets(engine)]
+        yield [phase for _, _, phase in targets]
     finally:
         for obj, name, before in originals:
             if before is None:
