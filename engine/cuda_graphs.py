@@ -92,7 +92,7 @@ class GraphRunner:
         if not self.step_kernel:  # the step kernel reads each row's own prefix: no mask to build
             mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
         hidden = self.model.decoder(self.dec.tokens[:bs], positions, self.cache, 0, kv_len, mask)
-        self.dec.logits[:bs] = self.model.decoder.logits(hidden[:, -1])
+        self.model.decoder.logits(hidden[:, -1], out=self.dec.logits[:bs])
 
     def _encode(self, bs: int) -> None:
         self.enc.features[:bs] = self.model.encoder(self.enc.mel[:bs])

@@ -23,6 +23,7 @@ NEG_INF = float("-inf")
 # products at ~2.7 TB/s (H200, large-v3 shapes, 128 positions, per layer: 96 -> 61 us at 256 rows, 51 -> 48 at
 # 128, even at 64, and below that the fused kernel wins: 15 vs 23 us at 32).
 UNFUSED_SELF_ATTENTION_ROWS = 128
+VOCAB_PADDING = 64  # rows of the output projection's weight on a GPU: a multiple of this (TextDecoder.pad_vocabulary)
 
 
 def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -435,15 +436,36 @@ class TextDecoder(nn.Module):
             ws += [block.cross_attn.query.weight, block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight]
         return ws
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """Output projection tied to the token embedding; always in float32 for stable sampling."""
+    def pad_vocabulary(self, multiple: int = VOCAB_PADDING) -> None:
+        """Lay the token embedding out as the first rows of a (multiple of `multiple`, n_state) weight, so the output
+        projection's result rows start 16-byte aligned: cuBLAS runs a 51,866-wide float16 output (rows 103,732
+        bytes apart) through slow unaligned kernels (H200, 256 rows: 247 us per step with the cast, 80 us padded;
+        BENCHMARKS.md, twelfth session). The embedding becomes a view of that weight: no extra memory."""
+        weight = self.token_embedding.weight
+        n_vocab, n_state = weight.shape
+        padded = weight.new_zeros(-(-n_vocab // multiple) * multiple, n_state)
+        padded[:n_vocab] = weight
+        self.token_embedding.weight = nn.Parameter(padded[:n_vocab], requires_grad=False)
+        self.register_buffer("output_weight", padded, persistent=False)
+
+    def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
+        """Output projection tied to the token embedding; always in float32 for stable sampling. `out`: a float32
+        tensor to write them into (a graph's static buffer), saving a pass over them."""
+        logits = self._logits(hidden)
+        if out is None:  # a padded product's slice or a float16 result: one pass makes it contiguous float32
+            return logits.float().contiguous()
+        return out.copy_(logits)  # the cast and the slice's gather in the same pass
+
+    def _logits(self, hidden: Tensor) -> Tensor:
         weight = self.token_embedding.weight
         if not hasattr(self, "output_chunks"):
             if hidden.numel() == weight.shape[1]:  # a lone sequence's step on a GPU: one kernel, float32 out
                 out = one_row_logits(hidden, weight)
                 if out is not None:
                     return out.view(*hidden.shape[:-1], weight.shape[0])
-            return F.linear(hidden, weight).float()
+            if hasattr(self, "output_weight"):
+                return F.linear(hidden, self.output_weight)[..., : weight.shape[0]]
+            return F.linear(hidden, weight)
         rows = hidden.reshape(-1, hidden.shape[-1])
         if rows.shape[0] == 1:
             out = torch.bmm(rows.expand(self.output_chunks.shape[0], 1, -1), self.output_chunks)

@@ -148,6 +148,7 @@ class ModelRunner:
         model.decoder.fuse_qkv(input_major=on_cpu)
         if not on_cpu:
             model.encoder.fuse_qkv()
+            model.decoder.pad_vocabulary()
         if on_cpu:
             model.decoder.prepare_for_cpu(cpu_kernels.load() if self.dtype == torch.float32 else None)
         return model
