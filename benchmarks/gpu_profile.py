@@ -59,7 +59,8 @@ def main() -> None:
     args = ap.parse_args()
 
     engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
-                                 tokenizer=args.tokenizer, encoder_precision=args.encoder_precision))
+                                 tokenizer=args.tokenizer, encoder_precision=args.encoder_precision,
+                                 max_waiting=max(256, *args.concurrency)))
     engine.start()
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=args.tokens,
                             no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)
