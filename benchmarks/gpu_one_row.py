@@ -5,7 +5,7 @@
 Large-v3 shapes, float16, GPU microseconds per call inside a CUDA graph (Triton's Python launch path would
 otherwise be what is timed), each weight one of 8 copies used in turn so it is read from HBM, not L2. Prints:
 1. residual add + layer norm + product in one kernel (fused_ops.add_norm_linear) against add_norm and the product
-   (fused_ops.NORM_PRODUCT off), for 4, 8 and 16 output features per program (NORM_PRODUCT_FEATURES);
+   (fused_ops.NORM_PRODUCT off), for 2, 4 and 8 output features per program (NORM_PRODUCT_FEATURES);
 2. the vocabulary projection of one row (fused_ops.one_row_logits) against cuBLAS and the float32 cast;
 3. the decode step's self-attention kernel at several (keys per block, warps) settings, by rows and the limit its
    rows' positions are spread below (the engine's choice: decode_attention.MANY_PROGRAMS_SETTINGS, and
@@ -46,7 +46,7 @@ def rotating(tensors: list):
 
 
 def fused_products(dev: str) -> None:
-    features = (4, 8, 16)
+    features = (2, 4, 8)
     print("| one row | separate kernels us | " + " | ".join(f"fused, {f} per program" for f in features) + " |")
     print("|---|---|" + "---|" * len(features))
     default = (fused_ops.NORM_PRODUCT, fused_ops.NORM_PRODUCT_FEATURES)

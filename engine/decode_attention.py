@@ -20,6 +20,8 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
+
+    from .fused_ops import let_next_launch, pdl_applies
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -62,7 +64,7 @@ def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions
     block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
     _write_and_attend[(b * h,)](
         qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=block_n, num_warps=warps,
+        HEAD_DIM=d, BLOCK_N=block_n, PDL=pdl_applies(qkv.device), num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -74,8 +76,9 @@ if triton is not None:
     @triton.jit(do_not_specialize=["slot_start", "s_row"])
     def _write_and_attend(
         QKV, KC, VC, POS, O, slot_start, s_row, s_slot, s_head, s_pos, H, sm_scale,
-        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        let_next_launch(PDL)  # a lone row's next product reads its weight meanwhile (fused_ops.linear)
         row = tl.program_id(0) // H
         h = tl.program_id(0) % H
         dim = tl.arange(0, HEAD_DIM)

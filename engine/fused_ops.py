@@ -34,6 +34,8 @@ for the MLP's GELU (applied to its first product's output) and for the attention
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -45,7 +47,9 @@ except ImportError:  # CPU-only installs: the torch operations below are used
     triton = None
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-ONE_ROW_MAX_WEIGHT = 2**21  # elements: large-v3's 1,280 x 1,280 products qualify, its QKV and MLP do not
+ONE_ROW_MAX_WEIGHT = 2**23  # elements: large-v3's 1,280 x 1,280 products and its MLP's second (5,120 wide) qualify
+ONE_ROW_WIDE_K = 2048  # from this width one output feature per program (its tile in registers: see _tile)
+PDL = True  # programmatic dependent launch of the one-row kernels on Hopper and later (False: plain, for A/B runs)
 NORM_PRODUCT = True  # add_norm_linear for a lone sequence's step (False: the separate kernels, for A/B runs)
 NORM_PRODUCT_FEATURES = 4  # output features per program of add_norm_linear (H200: 4 beat 8 and 16 on all three shapes)
 
@@ -122,20 +126,40 @@ def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
 
+def pdl_applies(device: torch.device) -> bool:
+    """Programmatic dependent launch on this device: Hopper or later, a Triton that has it, and PDL on."""
+    return PDL and device.type == "cuda" and _major(device.index) >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
+
+
+@functools.cache
+def _major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def _tile(k: int, features: int) -> dict:
+    """A one-row kernel's (features, K) tile: K as chunks of 256 (or 128) columns, their count rounded up to a
+    power of two; with PDL the kernel holds it in registers while it waits."""
+    block_k = 256 if k % 256 == 0 else 128
+    return dict(BLOCK_N=features, BLOCK_K=block_k, CHUNKS=triton.next_power_of_2(k // block_k))
+
+
 def linear(proj: nn.Linear, x: Tensor) -> Tensor:
     """proj(x); a single row on a GPU through the one-row kernel when the weight is small enough (see above)."""
     w, b = proj.weight, proj.bias
     if not x.is_cuda:
         return F.linear(x, w, b)
     n, k = w.shape
+    features = 4 if k <= ONE_ROW_WIDE_K else 1  # a wide row (the MLP's second product): fewer features a program
     if not (
         triton is not None and x.numel() == k and w.numel() <= ONE_ROW_MAX_WEIGHT and b is not None
-        and n % 4 == 0 and k % 128 == 0 and x.is_contiguous() and w.is_contiguous() and x.dtype == w.dtype
+        and n % features == 0 and k % 128 == 0 and x.is_contiguous() and w.is_contiguous() and x.dtype == w.dtype
     ):  # fmt: skip
         return F.linear(x, w, b)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    block_k = 256 if k % 256 == 0 else 128
-    _one_row[(n // 4,)](x, w, b, out, k, BLOCK_N=4, BLOCK_K=block_k, HAS_BIAS=True, ROUND=False, num_warps=4)
+    pdl = pdl_applies(x.device)
+    _one_row[(n // features,)](
+        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, PDL=pdl, num_warps=4, launch_pdl=pdl
+    )  # fmt: skip
     return out
 
 
@@ -152,9 +176,9 @@ def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
     ):  # fmt: skip
         return None
     out = torch.empty(1, v, dtype=torch.float32, device=x.device)
-    block_k = 256 if k % 256 == 0 else 128
+    pdl = pdl_applies(x.device)
     _one_row[(v // 2,)](
-        x, weight, weight, out, k, BLOCK_N=2, BLOCK_K=block_k, HAS_BIAS=False, ROUND=True, num_warps=2
+        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, PDL=pdl, num_warps=2, launch_pdl=pdl
     )  # fmt: skip
     return out
 
@@ -183,10 +207,11 @@ def add_norm_linear(
     features = weight.shape[0]
     out_x = torch.empty_like(x) if y is not None else x
     out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
+    pdl = pdl_applies(x.device)
     _add_norm_product[(features // NORM_PRODUCT_FEATURES,)](
         x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, n, ln.eps,
-        BLOCK=triton.next_power_of_2(n), BLOCK_N=NORM_PRODUCT_FEATURES, BLOCK_K=256 if n % 256 == 0 else 128,
-        ADD=y is not None, GELU=gelu, num_warps=4,
+        BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu, PDL=pdl,
+        num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
     return out_x, out
 
@@ -231,6 +256,28 @@ if triton is not None:
         return mean, 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n + eps)
 
     @triton.jit
+    def _chunks(K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr):
+        # K columns as CHUNKS rows of BLOCK_K (CHUNKS a power of two >= K / BLOCK_K; the rows past K masked): a
+        # masked chunk is masked whole, so the loads stay vectorized. Returns (chunk, column index, in K)
+        ch = tl.arange(0, CHUNKS)
+        cols = ch[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
+        return ch, cols, (ch < K // BLOCK_K)[:, None] & (cols >= 0)
+
+    @triton.jit
+    def let_next_launch(PDL: tl.constexpr):
+        # programmatic dependent launch (Hopper on): the next kernel in the stream may start now, alongside this
+        # one, and read what does not depend on it (its weights) before wait_for_previous
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def wait_for_previous(PDL: tl.constexpr):
+        # until the kernel before this one has finished and its writes are visible; nothing is written before
+        # this, so a buffer that kernel still reads is never overwritten early
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+
+    @triton.jit
     def _add_layer_norm(X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -269,8 +316,19 @@ if triton is not None:
     @triton.jit
     def _add_norm_product(
         X, Y, LN_W, LN_B, W, BIAS, OUT_X, OUT, K: tl.constexpr, eps,
-        BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ADD: tl.constexpr, GELU: tl.constexpr,
+        BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+        ADD: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        # BLOCK_N output features' weights, the norm's and the bias: read before waiting for the kernel that
+        # writes the row (let_next_launch)
+        let_next_launch(PDL)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ch, kc, in_k = _chunks(K, BLOCK_K, CHUNKS)
+        w = tl.load(W + rows[:, None, None] * K + kc[None, :, :], mask=in_k[None, :, :], other=0.0)
+        ln_w = tl.load(LN_W + kc, mask=in_k, other=0.0).to(tl.float32)
+        ln_b = tl.load(LN_B + kc, mask=in_k, other=0.0).to(tl.float32)
+        bias = tl.load(BIAS + rows).to(tl.float32)
+        wait_for_previous(PDL)
         # the row's sum and its norm statistics, as _add_layer_norm computes them (every program, from L2)
         cols = tl.arange(0, BLOCK)
         valid = cols < K
@@ -281,39 +339,35 @@ if triton is not None:
                 tl.store(OUT_X + cols, s, mask=valid)
             s = s.to(tl.float32)
         mean, rstd = _mean_rstd(s, valid, K, eps)
-        # then BLOCK_N output features against the normalized row, rebuilt chunk by chunk and rounded to the
-        # weight's dtype as the separate kernels' stored row is
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kc = k0 + tl.arange(0, BLOCK_K)
-            v = tl.load(X + kc).to(tl.float32)
-            if ADD:
-                v = (v + tl.load(Y + kc).to(tl.float32)).to(OUT_X.dtype.element_ty).to(tl.float32)
-            h = (v - mean) * rstd * tl.load(LN_W + kc).to(tl.float32) + tl.load(LN_B + kc).to(tl.float32)
-            h = h.to(W.dtype.element_ty).to(tl.float32)
-            w = tl.load(W + rows[:, None] * K + kc[None, :]).to(tl.float32)
-            acc += tl.sum(w * h[None, :], axis=1)
-        acc += tl.load(BIAS + rows).to(tl.float32)
+        # then the normalized row as (chunk, BLOCK_K), rebuilt and rounded to the weight's dtype as the separate
+        # kernels' stored row is
+        v = tl.load(X + kc, mask=in_k, other=0.0).to(tl.float32)
+        if ADD:
+            v = (v + tl.load(Y + kc, mask=in_k, other=0.0).to(tl.float32)).to(OUT_X.dtype.element_ty).to(tl.float32)
+        h = ((v - mean) * rstd * ln_w + ln_b).to(W.dtype.element_ty).to(tl.float32)
+        acc = tl.sum(tl.sum(w.to(tl.float32) * h[None, :, :], axis=2), axis=1) + bias
         if GELU:  # tanh form, as linear_gelu's cuBLASLt epilogue
             acc = _gelu_tanh(acc)
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))
 
     @triton.jit
     def _one_row(
-        X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-        ROUND: tl.constexpr,
+        X, W, B, OUT, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        # BLOCK_N output features per program; the weight rows are contiguous along K, read once, in float32 sums
+        # BLOCK_N output features per program; the weight rows are contiguous along K, read once, in float32 sums.
+        # The whole (BLOCK_N, K) tile is read before waiting for the kernel that writes x (let_next_launch)
+        let_next_launch(PDL)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            w = tl.load(W + rows[:, None] * K + cols[None, :]).to(tl.float32)
-            x = tl.load(X + cols).to(tl.float32)
-            acc += tl.sum(w * x[None, :], axis=1)
+        ch, cols, in_k = _chunks(K, BLOCK_K, CHUNKS)
+        w = tl.load(W + rows[:, None, None] * K + cols[None, :, :], mask=in_k[None, :, :], other=0.0)
         if HAS_BIAS:
-            acc += tl.load(B + rows).to(tl.float32)
+            bias = tl.load(B + rows).to(tl.float32)
+        wait_for_previous(PDL)
+        x = tl.load(X + cols, mask=in_k, other=0.0).to(tl.float32)
+        acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
+        if HAS_BIAS:
+            acc += bias
         if ROUND:  # to the input's precision first (a float32 output of half-precision operands)
             acc = acc.to(X.dtype.element_ty).to(tl.float32)
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))

@@ -31,6 +31,8 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
+
+    from .fused_ops import let_next_launch, pdl_applies
 except ImportError:  # CPU-only installs: the reference path below is used
     triton = None
 
@@ -164,7 +166,10 @@ def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_
         ],
     )  # fmt: skip
     if splits > 1:
-        _combine_splits[(rows,)](m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, num_warps=1)
+        _combine_splits[(rows,)](
+            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, PDL=pdl_applies(out.device),
+            num_warps=1,
+        )  # fmt: skip
     return out
 
 
@@ -193,7 +198,10 @@ def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
         HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
-        _combine_splits[(rows,)](m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, num_warps=1)
+        _combine_splits[(rows,)](
+            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, PDL=pdl_applies(out.device),
+            num_warps=1,
+        )  # fmt: skip
     return out
 
 
@@ -251,7 +259,10 @@ if triton is not None:
             tl.store(ACC + part * HEAD_DIM + dim, out)
 
     @triton.jit(do_not_specialize=["sob", "soh", "sot", "T"])
-    def _combine_splits(M, L, ACC, O, sob, soh, sot, H, T, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    def _combine_splits(
+        M, L, ACC, O, sob, soh, sot, H, T, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr
+    ):  # fmt: skip
+        let_next_launch(PDL)  # a lone row's next product reads its weight meanwhile (fused_ops.linear)
         row = tl.program_id(0)
         t = row % T
         h = (row // T) % H

@@ -52,7 +52,7 @@ def test_gelu_epilogue_is_as_close_as_the_separate_gelu(cuda, rows):
     assert fused <= separate * 1.25 + 1e-3, (fused, separate)
 
 
-@pytest.mark.parametrize("shape", [(1280, 1280), (384, 384), (512, 512)])
+@pytest.mark.parametrize("shape", [(1280, 1280), (384, 384), (512, 512), (1280, 5120), (384, 1536)])
 def test_one_row_linear_matches_cublas(cuda, shape):
     """The one-row product (a lone sequence's decode step) against F.linear: float32 sums in another order."""
     torch.manual_seed(0)
@@ -108,3 +108,57 @@ def test_one_row_logits_match_cublas(cuda, vocab, n):
     assert (got - want).abs().max().item() <= 2e-3 * want.abs().max().item()
     assert torch.equal(got, got.half().float())
     assert fused_ops.one_row_logits(torch.randn(2, n, device=cuda).half(), weight) is None  # two rows: cuBLAS
+
+
+def _decoder_like_chain(gen, n: int, layers: int):
+    """Weights for `layers` rounds of what a lone row's decode step chains: product, add + norm + product (GELU),
+    a wide product; each kernel reads the one before it's output."""
+    def half(*shape, scale=0.03):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).half()
+
+    rounds = []
+    for _ in range(layers):
+        ln = nn.LayerNorm(n, device="cuda", dtype=torch.float16)
+        out = nn.Linear(n, n).to("cuda", torch.float16)
+        fc2 = nn.Linear(4 * n, n).to("cuda", torch.float16)
+        rounds.append((out, ln, half(4 * n, n), half(4 * n, scale=0.1), fc2))
+    return rounds
+
+
+def _run_chain(rounds, x):
+    for out, ln, fc1_w, fc1_b, fc2 in rounds:
+        x, f = fused_ops.add_norm_linear(x, fused_ops.linear(out, x), ln, fc1_w, fc1_b, gelu=True)
+        x = x + fused_ops.linear(fc2, f)
+    return x
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_dependent_launches_compute_what_plain_launches_do(cuda, monkeypatch, graph):
+    """The one-row kernels with programmatic dependent launch (each reads its weight while the kernel before it
+    runs) give bit for bit what they give launched one after the other, eagerly and replayed from a CUDA graph."""
+    if torch.cuda.get_device_capability(cuda)[0] >= 9:
+        assert fused_ops.pdl_applies(cuda)
+    gen = torch.Generator(cuda).manual_seed(7)
+    rounds = _decoder_like_chain(gen, 1280, 6)
+    x = torch.randn(1, 1, 1280, device=cuda, generator=gen).half()
+    with torch.no_grad():
+        monkeypatch.setattr(fused_ops, "PDL", False)
+        plain = _run_chain(rounds, x)
+        monkeypatch.setattr(fused_ops, "PDL", True)
+        if not graph:
+            dependent = _run_chain(rounds, x)
+        else:
+            static = x.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                _run_chain(rounds, static)  # compiles outside the capture
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                result = _run_chain(rounds, static)
+            for _ in range(3):
+                g.replay()
+            dependent = result.clone()
+    assert torch.isfinite(plain).all()
+    assert torch.equal(dependent, plain)
