@@ -48,10 +48,11 @@ except ImportError:  # CPU-only installs: the torch operations below are used
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 ONE_ROW_MAX_WEIGHT = 2**23  # elements: large-v3's 1,280 x 1,280 products and its MLP's second (5,120 wide) qualify
+ONE_ROW_FEATURES = 4  # output features per program of the one-row product
 ONE_ROW_WIDE_K = 2048  # from this width one output feature per program (its tile in registers: see _tile)
 PDL = True  # programmatic dependent launch of the one-row kernels on Hopper and later (False: plain, for A/B runs)
 NORM_PRODUCT = True  # add_norm_linear for a lone sequence's step (False: the separate kernels, for A/B runs)
-NORM_PRODUCT_FEATURES = 4  # output features per program of add_norm_linear (H200: 4 beat 8 and 16 on all three shapes)
+NORM_PRODUCT_FEATURES = 8  # output features per program of add_norm_linear (H200, with PDL: 8 beat 2 and 4 on all three shapes)
 
 
 def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
@@ -149,7 +150,7 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
     if not x.is_cuda:
         return F.linear(x, w, b)
     n, k = w.shape
-    features = 4 if k <= ONE_ROW_WIDE_K else 1  # a wide row (the MLP's second product): fewer features a program
+    features = ONE_ROW_FEATURES if k <= ONE_ROW_WIDE_K else 1  # a wide row (the MLP's second product): one
     if not (
         triton is not None and x.numel() == k and w.numel() <= ONE_ROW_MAX_WEIGHT and b is not None
         and n % features == 0 and k % 128 == 0 and x.is_contiguous() and w.is_contiguous() and x.dtype == w.dtype
