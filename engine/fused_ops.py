@@ -18,9 +18,17 @@ that difference is below the result's own rounding. float32 models and CPUs keep
 
 `linear` with a single row (one sequence decoding) and a weight of at most ONE_ROW_MAX_WEIGHT elements runs a Triton
 matrix-vector product: cuBLAS takes ~4.9 us for large-v3's 1,280 x 1,280 products at one row, a kernel that gives
-each program 4 output features and streams the weight in 256-wide chunks takes 2.9 us (H200, each weight read from
-HBM, not L2; BENCHMARKS.md, seventh session); three such products per decoder layer. Larger weights
-(the 3,840-wide QKV, the MLP) gained <10% in that measurement and stay with cuBLAS, as do two or more rows.
+each program 4 output features took 2.9 us (H200, each weight read from HBM, not L2; BENCHMARKS.md, seventh
+session). Two or more rows stay with cuBLAS.
+
+On Hopper and later the one-row kernels are launched as programmatic dependents (PDL): a kernel may start while the
+one before it in the stream still runs, reads its whole weight tile into registers (it does not depend on that
+kernel), and only then waits for it (`wait_for_previous`) before reading its input row and writing anything. The
+kernels before them say when that may start (`let_next_launch`, at their first instruction: also the decode
+step's self-attention and the cross-attention's split combiner). A lone decode step is a chain of ~10 small
+kernels per layer whose time was mostly each one's start and first loads; overlapped, a chain of 1,280 x 1,280
+products went from 3.6 to 1.9 us each (workbench), and with it the MLP's second product (5,120 wide, one feature
+per program) joined the one-row path: large-v3, one window 0.173 -> 0.132 s (BENCHMARKS.md, twelfth session).
 
 A lone sequence's decode step also runs each sub-layer's residual add, layer norm and first product in one
 kernel (`add_norm_linear`, one row, half precision): every program recomputes the row's sum and norm statistics
