@@ -53,6 +53,8 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs: the torch operations below are used
     triton = None
+# Triton's grid dependency control (3.3 on): without it the kernels launch one after the other as before
+_GDC = triton is not None and hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 ONE_ROW_MAX_WEIGHT = 2**23  # elements: large-v3's 1,280 x 1,280 products and its MLP's second (5,120 wide) qualify
@@ -60,7 +62,7 @@ ONE_ROW_FEATURES = 4  # output features per program of the one-row product
 ONE_ROW_WIDE_K = 2048  # from this width one output feature per program (its tile in registers: see _tile)
 PDL = True  # programmatic dependent launch of the one-row kernels on Hopper and later (False: plain, for A/B runs)
 NORM_PRODUCT = True  # add_norm_linear for a lone sequence's step (False: the separate kernels, for A/B runs)
-NORM_PRODUCT_FEATURES = 8  # output features per program of add_norm_linear (H200, with PDL: 8 beat 2 and 4 on all three shapes)
+NORM_PRODUCT_FEATURES = 8  # output features per program of add_norm_linear (H200, PDL: 8 beat 2 and 4 on 3 shapes)
 
 
 def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
@@ -137,7 +139,13 @@ def _warps(block: int) -> int:
 
 def pdl_applies(device: torch.device) -> bool:
     """Programmatic dependent launch on this device: Hopper or later, a Triton that has it, and PDL on."""
-    return PDL and device.type == "cuda" and _major(device.index) >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
+    return PDL and _GDC and device.type == "cuda" and _major(device.index) >= 9
+
+
+def _dependent_launch(device: torch.device) -> dict:
+    """A one-row kernel's PDL argument and Triton's launch option (only passed to a Triton that knows it)."""
+    pdl = pdl_applies(device)
+    return dict(PDL=pdl, launch_pdl=pdl) if _GDC else dict(PDL=False)
 
 
 @functools.cache
@@ -165,9 +173,8 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
     ):  # fmt: skip
         return F.linear(x, w, b)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    pdl = pdl_applies(x.device)
     _one_row[(n // features,)](
-        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, PDL=pdl, num_warps=4, launch_pdl=pdl
+        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, num_warps=4, **_dependent_launch(x.device)
     )  # fmt: skip
     return out
 
@@ -185,9 +192,8 @@ def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
     ):  # fmt: skip
         return None
     out = torch.empty(1, v, dtype=torch.float32, device=x.device)
-    pdl = pdl_applies(x.device)
     _one_row[(v // 2,)](
-        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, PDL=pdl, num_warps=2, launch_pdl=pdl
+        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, num_warps=2, **_dependent_launch(x.device)
     )  # fmt: skip
     return out
 
@@ -216,11 +222,10 @@ def add_norm_linear(
     features = weight.shape[0]
     out_x = torch.empty_like(x) if y is not None else x
     out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
-    pdl = pdl_applies(x.device)
     _add_norm_product[(features // NORM_PRODUCT_FEATURES,)](
         x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, n, ln.eps,
-        BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu, PDL=pdl,
-        num_warps=4, launch_pdl=pdl,
+        BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu,
+        num_warps=4, **_dependent_launch(x.device),
     )  # fmt: skip
     return out_x, out
 

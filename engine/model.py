@@ -440,7 +440,8 @@ class TextDecoder(nn.Module):
         """Lay the token embedding out as the first rows of a (multiple of `multiple`, n_state) weight, so the output
         projection's result rows start 16-byte aligned: cuBLAS runs a 51,866-wide float16 output (rows 103,732
         bytes apart) through slow unaligned kernels (H200, with the cast to float32: 247 -> 106 us per step at 256
-        rows, 64 -> 41 at 8; BENCHMARKS.md, twelfth session). The embedding becomes a view of that weight: no extra memory."""
+        rows, 64 -> 41 at 8; BENCHMARKS.md, twelfth session). The embedding becomes a view of that weight: no extra
+        memory."""
         weight = self.token_embedding.weight
         n_vocab, n_state = weight.shape
         padded = weight.new_zeros(-(-n_vocab // multiple) * multiple, n_state)
