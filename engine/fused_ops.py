@@ -272,10 +272,10 @@ if triton is not None:
     @triton.jit
     def _chunks(K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr):
         # K columns as CHUNKS rows of BLOCK_K (CHUNKS a power of two >= K / BLOCK_K; the rows past K masked): a
-        # masked chunk is masked whole, so the loads stay vectorized. Returns (chunk, column index, in K)
+        # masked chunk is masked whole, so the loads stay vectorized. Returns (column index, in K)
         ch = tl.arange(0, CHUNKS)
         cols = ch[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
-        return ch, cols, (ch < K // BLOCK_K)[:, None] & (cols >= 0)
+        return cols, (ch < K // BLOCK_K)[:, None] & (cols >= 0)
 
     @triton.jit
     def let_next_launch(PDL: tl.constexpr):
@@ -337,7 +337,7 @@ if triton is not None:
         # writes the row (let_next_launch)
         let_next_launch(PDL)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ch, kc, in_k = _chunks(K, BLOCK_K, CHUNKS)
+        kc, in_k = _chunks(K, BLOCK_K, CHUNKS)
         w = tl.load(W + rows[:, None, None] * K + kc[None, :, :], mask=in_k[None, :, :], other=0.0)
         ln_w = tl.load(LN_W + kc, mask=in_k, other=0.0).to(tl.float32)
         ln_b = tl.load(LN_B + kc, mask=in_k, other=0.0).to(tl.float32)
@@ -373,7 +373,7 @@ if triton is not None:
         # The whole (BLOCK_N, K) tile is read before waiting for the kernel that writes x (let_next_launch)
         let_next_launch(PDL)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ch, cols, in_k = _chunks(K, BLOCK_K, CHUNKS)
+        cols, in_k = _chunks(K, BLOCK_K, CHUNKS)
         w = tl.load(W + rows[:, None, None] * K + cols[None, :, :], mask=in_k[None, :, :], other=0.0)
         if HAS_BIAS:
             bias = tl.load(B + rows).to(tl.float32)

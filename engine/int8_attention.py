@@ -165,12 +165,7 @@ def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_
             *out.stride()[:3], h, t, n, keys_per_split, d**-0.5, splits,
         ],
     )  # fmt: skip
-    if splits > 1:
-        _combine_splits[(rows,)](
-            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, PDL=pdl_applies(out.device),
-            num_warps=1,
-        )  # fmt: skip
-    return out
+    return _combined(m, lse, acc, out, splits)
 
 
 def _split_buffers(rows: int, splits: int, d: int, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -179,6 +174,17 @@ def _split_buffers(rows: int, splits: int, d: int, out: Tensor) -> tuple[Tensor,
         return out, out, out
     m = torch.empty(rows * splits, dtype=torch.float32, device=out.device)
     return m, torch.empty_like(m), torch.empty(rows * splits, d, dtype=torch.float32, device=out.device)
+
+
+def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int) -> Tensor:
+    """out, with the splits' partial results (_split_buffers) merged into it where there were several."""
+    if splits > 1:
+        b, h, t, d = out.shape
+        _combine_splits[(b * h * t,)](
+            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, PDL=pdl_applies(out.device),
+            num_warps=1,
+        )  # fmt: skip
+    return out
 
 
 def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
@@ -197,12 +203,7 @@ def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
         h, t, n, keys_per_split, d**-0.5,
         HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
-    if splits > 1:
-        _combine_splits[(rows,)](
-            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, PDL=pdl_applies(out.device),
-            num_warps=1,
-        )  # fmt: skip
-    return out
+    return _combined(m, lse, acc, out, splits)
 
 
 if triton is not None:
