@@ -21,7 +21,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .fused_ops import let_next_launch, pdl_applies
+    from .fused_ops import dependent_launch, let_next_launch, wait_for_previous
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -36,6 +36,10 @@ except ImportError:  # CPU-only installs
 MANY_PROGRAMS_SETTINGS = (16, 4)
 FEW_PROGRAMS = 256
 FEW_PROGRAMS_SETTINGS = (32, 8)
+# A lone sequence's step, launched as a programmatic dependent (engine/fused_ops.py): its first positions' keys and
+# values (written by earlier steps, not by the kernel before it) are read while the q/k/v product still runs.
+# 128 covers the prompt and ~100 tokens of a typical window; later positions stream in blocks as above.
+LONE_ROW_PREFETCH = 128
 
 
 def cache_supported(cache_k: Tensor) -> bool:
@@ -62,9 +66,11 @@ def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions
     assert positions.shape == (b, 1) and cache_v.stride() == cache_k.stride()
     out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
     block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
+    launch = dependent_launch(qkv.device) if b == 1 else dict(PDL=False)  # more rows: cuBLAS makes q/k/v
     _write_and_attend[(b * h,)](
-        qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=block_n, PDL=pdl_applies(qkv.device), num_warps=warps,
+        qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h,
+        cache_k.shape[2], d**-0.5, HEAD_DIM=d, BLOCK_N=block_n, PREFETCH=LONE_ROW_PREFETCH if launch["PDL"] else 0,
+        num_warps=warps, **launch,
     )  # fmt: skip
     return out
 
@@ -75,27 +81,41 @@ if triton is not None:
     # not specializing on them avoids a compile per value class while requests wait
     @triton.jit(do_not_specialize=["slot_start", "s_row"])
     def _write_and_attend(
-        QKV, KC, VC, POS, O, slot_start, s_row, s_slot, s_head, s_pos, H, sm_scale,
-        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+        QKV, KC, VC, POS, O, slot_start, s_row, s_slot, s_head, s_pos, H, N_CTX, sm_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         let_next_launch(PDL)  # a lone row's next product reads its weight meanwhile (fused_ops.linear)
         row = tl.program_id(0) // H
         h = tl.program_id(0) % H
         dim = tl.arange(0, HEAD_DIM)
+        kc = KC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
+        vc = VC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
+        if PREFETCH > 0:  # the first positions, whatever the row's position (the ones at or past it are unused)
+            first = tl.arange(0, PREFETCH)
+            k0 = tl.load(kc + first[:, None] * s_pos + dim[None, :], mask=(first < N_CTX)[:, None], other=0.0)
+            v0 = tl.load(vc + first[:, None] * s_pos + dim[None, :], mask=(first < N_CTX)[:, None], other=0.0)
+        wait_for_previous(PDL)  # q/k/v and the position come from kernels before this one
         width = H * HEAD_DIM
         base = QKV + row * 3 * width + h * HEAD_DIM
         q = tl.load(base + dim).to(tl.float32) * sm_scale
         k_new = tl.load(base + width + dim)
         v_new = tl.load(base + 2 * width + dim)
         p = tl.load(POS + row * s_row)
-        kc = KC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
-        vc = VC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
         tl.store(kc + p * s_pos + dim, k_new)
         tl.store(vc + p * s_pos + dim, v_new)
+        m0 = float("-inf")  # the prefetched positions' max, sum and weighted values, reduced once
+        l0 = 0.0
+        acc0 = tl.zeros([HEAD_DIM], tl.float32)
+        if PREFETCH > 0:
+            s0 = tl.where(first < p, tl.sum(k0.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+            m0 = tl.max(s0, axis=0)
+            e0 = tl.where(first < p, tl.exp(s0 - m0), 0.0)
+            l0 = tl.sum(e0, axis=0)
+            acc0 = tl.sum(v0.to(tl.float32) * e0[:, None], axis=0)
         m = tl.full([BLOCK_N], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_N], tl.float32)
         acc = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        for n0 in range(0, p, BLOCK_N):  # the earlier positions, from the cache
+        for n0 in range(PREFETCH, p, BLOCK_N):  # the (other) earlier positions, from the cache
             keys = n0 + tl.arange(0, BLOCK_N)
             valid = keys < p
             k = tl.load(kc + keys[:, None] * s_pos + dim[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
@@ -108,9 +128,10 @@ if triton is not None:
             acc = acc * alpha[:, None] + v * e[:, None]
             m = m_new
         s_new = tl.sum(k_new.to(tl.float32) * q, axis=0)  # the row's own position, from registers
-        m_max = tl.maximum(tl.max(m, axis=0), s_new)
+        m_max = tl.maximum(tl.maximum(tl.max(m, axis=0), m0), s_new)
         weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+        w0 = tl.where(m0 == float("-inf"), 0.0, tl.exp(m0 - m_max))
         w_new = tl.exp(s_new - m_max)
-        total = tl.sum(l * weight, axis=0) + w_new
-        out = tl.sum(acc * weight[:, None], axis=0) + v_new.to(tl.float32) * w_new
+        total = tl.sum(l * weight, axis=0) + l0 * w0 + w_new
+        out = tl.sum(acc * weight[:, None], axis=0) + acc0 * w0 + v_new.to(tl.float32) * w_new
         tl.store(O + row * width + h * HEAD_DIM + dim, (out / total).to(O.dtype.element_ty))

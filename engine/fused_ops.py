@@ -142,8 +142,9 @@ def pdl_applies(device: torch.device) -> bool:
     return PDL and _GDC and device.type == "cuda" and _major(device.index) >= 9
 
 
-def _dependent_launch(device: torch.device) -> dict:
-    """A one-row kernel's PDL argument and Triton's launch option (only passed to a Triton that knows it)."""
+def dependent_launch(device: torch.device) -> dict:
+    """A kernel's PDL argument and Triton's launch option (only passed to a Triton that knows it): launched as a
+    programmatic dependent where pdl_applies."""
     pdl = pdl_applies(device)
     return dict(PDL=pdl, launch_pdl=pdl) if _GDC else dict(PDL=False)
 
@@ -174,7 +175,7 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
         return F.linear(x, w, b)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     _one_row[(n // features,)](
-        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, num_warps=4, **_dependent_launch(x.device)
+        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, num_warps=4, **dependent_launch(x.device)
     )  # fmt: skip
     return out
 
@@ -193,7 +194,7 @@ def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
         return None
     out = torch.empty(1, v, dtype=torch.float32, device=x.device)
     _one_row[(v // 2,)](
-        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, num_warps=2, **_dependent_launch(x.device)
+        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, num_warps=2, **dependent_launch(x.device)
     )  # fmt: skip
     return out
 
@@ -225,7 +226,7 @@ def add_norm_linear(
     _add_norm_product[(features // NORM_PRODUCT_FEATURES,)](
         x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, n, ln.eps,
         BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu,
-        num_warps=4, **_dependent_launch(x.device),
+        num_warps=4, **dependent_launch(x.device),
     )  # fmt: skip
     return out_x, out
 

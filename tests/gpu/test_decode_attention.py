@@ -39,6 +39,27 @@ def test_kernel_writes_and_attends_like_torch(cuda, dtype, rows):
     assert err < (4e-3 if dtype == torch.float16 else 1e-5) * ref.abs().max().item(), err
 
 
+@pytest.mark.parametrize("position", [0, 1, 31, 127, 128, 129, 300, 447])
+def test_lone_row_reads_its_first_positions_before_waiting(cuda, position):
+    """A lone row (launched as a dependent on Hopper and later) holds the first LONE_ROW_PREFETCH positions read
+    before the q/k/v product finished; at every position around that bound it attends over exactly its prefix."""
+    gen = torch.Generator(cuda).manual_seed(position)
+    heads, ctx, dim = 20, 448, 64
+    k_cache, v_cache = (torch.randn(3, heads, ctx, dim, device=cuda, generator=gen).half() for _ in "kv")
+    qkv = torch.randn(1, 1, 3 * heads * dim, device=cuda, generator=gen).half() * 2
+    positions = torch.tensor([[position]], device=cuda)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    q, k_new, v_new = qkv.view(3, heads, dim).unbind(0)
+    ref_k[1, :, position], ref_v[1, :, position] = k_new, v_new  # slot 1: slot_start 1, row 0
+    n = position + 1
+    ref = F.scaled_dot_product_attention(q[:, None].double(), ref_k[1, :, :n].double(), ref_v[1, :, :n].double())
+
+    out = decode_attention.self_attention_step(qkv, k_cache, v_cache, positions, 1)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)  # the new K/V, and nothing else
+    err = (out.double().view(heads, 1, dim) - ref).abs().max().item()
+    assert err < 4e-3 * ref.abs().max().item(), err
+
+
 def test_decoder_step_same_with_and_without_the_kernel(cuda, monkeypatch):
     dims = DUMMY_DIMS["tiny"]
     torch.manual_seed(0)

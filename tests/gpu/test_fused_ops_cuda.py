@@ -1,12 +1,12 @@
 """engine/fused_ops.py on a GPU: the Triton add + layer norm, the GELU epilogue and the one-row product against
-torch's operations."""
+torch's operations; a lone row's chain of kernels launched as dependents against plain launches."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import fused_ops
+from engine import decode_attention, fused_ops, int8_attention
 from engine.fused_ops import add_norm, linear_gelu
 
 
@@ -162,3 +162,75 @@ def test_dependent_launches_compute_what_plain_launches_do(cuda, monkeypatch, gr
             dependent = result.clone()
     assert torch.isfinite(plain).all()
     assert torch.equal(dependent, plain)
+
+
+def _attention_layers(gen, n: int, heads: int, layers: int, keys: int):
+    """Weights and caches for a lone row's self- and cross-attention sub-layers (the decoder's kernels)."""
+    def half(*shape, scale=0.03):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).half()
+
+    made = []
+    for _ in range(layers):
+        cross_k, cross_v = (torch.randn(1, heads, keys, n // heads, device="cuda", generator=gen) for _ in "kv")
+        made.append(dict(
+            ln1=nn.LayerNorm(n, device="cuda", dtype=torch.float16), qkv=(half(3 * n, n), half(3 * n)),
+            out1=nn.Linear(n, n).to("cuda", torch.float16), ln2=nn.LayerNorm(n, device="cuda", dtype=torch.float16),
+            q=(half(n, n), half(n)), out2=nn.Linear(n, n).to("cuda", torch.float16),
+            cross=(*int8_attention.quantize(cross_k), *int8_attention.quantize(cross_v)),
+        ))  # fmt: skip
+    return made
+
+
+def _attention_step(layers, x, self_caches, positions):
+    """One decode step of a lone row through the layers: x (1, 1, n) -> the residual stream after them."""
+    y = None
+    for layer, (k_cache, v_cache) in zip(layers, self_caches):
+        heads = k_cache.shape[1]
+        x, qkv = fused_ops.add_norm_linear(x, y, layer["ln1"], *layer["qkv"])
+        o = decode_attention.self_attention_step(qkv, k_cache, v_cache, positions, 0)
+        x, q = fused_ops.add_norm_linear(x, fused_ops.linear(layer["out1"], o), layer["ln2"], *layer["q"])
+        kq, ks, vq, vs = layer["cross"]
+        c = int8_attention.int8_attention(q.view(1, heads, 1, -1), kq, ks, vq, vs)  # the decoder's views
+        y = fused_ops.linear(layer["out2"], c.view(1, 1, -1))
+    return x + y
+
+
+def test_lone_row_attention_as_dependents_matches_plain_launches(cuda, monkeypatch):
+    """A lone row's decode steps with every kernel launched as a dependent (the attention kernels reading their
+    caches before waiting) and replayed from a CUDA graph, against the same steps launched plainly: the self
+    caches written alike and the outputs equal to the attention kernels' rounding, step after step."""
+    if torch.cuda.get_device_capability(cuda)[0] < 9:
+        pytest.skip("dependent launches need Hopper or later")
+    gen = torch.Generator(cuda).manual_seed(11)
+    n, heads, ctx = 1280, 20, 448
+    layers = _attention_layers(gen, n, heads, 4, 1500)
+    caches = [tuple(torch.randn(1, heads, ctx, 64, device=cuda, generator=gen).half() for _ in "kv") for _ in layers]
+    inputs = [torch.randn(1, 1, n, device=cuda, generator=gen).half() for _ in range(5)]
+    steps = list(zip([0, 1, 2, 127, 128], inputs))  # the prefetched positions' bound in the self-attention
+    with torch.no_grad():
+        monkeypatch.setattr(fused_ops, "PDL", False)
+        plain_caches = [tuple(c.clone() for c in pair) for pair in caches]
+        plain = [_attention_step(layers, x, plain_caches, torch.tensor([[p]], device=cuda)) for p, x in steps]
+        monkeypatch.setattr(fused_ops, "PDL", True)
+        static_x, static_pos = inputs[0].clone(), torch.zeros(1, 1, dtype=torch.long, device=cuda)
+        warm = [tuple(c.clone() for c in pair) for pair in caches]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            _attention_step(layers, static_x, warm, static_pos)  # compiles outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            result = _attention_step(layers, static_x, caches, static_pos)
+        dependent = []
+        for p, x in steps:
+            static_x.copy_(x)
+            static_pos.fill_(p)
+            g.replay()
+            dependent.append(result.clone())
+    for got, want in zip(dependent, plain):
+        assert torch.isfinite(want).all()
+        assert (got.float() - want.float()).abs().max().item() < 1e-2 * want.float().abs().max().item()
+    for (k, v), (pk, pv) in zip(caches, plain_caches):
+        assert (k.float() - pk.float()).abs().max().item() < 1e-2 * pk.float().abs().max().item()
+        assert (v.float() - pv.float()).abs().max().item() < 1e-2 * pv.float().abs().max().item()

@@ -21,6 +21,7 @@ from engine.request import DecodeOptions
 def test_kernel_matches_dequantized_sdpa(cuda, monkeypatch, kernel, rows, heads, queries, dtype):
     assert int8_attention.triton is not None, "Triton is needed on a GPU"
     monkeypatch.setattr(int8_attention, "KERNEL", kernel)
+    monkeypatch.setattr(int8_attention, "LONE_ROW", False)  # a lone row takes the kernel under test too
     dtype = getattr(torch, dtype)
     gen = torch.Generator(cuda).manual_seed(rows)
     slots, n, dim = rows + 3, 1500, 64
@@ -36,6 +37,29 @@ def test_kernel_matches_dequantized_sdpa(cuda, monkeypatch, kernel, rows, heads,
         q.float(), dequantize(kq[1, :rows], ks[1, :rows], torch.float32), dequantize(vq[1, :rows], vs[1, :rows], torch.float32)
     )
     tolerance = 2e-3 if dtype == torch.float16 else 8e-3  # the output's rounding: 11 or 8 significant bits
+    assert (out - ref).abs().max().item() < tolerance * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("n", [1500, 37, 4100])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_lone_row_kernel_matches_dequantized_sdpa(cuda, n, dtype):
+    """A lone query row per head (a single sequence's step) on Hopper and later: the kernel that reads its split's
+    keys before waiting for the query, at Whisper's 1,500 keys, with splits left empty (37 keys: 3 per split) and
+    at the most keys a split holds in registers (4,100: 257 per split, so the kernels above serve instead)."""
+    if torch.cuda.get_device_capability(cuda)[0] < 9:
+        pytest.skip("dependent launches need Hopper or later")
+    dtype = getattr(torch, dtype)
+    gen = torch.Generator(cuda).manual_seed(n)
+    k_cache, v_cache = (torch.randn(2, 3, 20, n, 64, device=cuda, generator=gen) * 4 for _ in "kv")
+    (kq, ks), (vq, vs) = quantize(k_cache), quantize(v_cache)
+    args = (kq[1, 2:], ks[1, 2:], vq[1, 2:], vs[1, 2:])  # the last slot of layer 1's cache, as a decoder step reads
+    q = (torch.randn(1, 1, 20, 64, device=cuda, generator=gen, dtype=dtype) * 3).transpose(1, 2)  # strided heads
+    assert int8_attention._lone_row_applies(q, args[0]) == (n <= 16 * 256)
+    out = attention(q, *args).float()
+    ref = F.scaled_dot_product_attention(
+        q.float(), dequantize(args[0], args[1], torch.float32), dequantize(args[2], args[3], torch.float32)
+    )
+    tolerance = 2e-3 if dtype == torch.float16 else 8e-3
     assert (out - ref).abs().max().item() < tolerance * ref.abs().max().item()
 
 
