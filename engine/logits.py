@@ -7,9 +7,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import greedy_pick
 from .tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
+GREEDY_KERNEL = True  # greedy steps on a GPU through engine/greedy_pick.py (False: torch's kernels, for A/B runs)
 
 
 @dataclass(slots=True)
@@ -105,6 +107,8 @@ def sample(logits: Tensor, temperatures: list[float], generators: list[torch.Gen
         # torch's CPU argmax over a 51,864-wide row runs a scalar loop (60-110 us, 2-cores x86), numpy's is
         # vectorized (~6 us); both return the first of equal maxima, so the pick is the same
         tokens = torch.from_numpy(logits.numpy().argmax(axis=-1))
+    elif GREEDY_KERNEL and greedy_pick.applies(logits) and not any(t > 0 for t in temperatures):
+        return greedy_pick.greedy_pick(logits)
     else:
         tokens = logits.argmax(dim=-1)
     for i, (t, gen) in enumerate(zip(temperatures, generators)):
