@@ -10,6 +10,10 @@ registers. Keys of a row are contiguous in its slot, so each block is one coales
 
 Rows are batch rows of slots slot_start + row (the decoder's layout); padding rows of a graph write position 0
 of free slots, as the indexed write did. Off a GPU, or without Triton, the model keeps the torch operations.
+
+A lone sequence's step on Hopper and later is launched as a programmatic dependent (engine/fused_ops.py): its
+first LONE_ROW_PREFETCH positions are read while the q/k/v product runs, then it waits for that product; only the
+position and q/k/v are read after the wait, and nothing is written before it.
 """
 
 from __future__ import annotations
