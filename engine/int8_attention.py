@@ -217,8 +217,8 @@ def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int) -> 
     if splits > 1:
         b, h, t, d = out.shape
         _combine_splits[(b * h * t,)](
-            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, num_warps=1,
-            **dependent_launch(out.device),
+            m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, CONTIGUOUS=out.is_contiguous(),
+            num_warps=1, **dependent_launch(out.device),
         )  # fmt: skip
     return out
 
@@ -326,14 +326,20 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["sob", "soh", "sot", "T"])
     def _combine_splits(
-        M, L, ACC, O, sob, soh, sot, H, T, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr
+        M, L, ACC, O, sob, soh, sot, H, T,
+        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CONTIGUOUS: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         let_next_launch(PDL)  # a lone row's next product reads its weight meanwhile (fused_ops.linear)
         wait_for_previous(PDL)  # launched as a dependent: it starts while the splits run, then waits for them
         row = tl.program_id(0)
-        t = row % T
-        h = (row // T) % H
-        b = row // (T * H)
+        if CONTIGUOUS:  # rows in order, HEAD_DIM apart: no index arithmetic after the wait, aligned stores
+            # (a lone row's chain of 32 layers: ~0.5 us per layer less than the strided form, workbench)
+            o = O + row * HEAD_DIM
+        else:
+            t = row % T
+            h = (row // T) % H
+            b = row // (T * H)
+            o = O + b * sob + h * soh + t * sot
         parts = row * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
         dim = tl.arange(0, HEAD_DIM)
         m = tl.load(M + parts)
@@ -341,7 +347,7 @@ if triton is not None:
         total = tl.sum(tl.load(L + parts) * weight, axis=0)
         acc = tl.load(ACC + parts[:, None] * HEAD_DIM + dim[None, :])
         out = tl.sum(acc * weight[:, None], axis=0) / total
-        tl.store(O + b * sob + h * soh + t * sot + dim, out.to(O.dtype.element_ty))
+        tl.store(o + dim, out.to(O.dtype.element_ty))
 
     @triton.jit
     def _quantize_rows(
