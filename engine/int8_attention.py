@@ -22,7 +22,7 @@ A lone sequence's step (one query row per head) on Hopper and later takes a thir
 programmatic dependent (engine/fused_ops.py): the slot's keys and values never change while it decodes, so each
 program reads its split's whole share of them into registers while the kernel that makes the query still runs,
 and the split combiner is launched the same way. A 32-layer chain of the cross-attention alone, in a CUDA graph:
-7.3 us per layer with the CUDA kernel, 6.2 through this path (H200, workbench); one large-v3 window with this and
+7.3 us per layer with the CUDA kernel, 5.2 through this path (H200, workbench); one large-v3 window with this and
 the self-attention's counterpart (engine/decode_attention.py): 0.132 -> 0.118 s (BENCHMARKS.md, thirteenth session).
 """
 
