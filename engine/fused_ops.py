@@ -24,11 +24,13 @@ session). Two or more rows stay with cuBLAS.
 On Hopper and later the one-row kernels are launched as programmatic dependents (PDL): a kernel may start while the
 one before it in the stream still runs, reads its whole weight tile into registers (it does not depend on that
 kernel), and only then waits for it (`wait_for_previous`) before reading its input row and writing anything. The
-kernels before them say when that may start (`let_next_launch`, at their first instruction: also the decode
-step's self-attention and the cross-attention's split combiner). A lone decode step is a chain of ~10 small
-kernels per layer whose time was mostly each one's start and first loads; overlapped, a chain of 1,280 x 1,280
-products went from 3.6 to 1.9 us each (workbench), and with it the MLP's second product (5,120 wide, one feature
-per program) joined the one-row path: large-v3, one window 0.173 -> 0.132 s (BENCHMARKS.md, twelfth session).
+kernels before them say when that may start (`let_next_launch`, at their first instruction). A lone step's
+self-attention, cross-attention and split combiner are dependents in the same way (`dependent_launch`; they read
+their caches before waiting: engine/decode_attention.py, engine/int8_attention.py). A lone decode step is a chain
+of ~10 small kernels per layer whose time was mostly each one's start and first loads; overlapped, a chain of
+1,280 x 1,280 products went from 3.6 to 1.9 us each (workbench), and with it the MLP's second product (5,120 wide,
+one feature per program) joined the one-row path: large-v3, one window 0.173 -> 0.132 s (BENCHMARKS.md, twelfth
+session); with the attention kernels as dependents and the greedy pick, 0.115 s (thirteenth).
 
 A lone sequence's decode step also runs each sub-layer's residual add, layer norm and first product in one
 kernel (`add_norm_linear`, one row, half precision): every program recomputes the row's sum and norm statistics
