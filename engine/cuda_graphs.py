@@ -1,4 +1,5 @@
-"""CUDA graphs: the encoder keyed on batch size, the one-token decoder step keyed on (batch, context) buckets."""
+"""CUDA graphs: the encoder keyed on batch size, the one-token decoder step keyed on (batch, context) buckets, and the
+prompt pass of a few new windows keyed on (batch, prompt length)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ DECODE_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 2
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 KV_BUCKET = 64  # self-attention context is attended in multiples of this many positions
 MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while padding stays under this share
+# Prompt passes with a graph: windows admitted when none is running (slots 0..n-1), every prompt the same length and
+# starting with <|startoftranscript|>: [sot] [lang task] [notimestamps] is 2-4 tokens. Eagerly such a pass is ~600
+# kernel launches (large-v3: ~21 ms); fed one token per graph-replayed step it costs a step per token; replayed, it
+# is one pass for the whole prompt (BENCHMARKS.md, fourteenth session).
+PREFILL_TOKENS = (2, 3, 4)
+PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
 
 
 def buckets_up_to(candidates: tuple[int, ...], limit: int) -> list[int]:
@@ -33,6 +40,8 @@ class DecoderBuffers:
     tokens: Tensor  # (max_bs, 1) int64
     positions: Tensor  # (max_bs, 1) int64
     logits: Tensor  # (max_bs, n_vocab) float32
+    prompt: Tensor  # (max prefill batch, max prompt length) int64: a prompt pass's tokens
+    prompt_logits: Tensor  # (2, max prefill batch, n_vocab) float32: at each prompt's last token and at its first
 
 
 @dataclass(slots=True)
@@ -47,6 +56,7 @@ class GraphStats:
     encoder_eager: int = 0
     decoder_replays: int = 0
     decoder_eager: int = 0
+    prefill_replays: int = 0
     encoder_padded_windows: int = 0
 
 
@@ -69,11 +79,15 @@ class GraphRunner:
         else:
             self.kv_sizes = sorted({min(k, n_ctx) for k in range(KV_BUCKET, n_ctx + KV_BUCKET, KV_BUCKET)})
         max_bs = self.decode_sizes[-1]
+        self.prefill_sizes = [b for b in PREFILL_BATCH_BUCKETS if b <= num_slots]
+        self.prefill_tokens = [t for t in PREFILL_TOKENS if t <= n_ctx]
         dev = self.device
         self.dec = DecoderBuffers(
             tokens=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             positions=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             logits=torch.zeros(max_bs, dims.n_vocab, dtype=torch.float32, device=dev),
+            prompt=torch.zeros(self.prefill_sizes[-1], max(PREFILL_TOKENS, default=1), dtype=torch.long, device=dev),
+            prompt_logits=torch.zeros(2, self.prefill_sizes[-1], dims.n_vocab, dtype=torch.float32, device=dev),
         )
         max_enc = self.encoder_sizes[-1]
         self.enc = EncoderBuffers(
@@ -81,6 +95,7 @@ class GraphRunner:
             features=torch.zeros(max_enc, dims.n_audio_ctx, dims.n_audio_state, dtype=dtype, device=dev),
         )
         self.decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stats = GraphStats()
 
@@ -93,6 +108,16 @@ class GraphRunner:
             mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
         hidden = self.model.decoder(self.dec.tokens[:bs], positions, self.cache, 0, kv_len, mask)
         self.model.decoder.logits(hidden[:, -1], out=self.dec.logits[:bs])
+
+    def _prefill(self, bs: int, width: int) -> None:
+        """The prompt pass of rows 0..bs-1 (slots 0..bs-1), prompts of `width` tokens from position 0: logits at
+        each prompt's last token (the first sampled token) and at its first (the no-speech probability)."""
+        tokens = self.dec.prompt[:bs, :width]
+        positions = torch.arange(width, device=self.device).expand(bs, width)
+        causal = positions[:, None, :, None] >= positions[:, None, None, :]
+        hidden = self.model.decoder(tokens, positions, self.cache, 0, width, causal)
+        self.model.decoder.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
+        self.model.decoder.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
 
     def _encode(self, bs: int) -> None:
         self.enc.features[:bs] = self.model.encoder(self.enc.mel[:bs])
@@ -108,12 +133,16 @@ class GraphRunner:
         for kv in reversed(self.kv_sizes):
             for bs in reversed(self.decode_sizes):
                 self.decoder_graphs[(bs, kv)] = self._capture_one(lambda: self._decode_step(bs, kv), pool, stream)
+        for width in reversed(self.prefill_tokens):
+            for bs in reversed(self.prefill_sizes):
+                self.prefill_graphs[(bs, width)] = self._capture_one(lambda: self._prefill(bs, width), pool, stream)
         torch.cuda.synchronize(self.device)
         used = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         log.info(
-            "captured %d encoder graphs (batch %s) and %d decoder graphs (batch %s x context %s); pool %.0f MiB",
-            len(self.encoder_graphs), self.encoder_sizes, len(self.decoder_graphs),
-            self.decode_sizes, self.kv_sizes, used,
+            "captured %d encoder graphs (batch %s), %d decoder graphs (batch %s x context %s) and %d prompt graphs "
+            "(batch %s x tokens %s); pool %.0f MiB",
+            len(self.encoder_graphs), self.encoder_sizes, len(self.decoder_graphs), self.decode_sizes, self.kv_sizes,
+            len(self.prefill_graphs), self.prefill_sizes, self.prefill_tokens, used,
         )  # fmt: skip
 
     def _capture_one(self, fn, pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
@@ -175,3 +204,23 @@ class GraphRunner:
         self.decoder_graphs[(bs, kv)].replay()
         self.stats.decoder_replays += 1
         return self.dec.logits[:n]
+
+    def prefill_size_for(self, n: int, width: int) -> int | None:
+        """The captured prompt-pass batch for n prompts of `width` tokens, or None (no graph)."""
+        if width not in self.prefill_tokens:
+            return None
+        return next((b for b in self.prefill_sizes if b >= n), None)
+
+    @torch.inference_mode()
+    def prefill(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """A prompt pass for rows 0..n-1 (slots 0..n-1, no other row running): tokens (n, width) with a graph
+        (prefill_size_for). Returns the float32 logits at each prompt's last and first token, (n, n_vocab) each."""
+        n, width = tokens.shape
+        bs = self.prefill_size_for(n, width)
+        assert bs is not None, (n, width)
+        self.dec.prompt[:n, :width].copy_(tokens)
+        if bs > n:  # padding rows write positions 0..width-1 of free slots, as the decode graphs' padding does
+            self.dec.prompt[n:bs, :width].zero_()
+        self.prefill_graphs[(bs, width)].replay()
+        self.stats.prefill_replays += 1
+        return self.dec.prompt_logits[0, :n], self.dec.prompt_logits[1, :n]

@@ -190,6 +190,16 @@ class ModelRunner:
 
     # ---- decoder ----------------------------------------------------------------------------------
 
+    def prefill_replays(self, seqs: list[Sequence]) -> bool:
+        """Whether prefill(seqs) replays a graph: new sequences in slots 0..n-1 (nothing else running), prompts of
+        one captured length, each starting with <|startoftranscript|> (its logits give the no-speech probability)."""
+        width = len(seqs[0].pending)
+        return (
+            self.graphs is not None and seqs[0].slot == 0 and all(len(s.pending) == width for s in seqs)
+            and all(s.pending[0] == self.tokenizer.sot for s in seqs)
+            and self.graphs.prefill_size_for(len(seqs), width) is not None
+        )  # fmt: skip
+
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
         """Feed each new sequence its whole prompt (right-padded); sample each one's first output (waits for it)."""
@@ -198,14 +208,17 @@ class ModelRunner:
         width = max(lengths)
         rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
         tokens = self._to_device(rows)
-        positions = torch.arange(width, device=self.device).expand(len(seqs), width)
-        causal = positions[:, None, :, None] >= positions[:, None, None, :]
-        hidden = self.model.decoder(tokens, positions, self.cache, slot_start, width, causal)
-        last = self._to_device(lengths) - 1
-        sot_index = self._to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
-        batch = torch.arange(len(seqs), device=self.device)
-        logits = self.model.decoder.logits(hidden[batch, last])
-        sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
+        if self.prefill_replays(seqs):
+            logits, sot_logits = self.graphs.prefill(tokens)
+        else:
+            positions = torch.arange(width, device=self.device).expand(len(seqs), width)
+            causal = positions[:, None, :, None] >= positions[:, None, None, :]
+            hidden = self.model.decoder(tokens, positions, self.cache, slot_start, width, causal)
+            last = self._to_device(lengths) - 1
+            sot_index = self._to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
+            batch = torch.arange(len(seqs), device=self.device)
+            logits = self.model.decoder.logits(hidden[batch, last])
+            sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
         no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech]
         timestamps = any(s.job.with_timestamps for s in seqs)
         state = self._to_device([self._host_state(s) for s in seqs]) if timestamps else None

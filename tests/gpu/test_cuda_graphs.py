@@ -51,6 +51,50 @@ def test_every_decoder_bucket_matches_eager(graph_engine):
     assert graphs.stats.decoder_replays >= len(graphs.kv_sizes) * len(graphs.decode_sizes)
 
 
+def test_every_prompt_graph_matches_eager(graph_engine):
+    """A prompt pass replayed from its graph (batch x prompt length, padded batches included) against the eager
+    pass over the same rows: logits at each prompt's last token (the first sampled) and at its first."""
+    runner = graph_engine.runner
+    graphs, model, cache = runner.graphs, runner.model, runner.cache
+    gen = torch.Generator(runner.device).manual_seed(3)
+    replays = graphs.stats.prefill_replays
+    with torch.inference_mode():
+        feats = torch.randn(max(graphs.prefill_sizes), runner.dims.n_audio_ctx, runner.dims.n_audio_state,
+                            device=runner.device, generator=gen)
+        model.decoder.fill_cross_cache(feats.to(runner.dtype), cache, 0)
+        checked = 0
+        for width in graphs.prefill_tokens:
+            for n in sorted({1, 3, *graphs.prefill_sizes}):
+                if graphs.prefill_size_for(n, width) is None:
+                    continue
+                tokens = torch.randint(0, 50000, (n, width), device=runner.device, generator=gen)
+                tokens[:, 0] = runner.tokenizer.sot
+                last, first = (t.clone() for t in graphs.prefill(tokens))
+                positions = torch.arange(width, device=runner.device).expand(n, width)
+                causal = positions[:, None, :, None] >= positions[:, None, None, :]
+                hidden = model.decoder(tokens, positions, cache, 0, width, causal)
+                for got, want in ((last, model.decoder.logits(hidden[:, -1])), (first, model.decoder.logits(hidden[:, 0]))):
+                    assert torch.equal(got.argmax(-1), want.argmax(-1)), (n, width)
+                    assert (got - want).abs().max().item() < 1e-2 * want.abs().max().item(), (n, width)
+                checked += 1
+    assert checked >= len(graphs.prefill_tokens) * len(graphs.prefill_sizes)
+    assert graphs.stats.prefill_replays == replays + checked
+
+
+def test_a_lone_window_prompt_is_one_replayed_pass(graph_engine, eager_engine, gpu_clips, read_wav):
+    """With nothing else running a window's prompt ([sot] [notimestamps] here) is one pass replayed from a graph,
+    not a step per token, and the transcript is the eager engine's (which feeds the prompt step by step)."""
+    jfk = read_wav(next(p for p in gpu_clips if "jfk" in p.name))
+    options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
+    stats = graph_engine.runner.graphs.stats
+    before = stats.prefill_replays
+    replayed = graph_engine.transcribe(jfk, options).text.lower()
+    assert stats.prefill_replays == before + 1
+    eager = eager_engine.transcribe(jfk, options).text.lower()
+    assert "ask not what your country can do for you" in replayed
+    assert jiwer.wer(eager, replayed) < 0.05, (replayed, eager)
+
+
 def test_lone_sequence_step_matches_the_separate_kernels(graph_engine, monkeypatch):
     """A lone sequence's step (TextDecoder._step_gpu_row: add + norm + product fused) against the separate
     kernels for the same row, over a few positions: same argmax, logits within float16 rounding."""
