@@ -40,6 +40,11 @@ class EngineConfig:
     encoder_precision: str = "model"
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None
+    # Decode steps per launch while a few windows (up to 8) decode greedily without timestamps and none waits: one
+    # CUDA graph replays them, each step's token fed to the next on the device, so the host's work per step (which
+    # bounds a small decoder: large-v3-turbo, tiny..medium) is paid once per launch; a window that ends is seen up
+    # to this many steps late. None = 4 on a GPU, 1 on a CPU (whose steps are bound by compute, not the host).
+    multi_step: int | None = None
     # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
     # so runs with random weights do the same work as peers told the same.
     fixed_decode_tokens: int | None = None
@@ -65,5 +70,7 @@ class EngineConfig:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
         if self.stepwise_prompt_tokens is not None and self.stepwise_prompt_tokens < 0:
             raise ValueError(f"stepwise_prompt_tokens must be >= 0, got {self.stepwise_prompt_tokens}")
+        if self.multi_step is not None and self.multi_step < 1:
+            raise ValueError(f"multi_step must be >= 1, got {self.multi_step}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -1,5 +1,6 @@
-"""CUDA graphs: the encoder keyed on batch size, the one-token decoder step keyed on (batch, context) buckets, and the
-prompt pass of a few new windows keyed on (batch, prompt length)."""
+"""CUDA graphs: the encoder keyed on batch size, the one-token decoder step keyed on (batch, context) buckets, the
+prompt pass of a few new windows keyed on (batch, prompt length), and several greedy steps of a few windows in one
+replay (multi-step decoding)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import Tensor
 from . import decode_attention
 from .audio import N_FRAMES
 from .kv_cache import KVCache
+from .logits import LogitsProcessor, sample
 from .model import Whisper
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,7 @@ MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while paddi
 # is one pass for the whole prompt (BENCHMARKS.md, fourteenth session).
 PREFILL_TOKENS = (2, 3, 4)
 PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
+MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8)  # batches with a multi-step graph: a few windows, where the host bounds a step
 
 
 def buckets_up_to(candidates: tuple[int, ...], limit: int) -> list[int]:
@@ -42,6 +45,9 @@ class DecoderBuffers:
     logits: Tensor  # (max_bs, n_vocab) float32
     prompt: Tensor  # (max prefill batch, max prompt length) int64: a prompt pass's tokens
     prompt_logits: Tensor  # (2, max prefill batch, n_vocab) float32: at each prompt's last token and at its first
+    no_eot: Tensor  # (max multi-step batch,) bool: rows whose multi-step steps must not end (fixed token counts)
+    multi_tokens: Tensor  # (steps, max multi-step batch) int64: each step's greedy tokens
+    multi_logprobs: Tensor  # (steps, max multi-step batch) float32: their log-probabilities
 
 
 @dataclass(slots=True)
@@ -57,14 +63,19 @@ class GraphStats:
     decoder_replays: int = 0
     decoder_eager: int = 0
     prefill_replays: int = 0
+    multi_step_replays: int = 0
     encoder_padded_windows: int = 0
 
 
 class GraphRunner:
     """Captures at start-up; replays copy inputs into static buffers, pad to the bucket and slice the outputs."""
 
-    def __init__(self, model: Whisper, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype):
+    def __init__(
+        self, model: Whisper, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype,
+        processor: LogitsProcessor | None = None, multi_steps: int = 1,
+    ):  # fmt: skip
         self.model = model
+        self.processor = processor
         self.cache = cache
         self.device = cache.self_k.device
         dims = model.dims
@@ -81,6 +92,10 @@ class GraphRunner:
         max_bs = self.decode_sizes[-1]
         self.prefill_sizes = [b for b in PREFILL_BATCH_BUCKETS if b <= num_slots]
         self.prefill_tokens = [t for t in PREFILL_TOKENS if t <= n_ctx]
+        # several steps per replay need the step kernel (each row attends its own prefix, whatever its position)
+        self.multi_steps = multi_steps if processor is not None and self.step_kernel else 1
+        self.multi_sizes = [b for b in MULTI_STEP_BATCH_BUCKETS if b <= num_slots] if self.multi_steps > 1 else []
+        max_mb = max(self.multi_sizes, default=1)
         dev = self.device
         self.dec = DecoderBuffers(
             tokens=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
@@ -88,6 +103,9 @@ class GraphRunner:
             logits=torch.zeros(max_bs, dims.n_vocab, dtype=torch.float32, device=dev),
             prompt=torch.zeros(self.prefill_sizes[-1], max(PREFILL_TOKENS, default=1), dtype=torch.long, device=dev),
             prompt_logits=torch.zeros(2, self.prefill_sizes[-1], dims.n_vocab, dtype=torch.float32, device=dev),
+            no_eot=torch.zeros(max_mb, dtype=torch.bool, device=dev),
+            multi_tokens=torch.zeros(self.multi_steps, max_mb, dtype=torch.long, device=dev),
+            multi_logprobs=torch.zeros(self.multi_steps, max_mb, dtype=torch.float32, device=dev),
         )
         max_enc = self.encoder_sizes[-1]
         self.enc = EncoderBuffers(
@@ -96,6 +114,7 @@ class GraphRunner:
         )
         self.decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.multi_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stats = GraphStats()
 
@@ -119,6 +138,18 @@ class GraphRunner:
         self.model.decoder.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
         self.model.decoder.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
 
+    def _multi_step(self, bs: int) -> None:
+        """multi_steps greedy steps of rows 0..bs-1: each step's logits get the plain rules (LogitsProcessor.plain),
+        its token and log-probability are kept, and the token and the next position become the next step's input."""
+        for j in range(self.multi_steps):
+            self._decode_step(bs, self.kv_sizes[-1])
+            logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs])
+            tokens, logprobs = sample(logits, [0.0] * bs, [None] * bs)
+            self.dec.multi_tokens[j, :bs] = tokens
+            self.dec.multi_logprobs[j, :bs] = logprobs
+            self.dec.tokens[:bs, 0] = tokens
+            self.dec.positions[:bs] += 1
+
     def _encode(self, bs: int) -> None:
         self.enc.features[:bs] = self.model.encoder(self.enc.mel[:bs])
 
@@ -136,13 +167,16 @@ class GraphRunner:
         for width in reversed(self.prefill_tokens):
             for bs in reversed(self.prefill_sizes):
                 self.prefill_graphs[(bs, width)] = self._capture_one(lambda: self._prefill(bs, width), pool, stream)
+        for bs in reversed(self.multi_sizes):
+            self.multi_graphs[bs] = self._capture_one(lambda: self._multi_step(bs), pool, stream)
         torch.cuda.synchronize(self.device)
         used = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         log.info(
-            "captured %d encoder graphs (batch %s), %d decoder graphs (batch %s x context %s) and %d prompt graphs "
-            "(batch %s x tokens %s); pool %.0f MiB",
+            "captured %d encoder graphs (batch %s), %d decoder graphs (batch %s x context %s), %d prompt graphs "
+            "(batch %s x tokens %s) and %d graphs of %d steps (batch %s); pool %.0f MiB",
             len(self.encoder_graphs), self.encoder_sizes, len(self.decoder_graphs), self.decode_sizes, self.kv_sizes,
-            len(self.prefill_graphs), self.prefill_sizes, self.prefill_tokens, used,
+            len(self.prefill_graphs), self.prefill_sizes, self.prefill_tokens, len(self.multi_graphs),
+            self.multi_steps, self.multi_sizes, used,
         )  # fmt: skip
 
     def _capture_one(self, fn, pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
@@ -224,3 +258,26 @@ class GraphRunner:
         self.prefill_graphs[(bs, width)].replay()
         self.stats.prefill_replays += 1
         return self.dec.prompt_logits[0, :n], self.dec.prompt_logits[1, :n]
+
+    def multi_size_for(self, n: int) -> int | None:
+        """The captured multi-step batch for n rows, or None (none captured that large)."""
+        return next((b for b in self.multi_sizes if b >= n), None)
+
+    @torch.inference_mode()
+    def decode_multi(self, tokens: Tensor, positions: Tensor, no_eot: Tensor) -> tuple[Tensor, Tensor]:
+        """multi_steps greedy steps for rows 0..n-1 (slots 0..n-1): tokens and positions (n, 1) of the first, no_eot
+        (n,) bool. Returns each step's tokens (steps, n) int64 and log-probabilities (steps, n) float32 (views of
+        static buffers: read before the next replay)."""
+        n = tokens.shape[0]
+        bs = self.multi_size_for(n)
+        assert bs is not None, n
+        self.dec.tokens[:n].copy_(tokens)
+        self.dec.positions[:n].copy_(positions)
+        self.dec.no_eot[:n].copy_(no_eot)
+        if bs > n:  # padding rows decode positions 0.. of free slots, as a step's padding does
+            self.dec.tokens[n:bs].zero_()
+            self.dec.positions[n:bs].zero_()
+            self.dec.no_eot[n:bs].zero_()
+        self.multi_graphs[bs].replay()
+        self.stats.multi_step_replays += 1
+        return self.dec.multi_tokens[:, :n], self.dec.multi_logprobs[:, :n]

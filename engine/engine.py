@@ -216,7 +216,8 @@ class Engine(EngineFront):
             totals.update(
                 encoder_graph_replays=s.encoder_replays, encoder_eager_runs=s.encoder_eager,
                 decoder_graph_replays=s.decoder_replays, decoder_eager_runs=s.decoder_eager,
-                prompt_graph_replays=s.prefill_replays, encoder_padded_windows=s.encoder_padded_windows,
+                prompt_graph_replays=s.prefill_replays, multi_step_graph_replays=s.multi_step_replays,
+                encoder_padded_windows=s.encoder_padded_windows,
             )  # fmt: skip
         return totals
 
@@ -386,8 +387,14 @@ class Engine(EngineFront):
                 self._complete(self._launched(new), tokens, logprobs, latest=True)
         launched = None
         if sched.running:
-            output = runner.decode(sched.running, keep=self.overlap_steps)
-            launched = (self._launched(sched.running), output)
+            # several greedy steps in one launch while a few windows decode and none waits (ModelRunner.multi_steps)
+            k = 1 if new or sched.num_waiting else runner.multi_steps(sched.running)
+            if k > 1:
+                output = runner.decode_multi(sched.running, keep=self.overlap_steps)
+                launched = (self._launched_steps(sched.running, k), output)
+            else:
+                output = runner.decode(sched.running, keep=self.overlap_steps)
+                launched = (self._launched(sched.running), output)
         if self._in_flight is not None:
             self._complete(self._in_flight[0], *self._in_flight[1].result(), latest=False)
         self._in_flight = launched if self.overlap_steps else None
@@ -425,6 +432,20 @@ class Engine(EngineFront):
             record.append((seq, mode, seq.num_cached))
         return record
 
+    def _launched_steps(self, seqs: list[Sequence], k: int) -> list[tuple[Sequence, int, int]]:
+        """_launched for k greedy steps in one launch (every sequence sampling): the records of step 0 for every
+        row, then step 1, ..., in the order of the launch's output; the last step's tokens stay on the device."""
+        record = []
+        for _ in range(k):
+            for seq in seqs:
+                seq.num_cached += 1
+                seq.num_launched += 1
+                record.append((seq, SAMPLE, seq.num_cached))
+        for row, seq in enumerate(seqs):
+            seq.row = row
+            seq.pending = [ON_DEVICE]
+        return record
+
     def _complete(
         self, record: list[tuple[Sequence, int, int]], tokens: list[int], logprobs: list[float], latest: bool
     ) -> None:
@@ -432,8 +453,10 @@ class Engine(EngineFront):
         earlier step was still in this one (launched before that end was read): its row is ignored. `latest`: no
         step was launched after this one, so the next step's inputs can come from the host again."""
         tok = self.tokenizer
-        for (seq, mode, cached), token, logprob in zip(record, tokens, logprobs):
-            if latest:
+        # a launch of several steps holds several records per sequence: its next input is its last one's token
+        last = {id(seq): i for i, (seq, _, _) in enumerate(record)} if latest else {}
+        for i, ((seq, mode, cached), token, logprob) in enumerate(zip(record, tokens, logprobs)):
+            if latest and last[id(seq)] == i:
                 seq.row = None
                 if seq.pending[0] == ON_DEVICE:
                     seq.pending = [token]

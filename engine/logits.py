@@ -78,6 +78,14 @@ class LogitsProcessor:
             logits[r.detect_language] = rows.masked_fill(self.not_language, NEG_INF)
         return logits
 
+    def plain(self, logits: Tensor, no_eot: Tensor) -> Tensor:
+        """The rules of a step in which every row samples text greedily past its first token without timestamps:
+        the suppress list, and EOT where `no_eot` (bool, per row) holds; the same edits as __call__ makes for such
+        rows, with static shapes and no host values, so a CUDA graph can replay them (multi-step decoding)."""
+        logits.index_fill_(1, self.suppress_ids, NEG_INF)
+        logits[:, self.eot].masked_fill_(no_eot, NEG_INF)
+        return logits
+
     def _timestamp_rules(self, logits: Tensor, r: StepRules) -> None:
         """openai/whisper's ApplyTimestampRules on the rows that decode with timestamps."""
         rows = r.with_timestamps

@@ -27,6 +27,8 @@ from .weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_mode
 log = logging.getLogger(__name__)
 
 MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
+MULTI_STEP_GPU = 4  # greedy steps per launch for a few windows on a GPU (EngineConfig.multi_step)
+MULTI_STEP_MAX_ROWS = 8  # the most windows decoded several steps per launch
 
 
 def resolve_device(name: str) -> torch.device:
@@ -89,12 +91,6 @@ class ModelRunner:
         log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
         self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross)
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
-        self.graphs: GraphRunner | None = None
-        if self.on_gpu and not config.enforce_eager:
-            self.graphs = GraphRunner(self.model, self.cache, self.num_slots, self.max_encoder_batch, self.dtype)
-            self.graphs.capture()
-        # the last decode step's sampled tokens and rule state (None: no timestamp window), on the device (decode)
-        self._prev: tuple[Tensor, Tensor | None] | None = None
         tok = self.tokenizer
         self.logits_processor = LogitsProcessor(
             tok,
@@ -104,6 +100,16 @@ class ModelRunner:
             max_initial_timestamp_index=50,
             device=self.device,
         )
+        self.multi_step = config.multi_step or (MULTI_STEP_GPU if self.on_gpu else 1)
+        self.graphs: GraphRunner | None = None
+        if self.on_gpu and not config.enforce_eager:
+            self.graphs = GraphRunner(
+                self.model, self.cache, self.num_slots, self.max_encoder_batch, self.dtype, self.logits_processor,
+                self.multi_step,
+            )
+            self.graphs.capture()
+        # the last decode step's sampled tokens and rule state (None: no timestamp window), on the device (decode)
+        self._prev: tuple[Tensor, Tensor | None] | None = None
 
     def _load(self, config: EngineConfig) -> Checkpoint:
         if not config.dummy_weights:
@@ -251,16 +257,7 @@ class ModelRunner:
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
         if logits is None:
-            position = seqs[0].num_cached
-            if not self.on_gpu and all(s.num_cached == position for s in seqs):
-                # a lone sequence (or a batch in step): attend over exactly its prefix, no mask to build
-                hidden = self.model.decoder(tokens, positions, self.cache, 0, position + 1, None, position)
-            else:
-                # attend over a multiple of KV_BUCKET positions: few distinct shapes, so kernels are reused
-                kv_len = min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
-                mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
-                hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
-            logits = self.model.decoder.logits(hidden[:, -1])
+            logits = self._eager_logits(seqs, tokens, positions)
         # A window whose prompt is fed step by step has just been given <|startoftranscript|>: its no-speech
         # probability comes from these logits (prefill takes it from that position), before the rules edit them.
         sot = self.tokenizer.sot
@@ -271,6 +268,79 @@ class ModelRunner:
         # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
         # and a graph's logits buffer is rewritten by the next replay anyway
         return self._sample(seqs, logits, state, no_speech, sot_rows, keep)
+
+    def _eager_logits(self, seqs: list[Sequence], tokens: Tensor, positions: Tensor, ahead: int = 0) -> Tensor:
+        """A step's logits without a graph; `ahead`: the step is that many positions past each sequence's cached
+        count (multi-step decoding)."""
+        position = seqs[0].num_cached + ahead
+        if not self.on_gpu and all(s.num_cached + ahead == position for s in seqs):
+            # a lone sequence (or a batch in step): attend over exactly its prefix, no mask to build
+            hidden = self.model.decoder(tokens, positions, self.cache, 0, position + 1, None, position)
+        else:
+            # attend over a multiple of KV_BUCKET positions: few distinct shapes, so kernels are reused
+            kv_len = max(s.num_cached for s in seqs) + ahead + 1
+            kv_len = min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
+            mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+            hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
+        return self.model.decoder.logits(hidden[:, -1])
+
+    def multi_steps(self, seqs: list[Sequence]) -> int:
+        """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence
+        samples text greedily past its first token without timestamps, all stay within the context for that many
+        steps, a fixed token count does not end inside them, and a graph (or eager steps) serves that many rows;
+        else 1."""
+        k = self.multi_step
+        if k == 1 or len(seqs) > MULTI_STEP_MAX_ROWS:
+            return 1
+        if self.graphs is not None and self.graphs.multi_size_for(len(seqs)) is None:
+            return 1
+        for s in seqs:
+            job = s.job
+            if not s.sampling or s.num_launched == 0 or job.with_timestamps or job.temperature > 0:
+                return 1
+            if s.num_cached + k > self.n_text_ctx:
+                return 1
+            fixed = job.fixed_decode_tokens
+            if fixed is not None and s.num_launched < fixed < s.num_launched + k:
+                return 1
+        return k
+
+    @torch.inference_mode()
+    def decode_multi(self, seqs: list[Sequence], keep: bool = False) -> StepOutput:
+        """multi_steps(seqs) greedy steps in one launch (seqs[i] in slot i), each step's token fed to the next on the
+        device: a graph replays them on a GPU. The output holds every step's tokens and log-probabilities, step by
+        step (row order within a step); with `keep` the last step's tokens stay on the device for the next launch."""
+        k = self.multi_step
+        prev = self._prev
+        host = [[*self._host_row(s, prev is not None), self._no_eot(s, k)] for s in seqs]
+        h = self._to_device(host)
+        positions = h[:, 1:2].contiguous()
+        tokens = h[:, 0]
+        if prev is not None:
+            rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
+            tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
+        no_eot = h[:, 6] > 0
+        if self.graphs is not None:
+            step_tokens, step_logprobs = self.graphs.decode_multi(tokens[:, None], positions, no_eot)
+        else:
+            step_tokens, step_logprobs = [], []
+            greedy = ([0.0] * len(seqs), [None] * len(seqs))
+            for j in range(k):
+                logits = self._eager_logits(seqs, tokens[:, None], positions + j, ahead=j)
+                tokens, logprobs = sample(self.logits_processor.plain(logits, no_eot), *greedy)
+                step_tokens.append(tokens)
+                step_logprobs.append(logprobs)
+            step_tokens, step_logprobs = torch.stack(step_tokens), torch.stack(step_logprobs)
+        if keep:
+            self._prev = (step_tokens[-1], None)  # no timestamp rules ran: no state to keep
+        values = torch.cat([step_tokens.flatten().double(), step_logprobs.flatten().double()])
+        return StepOutput(values, k * len(seqs), [])
+
+    @staticmethod
+    def _no_eot(seq: Sequence, k: int) -> int:
+        """1 where all k steps of a fixed-length window must not end it (its count is not reached within them)."""
+        fixed = seq.job.fixed_decode_tokens
+        return int(fixed is not None and seq.num_launched + k <= fixed)
 
     def reset_steps(self) -> None:
         """Forget the last step's device outputs (after a failed step: no sequence may take its tokens)."""

@@ -1,0 +1,83 @@
+"""Several greedy steps per launch (EngineConfig.multi_step: a GPU's default for a few windows, one CUDA graph per
+launch there, eager steps here) give the tokens of one step per launch, on real weights: a launch's records for
+every step, a window's end found up to that many steps late (the tokens after it dropped), windows of one batch
+ending at different steps, a fixed token count and the decoder's context limit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from engine_utils import GREEDY, WAIT_S, scores, submit_all
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.request import DecodeOptions
+
+CLIPS = (
+    "g1_en_jfk.flac",
+    "g1_en_librispeech-test-clean_1221-135766-0001.wav",
+    "g1_en_spontaneous_mfa-acoustic-corpus.wav",
+)
+STEPS = 4
+
+
+def fields(result) -> tuple:
+    return result.text, [(s.start, s.end, s.text, s.tokens) for s in result.segments]
+
+
+def settled_steps(engine: Engine) -> int:
+    """The engine's launch count once its last one has ended (a result is sent before the step counts itself)."""
+    while True:
+        steps = engine.num_steps
+        time.sleep(0.05)
+        if engine.num_steps == steps:
+            return steps
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["overlapped", "read-each-launch"])
+def multi_tiny(tiny_engine, request):  # tiny_engine skips when the weights are missing
+    """Launches overlapped (the next input on the device) and each launch read before the next (from the host)."""
+    engine = Engine(EngineConfig(model="tiny.en", device="cpu", multi_step=STEPS, overlap_steps=request.param))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def test_several_steps_per_launch_give_the_same_tokens(multi_tiny, tiny_engine, load_clip):
+    assert multi_tiny.runner.multi_step == STEPS and tiny_engine.runner.multi_step == 1
+    audios = {name: load_clip(name) for name in CLIPS}
+    multi = submit_all(multi_tiny, audios, GREEDY)  # one batch: the windows end at different steps
+    single = submit_all(tiny_engine, audios, GREEDY)
+    for name in CLIPS:
+        assert multi[name].text, name
+        assert fields(multi[name]) == fields(single[name]), name
+        assert scores(multi[name]) == pytest.approx(scores(single[name]), rel=1e-3, abs=1e-5), name
+    # alone, a window's text takes a launch per STEPS tokens (its prompt and first token a launch each)
+    before = settled_steps(multi_tiny)
+    alone = multi_tiny.submit(audios[CLIPS[0]], GREEDY).wait(timeout=WAIT_S)
+    launches = settled_steps(multi_tiny) - before
+    assert fields(alone) == fields(single[CLIPS[0]])
+    assert launches <= 3 + -(-(alone.num_tokens + 1) // STEPS)
+
+
+@pytest.mark.parametrize("fixed", [50, 1000], ids=["count-inside-a-launch", "context-limit"])
+def test_fixed_token_counts_and_the_context_limit(multi_tiny, tiny_engine, load_clip, fixed):
+    """A fixed count that ends inside a launch's steps falls back to one step per launch for them; at the context
+    limit no launch may write past position n_text_ctx - 1."""
+    options = DecodeOptions(without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=fixed)
+    audio = load_clip(CLIPS[0])
+    multi = multi_tiny.submit(audio, options).wait(timeout=WAIT_S)
+    single = tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
+    assert fields(multi) == fields(single)
+    assert multi.num_tokens == min(fixed, multi_tiny.runner.n_text_ctx - 2)  # <|startoftranscript|><|notimestamps|>
+
+
+def test_timestamps_keep_one_step_per_launch(multi_tiny, tiny_engine, load_clip):
+    """Timestamp rules are not in the multi-step launch: such windows decode as before, with the same result."""
+    audio = load_clip(CLIPS[1])
+    options = DecodeOptions(temperatures=(0.0,))
+    assert fields(multi_tiny.submit(audio, options).wait(timeout=WAIT_S)) == fields(
+        tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
+    )
+
