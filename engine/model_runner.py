@@ -250,9 +250,12 @@ class ModelRunner:
         # (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)
         state = h[:, 3:6] if any(s.job.with_timestamps for s in seqs) else None
         if state is not None and prev is not None and any(r[2] >= 0 for r in host):
-            if prev[1] is None:  # cannot happen: a timestamp window in the last step made it keep its state
+            if prev[1] is not None:
+                state = self._from_last_step(state, prev[1], [r[2] for r in host], lambda: h[:, 2:3] >= 0, h[:, 2])
+            elif any(r[2] >= 0 and s.job.with_timestamps for r, s in zip(host, seqs)):
+                # cannot happen: a timestamp window in the last step made it keep its state. (A timestamp window
+                # joining windows without timestamps takes nothing from the last step: their state is unused.)
                 raise RuntimeError("a sequence needs rule state that the last step did not keep")
-            state = self._from_last_step(state, prev[1], [r[2] for r in host], lambda: h[:, 2:3] >= 0, h[:, 2])
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None

@@ -81,3 +81,23 @@ def test_timestamps_keep_one_step_per_launch(multi_tiny, tiny_engine, load_clip)
         tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
     )
 
+
+@pytest.mark.parametrize("multi_step", [1, STEPS], ids=["one-step", "multi-step"])
+def test_a_timestamp_window_joins_windows_without_timestamps(tiny_engine, load_clip, multi_step):
+    """A window with timestamp rules admitted while others decode without them: its rule state comes from the
+    host (it takes nothing from the last launch), the others' tokens from the device; both transcripts equal the
+    ones decoded alone."""
+    engine = Engine(EngineConfig(model="tiny.en", device="cpu", multi_step=multi_step, overlap_steps=True))
+    engine.start()
+    try:
+        long_audio, jfk = load_clip("g2_en_earnings22_4482311_3-62s.wav"), load_clip(CLIPS[0])
+        first = engine.submit(long_audio, GREEDY)
+        deadline = time.monotonic() + WAIT_S
+        while engine.num_tokens < 8 and time.monotonic() < deadline:
+            time.sleep(0.005)  # the first window is decoding
+        stamped = engine.submit(jfk, DecodeOptions(temperatures=(0.0,)))
+        results = first.wait(timeout=WAIT_S), stamped.wait(timeout=WAIT_S)
+    finally:
+        engine.shutdown()
+    assert fields(results[0]) == fields(tiny_engine.submit(long_audio, GREEDY).wait(timeout=WAIT_S))
+    assert fields(results[1]) == fields(tiny_engine.submit(jfk, DecodeOptions(temperatures=(0.0,))).wait(timeout=WAIT_S))
