@@ -40,7 +40,8 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
                stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None,
-               encoder_precision: str = "model", closed_loop: int = 0, multi_step: int | None = None):
+               encoder_precision: str = "model", closed_loop: int = 0, multi_step: int | None = None,
+               timestamps: bool = False):
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.request import DecodeOptions
@@ -52,8 +53,9 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
                                  multi_step=multi_step))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
-    options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=tokens,
-                            no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)
+    options = DecodeOptions(language="en", without_timestamps=not timestamps, temperatures=(0.0,),
+                            fixed_decode_tokens=tokens, no_speech_threshold=None, log_prob_threshold=None,
+                            compression_ratio_threshold=None)
     rng = np.random.default_rng(0)
     audio = (rng.standard_normal(int(WINDOW_S * 16000)) * 0.1).astype(np.float32)
     engine.transcribe(audio, options)  # warm-up
@@ -167,6 +169,8 @@ def main() -> None:
                     help="the engine's encoder_precision (float8: e4m3 encoder products; transformers stays float16)")
     ap.add_argument("--multi-step", type=int, default=None,
                     help="the engine's multi_step (greedy steps per launch for a few windows; default: its own)")
+    ap.add_argument("--timestamps", action="store_true",
+                    help="decode with timestamp rules (the server's way) instead of text only")
     ap.add_argument("--int8-kernel", default="cuda", choices=["cuda", "triton"],
                     help="the int8 cross-attention kernel (engine/int8_attention.py KERNEL; cuda falls back to triton "
                          "where it does not build)")
@@ -185,7 +189,8 @@ def main() -> None:
     for model in args.models:
         ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
                                                args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
-                                               args.encoder_precision, args.closed_loop, args.multi_step)
+                                               args.encoder_precision, args.closed_loop, args.multi_step,
+                                               args.timestamps)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))

@@ -48,6 +48,7 @@ class DecoderBuffers:
     no_eot: Tensor  # (max multi-step batch,) bool: rows whose multi-step steps must not end (fixed token counts)
     multi_tokens: Tensor  # (steps, max multi-step batch) int64: each step's greedy tokens
     multi_logprobs: Tensor  # (steps, max multi-step batch) float32: their log-probabilities
+    multi_state: Tensor  # (max multi-step batch, 3) int64: the timestamp rules' state, updated at every step
 
 
 @dataclass(slots=True)
@@ -106,6 +107,7 @@ class GraphRunner:
             no_eot=torch.zeros(max_mb, dtype=torch.bool, device=dev),
             multi_tokens=torch.zeros(self.multi_steps, max_mb, dtype=torch.long, device=dev),
             multi_logprobs=torch.zeros(self.multi_steps, max_mb, dtype=torch.float32, device=dev),
+            multi_state=torch.zeros(max_mb, 3, dtype=torch.long, device=dev),
         )
         max_enc = self.encoder_sizes[-1]
         self.enc = EncoderBuffers(
@@ -114,7 +116,7 @@ class GraphRunner:
         )
         self.decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.multi_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.multi_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (batch, with timestamps)
         self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stats = GraphStats()
 
@@ -138,17 +140,21 @@ class GraphRunner:
         self.model.decoder.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
         self.model.decoder.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
 
-    def _multi_step(self, bs: int) -> None:
-        """multi_steps greedy steps of rows 0..bs-1: each step's logits get the plain rules (LogitsProcessor.plain),
-        its token and log-probability are kept, and the token and the next position become the next step's input."""
+    def _multi_step(self, bs: int, timestamps: bool) -> None:
+        """multi_steps greedy steps of rows 0..bs-1: each step's logits get the rules (LogitsProcessor.plain, with
+        the timestamp rules from multi_state), its token and log-probability are kept, and the token, the next
+        position and the updated rule state become the next step's input."""
+        state = self.dec.multi_state[:bs]
         for j in range(self.multi_steps):
             self._decode_step(bs, self.kv_sizes[-1])
-            logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs])
+            logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs], state if timestamps else None)
             tokens, logprobs = sample(logits, [0.0] * bs, [None] * bs)
             self.dec.multi_tokens[j, :bs] = tokens
             self.dec.multi_logprobs[j, :bs] = logprobs
             self.dec.tokens[:bs, 0] = tokens
             self.dec.positions[:bs] += 1
+            if timestamps:
+                state.copy_(self.processor.next_state(state, tokens))
 
     def _encode(self, bs: int) -> None:
         self.enc.features[:bs] = self.model.encoder(self.enc.mel[:bs])
@@ -168,12 +174,13 @@ class GraphRunner:
             for bs in reversed(self.prefill_sizes):
                 self.prefill_graphs[(bs, width)] = self._capture_one(lambda: self._prefill(bs, width), pool, stream)
         for bs in reversed(self.multi_sizes):
-            self.multi_graphs[bs] = self._capture_one(lambda: self._multi_step(bs), pool, stream)
+            for ts in (False, True):
+                self.multi_graphs[(bs, ts)] = self._capture_one(lambda: self._multi_step(bs, ts), pool, stream)
         torch.cuda.synchronize(self.device)
         used = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         log.info(
             "captured %d encoder graphs (batch %s), %d decoder graphs (batch %s x context %s), %d prompt graphs "
-            "(batch %s x tokens %s) and %d graphs of %d steps (batch %s); pool %.0f MiB",
+            "(batch %s x tokens %s) and %d graphs of %d steps (batch %s, with and without timestamps); pool %.0f MiB",
             len(self.encoder_graphs), self.encoder_sizes, len(self.decoder_graphs), self.decode_sizes, self.kv_sizes,
             len(self.prefill_graphs), self.prefill_sizes, self.prefill_tokens, len(self.multi_graphs),
             self.multi_steps, self.multi_sizes, used,
@@ -264,20 +271,27 @@ class GraphRunner:
         return next((b for b in self.multi_sizes if b >= n), None)
 
     @torch.inference_mode()
-    def decode_multi(self, tokens: Tensor, positions: Tensor, no_eot: Tensor) -> tuple[Tensor, Tensor]:
+    def decode_multi(
+        self, tokens: Tensor, positions: Tensor, no_eot: Tensor, state: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """multi_steps greedy steps for rows 0..n-1 (slots 0..n-1): tokens and positions (n, 1) of the first, no_eot
-        (n,) bool. Returns each step's tokens (steps, n) int64 and log-probabilities (steps, n) float32 (views of
-        static buffers: read before the next replay)."""
+        (n,) bool, the timestamp rules' state (n, 3) or None (no timestamps). Returns each step's tokens (steps, n)
+        int64 and log-probabilities (steps, n) float32 and the state after the last step (views of static buffers:
+        read before the next replay)."""
         n = tokens.shape[0]
         bs = self.multi_size_for(n)
         assert bs is not None, n
         self.dec.tokens[:n].copy_(tokens)
         self.dec.positions[:n].copy_(positions)
         self.dec.no_eot[:n].copy_(no_eot)
+        if state is not None:
+            self.dec.multi_state[:n].copy_(state)
         if bs > n:  # padding rows decode positions 0.. of free slots, as a step's padding does
             self.dec.tokens[n:bs].zero_()
             self.dec.positions[n:bs].zero_()
             self.dec.no_eot[n:bs].zero_()
-        self.multi_graphs[bs].replay()
+            self.dec.multi_state[n:bs].zero_()
+        self.multi_graphs[(bs, state is not None)].replay()
         self.stats.multi_step_replays += 1
-        return self.dec.multi_tokens[:, :n], self.dec.multi_logprobs[:, :n]
+        out_state = None if state is None else self.dec.multi_state[:n]
+        return self.dec.multi_tokens[:, :n], self.dec.multi_logprobs[:, :n], out_state

@@ -78,13 +78,36 @@ class LogitsProcessor:
             logits[r.detect_language] = rows.masked_fill(self.not_language, NEG_INF)
         return logits
 
-    def plain(self, logits: Tensor, no_eot: Tensor) -> Tensor:
-        """The rules of a step in which every row samples text greedily past its first token without timestamps:
-        the suppress list, and EOT where `no_eot` (bool, per row) holds; the same edits as __call__ makes for such
-        rows, with static shapes and no host values, so a CUDA graph can replay them (multi-step decoding)."""
+    def plain(self, logits: Tensor, no_eot: Tensor, state: Tensor | None = None) -> Tensor:
+        """The rules of a step in which every row samples greedily past its first token: the suppress list, EOT where
+        `no_eot` (bool, per row) holds and, given every row's rule `state` (see timestamp_inputs), the timestamp
+        rules; the same edits as __call__ makes for such rows, with static shapes and no host values, so a CUDA
+        graph can replay them (multi-step decoding)."""
         logits.index_fill_(1, self.suppress_ids, NEG_INF)
         logits[:, self.eot].masked_fill_(no_eot, NEG_INF)
+        if state is not None:
+            rules = StepRules(with_timestamps=torch.arange(len(logits), device=logits.device))
+            self.timestamp_inputs(rules, state)
+            self._timestamp_rules(logits, rules)
         return logits
+
+    def timestamp_inputs(self, rules: StepRules, state: Tensor) -> None:
+        """The timestamp rules' inputs for rows rules.with_timestamps, from the rule state: per row of a batch its
+        last token, the one before (-1: none) and its last timestamp token (-1: none)."""
+        ts_begin = self.ts_begin
+        last, penult, last_ts = state[rules.with_timestamps].unbind(1)
+        rules.last_is_ts = last >= ts_begin
+        rules.penultimate_is_ts = (penult < 0) | (penult >= ts_begin)  # fewer than two tokens counts as one
+        rules.is_first_ts = last < 0
+        # a lone timestamp may be repeated once to close its segment
+        step = (~(rules.last_is_ts & ~rules.penultimate_is_ts)).long()
+        rules.min_timestamp = torch.where(last_ts < 0, ts_begin, last_ts + step)
+
+    def next_state(self, state: Tensor, tokens: Tensor) -> Tensor:
+        """The rule state after sampling `tokens` (one per row): it becomes the last token, and the last timestamp
+        if it is one."""
+        last_ts = torch.where(tokens >= self.ts_begin, tokens, state[:, 2])
+        return torch.stack((tokens, state[:, 0], last_ts), dim=1)
 
     def _timestamp_rules(self, logits: Tensor, r: StepRules) -> None:
         """openai/whisper's ApplyTimestampRules on the rows that decode with timestamps."""

@@ -246,16 +246,7 @@ class ModelRunner:
         if prev is not None:
             rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
             tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
-        # the rule state only matters while some window decodes with timestamps: kept on the device only then
-        # (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)
-        state = h[:, 3:6] if any(s.job.with_timestamps for s in seqs) else None
-        if state is not None and prev is not None and any(r[2] >= 0 for r in host):
-            if prev[1] is not None:
-                state = self._from_last_step(state, prev[1], [r[2] for r in host], lambda: h[:, 2:3] >= 0, h[:, 2])
-            elif any(r[2] >= 0 and s.job.with_timestamps for r, s in zip(host, seqs)):
-                # cannot happen: a timestamp window in the last step made it keep its state. (A timestamp window
-                # joining windows without timestamps takes nothing from the last step: their state is unused.)
-                raise RuntimeError("a sequence needs rule state that the last step did not keep")
+        state = self._rule_state(seqs, host, h, prev)
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
@@ -271,6 +262,20 @@ class ModelRunner:
         # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
         # and a graph's logits buffer is rewritten by the next replay anyway
         return self._sample(seqs, logits, state, no_speech, sot_rows, keep)
+
+    def _rule_state(self, seqs: list[Sequence], host: list[list[int]], h: Tensor, prev) -> Tensor | None:
+        """The timestamp rules' state per row (_host_state's columns of h, or the last launch's on the device for
+        rows that take their token from it); None while no window decodes with timestamps: kept on the device only
+        then (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)."""
+        state = h[:, 3:6] if any(s.job.with_timestamps for s in seqs) else None
+        if state is not None and prev is not None and any(r[2] >= 0 for r in host):
+            if prev[1] is not None:
+                state = self._from_last_step(state, prev[1], [r[2] for r in host], lambda: h[:, 2:3] >= 0, h[:, 2])
+            elif any(r[2] >= 0 and s.job.with_timestamps for r, s in zip(host, seqs)):
+                # cannot happen: a timestamp window in the last step made it keep its state. (A timestamp window
+                # joining windows without timestamps takes nothing from the last step: their state is unused.)
+                raise RuntimeError("a sequence needs rule state that the last step did not keep")
+        return state
 
     def _eager_logits(self, seqs: list[Sequence], tokens: Tensor, positions: Tensor, ahead: int = 0) -> Tensor:
         """A step's logits without a graph; `ahead`: the step is that many positions past each sequence's cached
@@ -289,17 +294,18 @@ class ModelRunner:
 
     def multi_steps(self, seqs: list[Sequence]) -> int:
         """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence
-        samples text greedily past its first token without timestamps, all stay within the context for that many
-        steps, a fixed token count does not end inside them, and a graph (or eager steps) serves that many rows;
-        else 1."""
+        samples greedily past its first token, all with timestamp rules or none, all stay within the context for
+        that many steps, a fixed token count does not end inside them, and a graph (or eager steps) serves that many
+        rows; else 1."""
         k = self.multi_step
         if k == 1 or len(seqs) > MULTI_STEP_MAX_ROWS:
             return 1
         if self.graphs is not None and self.graphs.multi_size_for(len(seqs)) is None:
             return 1
+        timestamps = seqs[0].job.with_timestamps
         for s in seqs:
             job = s.job
-            if not s.sampling or s.num_launched == 0 or job.with_timestamps or job.temperature > 0:
+            if not s.sampling or s.num_launched == 0 or job.with_timestamps != timestamps or job.temperature > 0:
                 return 1
             if s.num_cached + k > self.n_text_ctx:
                 return 1
@@ -310,9 +316,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode_multi(self, seqs: list[Sequence], keep: bool = False) -> StepOutput:
-        """multi_steps(seqs) greedy steps in one launch (seqs[i] in slot i), each step's token fed to the next on the
-        device: a graph replays them on a GPU. The output holds every step's tokens and log-probabilities, step by
-        step (row order within a step); with `keep` the last step's tokens stay on the device for the next launch."""
+        """multi_steps(seqs) greedy steps in one launch (seqs[i] in slot i), each step's token (and with timestamps
+        its rule state) fed to the next on the device: a graph replays them on a GPU. The output holds every step's
+        tokens and log-probabilities, step by step (row order within a step); with `keep` the last step's tokens and
+        rule state stay on the device for the next launch."""
         k = self.multi_step
         prev = self._prev
         host = [[*self._host_row(s, prev is not None), self._no_eot(s, k)] for s in seqs]
@@ -323,19 +330,21 @@ class ModelRunner:
             rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
             tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
         no_eot = h[:, 6] > 0
+        state = self._rule_state(seqs, host, h, prev)  # every row's, or None: multi_steps allows no mix
         if self.graphs is not None:
-            step_tokens, step_logprobs = self.graphs.decode_multi(tokens[:, None], positions, no_eot)
+            step_tokens, step_logprobs, state = self.graphs.decode_multi(tokens[:, None], positions, no_eot, state)
         else:
-            step_tokens, step_logprobs = [], []
+            processor, step_tokens, step_logprobs = self.logits_processor, [], []
             greedy = ([0.0] * len(seqs), [None] * len(seqs))
             for j in range(k):
                 logits = self._eager_logits(seqs, tokens[:, None], positions + j, ahead=j)
-                tokens, logprobs = sample(self.logits_processor.plain(logits, no_eot), *greedy)
+                tokens, logprobs = sample(processor.plain(logits, no_eot, state), *greedy)
+                state = None if state is None else processor.next_state(state, tokens)
                 step_tokens.append(tokens)
                 step_logprobs.append(logprobs)
             step_tokens, step_logprobs = torch.stack(step_tokens), torch.stack(step_logprobs)
         if keep:
-            self._prev = (step_tokens[-1], None)  # no timestamp rules ran: no state to keep
+            self._prev = (step_tokens[-1], state)
         values = torch.cat([step_tokens.flatten().double(), step_logprobs.flatten().double()])
         return StepOutput(values, k * len(seqs), [])
 
@@ -415,9 +424,7 @@ class ModelRunner:
             if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp
                 every = len(sampled) == len(seqs)
                 rows = None if every else self._to_device(sampled)
-                tok, old = (tokens, state) if every else (tokens[rows], state[rows])
-                last_ts = torch.where(tok >= self.tokenizer.timestamp_begin, tok, old[:, 2])
-                new = torch.stack((tok, old[:, 0], last_ts), dim=1)
+                new = self.logits_processor.next_state(*((state, tokens) if every else (state[rows], tokens[rows])))
                 state = new if every else state.index_copy(0, rows, new)
             self._prev = (tokens, state)
         parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
@@ -445,15 +452,8 @@ class ModelRunner:
 
         rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
         if ts_rows:
-            ts_begin = self.tokenizer.timestamp_begin
             rules.with_timestamps = rows(ts_rows)
-            last, penult, last_ts = state[rules.with_timestamps].unbind(1)
-            rules.last_is_ts = last >= ts_begin
-            rules.penultimate_is_ts = (penult < 0) | (penult >= ts_begin)  # fewer than two tokens counts as one
-            rules.is_first_ts = last < 0
-            # a lone timestamp may be repeated once to close its segment
-            step = (~(rules.last_is_ts & ~rules.penultimate_is_ts)).long()
-            rules.min_timestamp = torch.where(last_ts < 0, ts_begin, last_ts + step)
+            self.logits_processor.timestamp_inputs(rules, state)
         return rules
 
 

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     overlap_steps: bool | None = None
     """Launch each decode step before reading the previous step's tokens, so the host's work between steps runs
     while the GPU computes; default on a GPU, off on a CPU."""
+    multi_step: int | None = Field(default=None, ge=1)
+    """Greedy decode steps per launch while up to 8 windows decode and none waits (one CUDA graph replays them);
+    a window's end is seen up to that many steps late. Default 4 on a GPU, 1 on a CPU."""
     seed: int = 0
     """Seed for sampling at temperature > 0 (requests are reproducible)."""
     fixed_decode_tokens: int | None = Field(default=None, ge=1)
@@ -104,6 +107,7 @@ class Settings(BaseSettings):
             max_text_ctx=self.max_text_ctx,
             stepwise_prompt_tokens=self.stepwise_prompt_tokens,
             overlap_steps=self.overlap_steps,
+            multi_step=self.multi_step,
             cross_cache_dtype=self.cross_cache_dtype,
             encoder_precision=self.encoder_precision,
             device=self.device,

@@ -1,7 +1,7 @@
 """Several greedy steps per launch (EngineConfig.multi_step: a GPU's default for a few windows, one CUDA graph per
 launch there, eager steps here) give the tokens of one step per launch, on real weights: a launch's records for
 every step, a window's end found up to that many steps late (the tokens after it dropped), windows of one batch
-ending at different steps, a fixed token count and the decoder's context limit."""
+ending at different steps, a fixed token count, the decoder's context limit and the timestamp rules' state."""
 
 from __future__ import annotations
 
@@ -73,13 +73,19 @@ def test_fixed_token_counts_and_the_context_limit(multi_tiny, tiny_engine, load_
     assert multi.num_tokens == min(fixed, multi_tiny.runner.n_text_ctx - 2)  # <|startoftranscript|><|notimestamps|>
 
 
-def test_timestamps_keep_one_step_per_launch(multi_tiny, tiny_engine, load_clip):
-    """Timestamp rules are not in the multi-step launch: such windows decode as before, with the same result."""
-    audio = load_clip(CLIPS[1])
+def test_timestamp_rules_run_inside_a_launch(multi_tiny, tiny_engine, load_clip):
+    """With timestamps every step's rules take the rule state the step before left on the device: a long clip's
+    windows (seeking by their last timestamps) and a short one equal one step per launch, in fewer launches."""
     options = DecodeOptions(temperatures=(0.0,))
-    assert fields(multi_tiny.submit(audio, options).wait(timeout=WAIT_S)) == fields(
-        tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
-    )
+    for name in ("g2_en_earnings22_4482311_3-62s.wav", CLIPS[1]):
+        audio = load_clip(name)
+        before = settled_steps(multi_tiny)
+        multi = multi_tiny.submit(audio, options).wait(timeout=WAIT_S)
+        launches = settled_steps(multi_tiny) - before
+        single = tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
+        assert fields(multi) == fields(single), name
+        assert len(multi.segments) > 1, name  # timestamps were decoded
+        assert launches < multi.num_tokens / 2, name
 
 
 @pytest.mark.parametrize("multi_step", [1, STEPS], ids=["one-step", "multi-step"])
