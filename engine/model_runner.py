@@ -238,15 +238,7 @@ class ModelRunner:
         A sequence whose next token the host does not know yet (ON_DEVICE: the previous step sampled it and its
         result has not been read) takes it from that step's output on the device, and likewise the state its
         timestamp rules need; everything else comes from the host in one copy."""
-        prev = self._prev
-        host = [self._host_row(s, prev is not None) for s in seqs]
-        h = self._to_device(host)
-        positions = h[:, 1:2].contiguous()
-        tokens = h[:, 0]
-        if prev is not None:
-            rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
-            tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
-        state = self._rule_state(seqs, host, h, prev)
+        tokens, positions, state, _ = self._inputs(seqs)
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
@@ -262,6 +254,23 @@ class ModelRunner:
         # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
         # and a graph's logits buffer is rewritten by the next replay anyway
         return self._sample(seqs, logits, state, no_speech, sot_rows, keep)
+
+    def _inputs(
+        self, seqs: list[Sequence], extra: list[int] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """A launch's inputs: each row's first token (from the last launch's output on the device where the host
+        does not know it yet), its position (n, 1), the timestamp rules' state (_rule_state) and the host rows
+        (_host_row, then `extra`'s value) as copied to the device in one copy."""
+        prev = self._prev
+        host = [self._host_row(s, prev is not None) for s in seqs]
+        if extra is not None:
+            host = [[*row, value] for row, value in zip(host, extra)]
+        h = self._to_device(host)
+        tokens = h[:, 0]
+        if prev is not None:
+            rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
+            tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
+        return tokens, h[:, 1:2].contiguous(), self._rule_state(seqs, host, h, prev), h
 
     def _rule_state(self, seqs: list[Sequence], host: list[list[int]], h: Tensor, prev) -> Tensor | None:
         """The timestamp rules' state per row (_host_state's columns of h, or the last launch's on the device for
@@ -321,16 +330,9 @@ class ModelRunner:
         tokens and log-probabilities, step by step (row order within a step); with `keep` the last step's tokens and
         rule state stay on the device for the next launch."""
         k = self.multi_step
-        prev = self._prev
-        host = [[*self._host_row(s, prev is not None), self._no_eot(s, k)] for s in seqs]
-        h = self._to_device(host)
-        positions = h[:, 1:2].contiguous()
-        tokens = h[:, 0]
-        if prev is not None:
-            rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
-            tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
+        # the state is every row's or None: multi_steps allows no mix of windows with and without timestamps
+        tokens, positions, state, h = self._inputs(seqs, [self._no_eot(s, k) for s in seqs])
         no_eot = h[:, 6] > 0
-        state = self._rule_state(seqs, host, h, prev)  # every row's, or None: multi_steps allows no mix
         if self.graphs is not None:
             step_tokens, step_logprobs, state = self.graphs.decode_multi(tokens[:, None], positions, no_eot, state)
         else:

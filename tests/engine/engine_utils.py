@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import unicodedata
 from dataclasses import dataclass
 
@@ -32,6 +33,16 @@ def submit_all(
     """Submits every clip before waiting on any, so the engine batches them."""
     handles = {name: engine.submit(audio, options) for name, audio in audios.items()}
     return {name: handle.wait(timeout=WAIT_S) for name, handle in handles.items()}
+
+
+def settled_steps(engine) -> int:
+    """The engine's step (launch) count once its last one has ended (a result is sent before the step counts
+    itself)."""
+    while True:
+        steps = engine.num_steps
+        time.sleep(0.05)
+        if engine.num_steps == steps:
+            return steps
 
 
 def scores(result: TranscriptionResult) -> list[float]:

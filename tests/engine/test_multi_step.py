@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from engine_utils import GREEDY, WAIT_S, scores, submit_all
+from engine_utils import GREEDY, WAIT_S, scores, settled_steps, submit_all
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -24,15 +24,6 @@ STEPS = 4
 
 def fields(result) -> tuple:
     return result.text, [(s.start, s.end, s.text, s.tokens) for s in result.segments]
-
-
-def settled_steps(engine: Engine) -> int:
-    """The engine's launch count once its last one has ended (a result is sent before the step counts itself)."""
-    while True:
-        steps = engine.num_steps
-        time.sleep(0.05)
-        if engine.num_steps == steps:
-            return steps
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["overlapped", "read-each-launch"])

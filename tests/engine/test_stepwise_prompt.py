@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from engine_utils import WAIT_S, scores, submit_all
+from engine_utils import WAIT_S, scores, settled_steps, submit_all
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -29,15 +29,6 @@ def stepwise_engine(model: str) -> Engine:
     engine = Engine(EngineConfig(model=model, device="cpu", stepwise_prompt_tokens=8, overlap_steps=True))
     engine.start()
     return engine
-
-
-def settled_steps(engine: Engine) -> int:
-    """The engine's step count once its last step has ended (a result is sent before the step counts itself)."""
-    while True:
-        steps = engine.num_steps
-        time.sleep(0.05)
-        if engine.num_steps == steps:
-            return steps
 
 
 def fields(result) -> tuple:

@@ -31,6 +31,15 @@ def eager_engine(cuda, gpu_model):
     engine.shutdown()
 
 
+def random_cross_cache(runner, slots: int, seed: int) -> torch.Generator:
+    """Random encoder output through the fill into slots 0..slots-1; returns the generator for the test's draws."""
+    gen = torch.Generator(runner.device).manual_seed(seed)
+    dims = runner.dims
+    feats = torch.randn(slots, dims.n_audio_ctx, dims.n_audio_state, device=runner.device, generator=gen)
+    runner.model.decoder.fill_cross_cache(feats.to(runner.dtype), runner.cache, 0)
+    return gen
+
+
 def test_every_decoder_bucket_matches_eager(graph_engine):
     runner = graph_engine.runner
     graphs, model, cache = runner.graphs, runner.model, runner.cache
@@ -57,12 +66,9 @@ def test_every_prompt_graph_matches_eager(graph_engine):
     pass over the same rows: logits at each prompt's last token (the first sampled) and at its first."""
     runner = graph_engine.runner
     graphs, model, cache = runner.graphs, runner.model, runner.cache
-    gen = torch.Generator(runner.device).manual_seed(3)
     replays = graphs.stats.prefill_replays
     with torch.inference_mode():
-        feats = torch.randn(max(graphs.prefill_sizes), runner.dims.n_audio_ctx, runner.dims.n_audio_state,
-                            device=runner.device, generator=gen)
-        model.decoder.fill_cross_cache(feats.to(runner.dtype), cache, 0)
+        gen = random_cross_cache(runner, max(graphs.prefill_sizes), seed=3)
         checked = 0
         for width in graphs.prefill_tokens:
             for n in sorted({1, 3, *graphs.prefill_sizes}):
@@ -101,15 +107,12 @@ def test_every_multi_step_graph_matches_single_steps(graph_engine):
     the same steps replayed one by one from the step graphs, with the same rules, with timestamps and without: the
     same tokens, log-probabilities and final rule state."""
     runner = graph_engine.runner
-    graphs, model, cache, processor = runner.graphs, runner.model, runner.cache, runner.logits_processor
+    graphs, processor = runner.graphs, runner.logits_processor
     assert graphs.multi_steps > 1 and graphs.multi_sizes
     k, kv, ts_begin = graphs.multi_steps, graphs.kv_sizes[-1], runner.tokenizer.timestamp_begin
-    gen = torch.Generator(runner.device).manual_seed(4)
     replays = graphs.stats.multi_step_replays
     with torch.inference_mode():
-        feats = torch.randn(max(graphs.multi_sizes), runner.dims.n_audio_ctx, runner.dims.n_audio_state,
-                            device=runner.device, generator=gen)
-        model.decoder.fill_cross_cache(feats.to(runner.dtype), cache, 0)
+        gen = random_cross_cache(runner, max(graphs.multi_sizes), seed=4)
         for timestamps in (False, True):
             for n in sorted({1, 3, *graphs.multi_sizes}):
                 if graphs.multi_size_for(n) is None:
