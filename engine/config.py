@@ -40,9 +40,9 @@ class EngineConfig:
     encoder_precision: str = "model"
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None
-    # Decode steps per launch while a few windows (up to 8) decode greedily without timestamps and none waits: one
-    # CUDA graph replays them, each step's token fed to the next on the device, so the host's work per step (which
-    # bounds a small decoder: large-v3-turbo, tiny..medium) is paid once per launch; a window that ends is seen up
+    # Decode steps per launch while a few windows (up to 8) decode greedily and none waits: one CUDA graph replays
+    # them, each step's token and timestamp-rule state fed to the next on the device, so the host's work per step
+    # (which bounds a small decoder such as large-v3-turbo's) is paid once per launch; a window that ends is seen up
     # to this many steps late. None = 4 on a GPU, 1 on a CPU (whose steps are bound by compute, not the host).
     multi_step: int | None = None
     # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),

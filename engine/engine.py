@@ -374,10 +374,11 @@ class Engine(EngineFront):
             runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
             running_before = len(sched.running) - len(new)
             short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
-            # With nothing else running, a prompt pass replayed from a graph (runner.prefill_replays) is one pass
-            # where step-wise feeding takes a step per prompt token (large-v3, H200, one window: 0.115 -> 0.113 s,
-            # time to first token 13 -> 10 ms; BENCHMARKS.md, fourteenth session)
-            replayed = running_before == 0 and runner.prefill_replays(new)
+            # With nothing else running (the new windows start at slot 0), a prompt pass replayed from a graph
+            # (runner.prompt_graph_fits) is one pass where step-wise feeding takes a step per prompt token (large-v3,
+            # H200, one window: 0.115 -> 0.113 s, time to first token 0.012-0.014 -> 0.010-0.012 s; BENCHMARKS.md,
+            # fourteenth session)
+            replayed = runner.prompt_graph_fits(new)
             if short and not replayed and running_before < STEPWISE_MAX_RUNNING and not sched.num_waiting:
                 for seq in new:  # the prompt is fed by the decode steps below, one token each
                     seq.forced.extend(seq.pending[1:])

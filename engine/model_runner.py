@@ -196,7 +196,7 @@ class ModelRunner:
 
     # ---- decoder ----------------------------------------------------------------------------------
 
-    def prefill_replays(self, seqs: list[Sequence]) -> bool:
+    def prompt_graph_fits(self, seqs: list[Sequence]) -> bool:
         """Whether prefill(seqs) replays a graph: new sequences in slots 0..n-1 (nothing else running), prompts of
         one captured length, each starting with <|startoftranscript|> (its logits give the no-speech probability)."""
         width = len(seqs[0].pending)
@@ -214,7 +214,7 @@ class ModelRunner:
         width = max(lengths)
         rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
         tokens = self._to_device(rows)
-        if self.prefill_replays(seqs):
+        if self.prompt_graph_fits(seqs):
             logits, sot_logits = self.graphs.prefill(tokens)
         else:
             positions = torch.arange(width, device=self.device).expand(len(seqs), width)
@@ -331,8 +331,8 @@ class ModelRunner:
         rule state stay on the device for the next launch."""
         k = self.multi_step
         # the state is every row's or None: multi_steps allows no mix of windows with and without timestamps
-        tokens, positions, state, h = self._inputs(seqs, [self._no_eot(s, k) for s in seqs])
-        no_eot = h[:, 6] > 0
+        tokens, positions, state, h = self._inputs(seqs, [int(self._suppresses_eot(s)) for s in seqs])
+        no_eot = h[:, -1] > 0  # the extra column
         if self.graphs is not None:
             step_tokens, step_logprobs, state = self.graphs.decode_multi(tokens[:, None], positions, no_eot, state)
         else:
@@ -351,10 +351,11 @@ class ModelRunner:
         return StepOutput(values, k * len(seqs), [])
 
     @staticmethod
-    def _no_eot(seq: Sequence, k: int) -> int:
-        """1 where all k steps of a fixed-length window must not end it (its count is not reached within them)."""
+    def _suppresses_eot(seq: Sequence) -> bool:
+        """A fixed-length window whose count is not reached: its next step must not end it (within a launch of
+        several steps the count is not reached either: multi_steps)."""
         fixed = seq.job.fixed_decode_tokens
-        return int(fixed is not None and seq.num_launched + k <= fixed)
+        return fixed is not None and seq.num_launched < fixed
 
     def reset_steps(self) -> None:
         """Forget the last step's device outputs (after a failed step: no sequence may take its tokens)."""
@@ -443,8 +444,7 @@ class ModelRunner:
                 continue
             if s.num_launched == 0:
                 first.append(i)
-            fixed = s.job.fixed_decode_tokens
-            if fixed is not None and s.num_launched < fixed:
+            if self._suppresses_eot(s):
                 eot.append(i)
             if s.job.with_timestamps:
                 ts_rows.append(i)
