@@ -133,10 +133,7 @@ class GraphRunner:
     def _prefill(self, bs: int, width: int) -> None:
         """The prompt pass of rows 0..bs-1 (slots 0..bs-1), prompts of `width` tokens from position 0: logits at
         each prompt's last token (the first sampled token) and at its first (the no-speech probability)."""
-        tokens = self.dec.prompt[:bs, :width]
-        positions = torch.arange(width, device=self.device).expand(bs, width)
-        causal = positions[:, None, :, None] >= positions[:, None, None, :]
-        hidden = self.model.decoder(tokens, positions, self.cache, 0, width, causal)
+        hidden = self.model.decoder.prompt_pass(self.dec.prompt[:bs, :width], self.cache, 0)
         self.model.decoder.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
         self.model.decoder.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
 

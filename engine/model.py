@@ -291,6 +291,14 @@ class TextDecoder(nn.Module):
             x, h = add_norm(x, block.feed_forward(h), next_norm)
         return h
 
+    def prompt_pass(self, tokens: Tensor, cache: KVCache, slot_start: int) -> Tensor:
+        """forward() over prompts (batch, width) from position 0, each token attending to itself and those before
+        it: hidden states (batch, width, n_text_state). Prompts right-padded to one width attend to no padding."""
+        width = tokens.shape[1]
+        positions = torch.arange(width, device=tokens.device).expand(tokens.shape[0], width)
+        causal = positions[:, None, :, None] >= positions[:, None, None, :]
+        return self(tokens, positions, cache, slot_start, width, causal)
+
     def _step_gpu_row(self, x: Tensor, cache: KVCache, slot: int, positions: Tensor) -> Tensor:
         """forward() for a lone sequence's step on a GPU: each sub-layer's residual add, norm and first product in
         one kernel (fused_ops.add_norm_linear), 9 kernels per layer instead of 12. A single window's decode is

@@ -217,9 +217,7 @@ class ModelRunner:
         if self.prompt_graph_fits(seqs):
             logits, sot_logits = self.graphs.prefill(tokens)
         else:
-            positions = torch.arange(width, device=self.device).expand(len(seqs), width)
-            causal = positions[:, None, :, None] >= positions[:, None, None, :]
-            hidden = self.model.decoder(tokens, positions, self.cache, slot_start, width, causal)
+            hidden = self.model.decoder.prompt_pass(tokens, self.cache, slot_start)
             last = self._to_device(lengths) - 1
             sot_index = self._to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
             batch = torch.arange(len(seqs), device=self.device)

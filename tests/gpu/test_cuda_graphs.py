@@ -77,9 +77,7 @@ def test_every_prompt_graph_matches_eager(graph_engine):
                 tokens = torch.randint(0, 50000, (n, width), device=runner.device, generator=gen)
                 tokens[:, 0] = runner.tokenizer.sot
                 last, first = (t.clone() for t in graphs.prefill(tokens))
-                positions = torch.arange(width, device=runner.device).expand(n, width)
-                causal = positions[:, None, :, None] >= positions[:, None, None, :]
-                hidden = model.decoder(tokens, positions, cache, 0, width, causal)
+                hidden = model.decoder.prompt_pass(tokens, cache, 0)
                 for got, want in ((last, model.decoder.logits(hidden[:, -1])), (first, model.decoder.logits(hidden[:, 0]))):
                     assert torch.equal(got.argmax(-1), want.argmax(-1)), (n, width)
                     assert (got - want).abs().max().item() < 1e-2 * want.abs().max().item(), (n, width)
