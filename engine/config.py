@@ -18,7 +18,12 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto = float32 on CPU, float16 on CUDA
     max_num_seqs: int | None = None  # decode slots; None = from the memory plan
-    max_waiting: int = 256  # requests queued beyond this are refused (backpressure)
+    max_waiting: int = 256  # requests admitted but not yet decoding; beyond this submit refuses (backpressure)
+    # Tokens a request may sample, fallback retries included, per 30 s of its audio (DecodeOptions can lower it).
+    # Whisper samples at most n_text_ctx // 2 = 224 per attempt: the default allows every window a full attempt
+    # and a full retry, while a prompt that derails every window through the whole temperature ladder (six
+    # attempts to the context limit) is stopped after about two.
+    decode_budget_per_window: int = 448
     max_encoder_batch: int | None = None  # windows encoded per step (bounds the stall of running decodes); None = 4 on CPU, 32 on GPU
     max_audio_ctx: int | None = None  # cross-attention cache length; None = the encoder's own (1500)
     max_text_ctx: int | None = None  # self-attention cache length; None = the decoder's own (448)
@@ -62,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_encoder_batch is not None and self.max_encoder_batch < 1:
             raise ValueError(f"max_encoder_batch must be >= 1, got {self.max_encoder_batch}")
+        if self.decode_budget_per_window < 1:
+            raise ValueError(f"decode_budget_per_window must be >= 1, got {self.decode_budget_per_window}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if not 0.0 < self.gpu_memory_fraction <= 1.0:

@@ -22,6 +22,8 @@ from .scheduler import Scheduler
 from .request import (
     DecodeOptions,
     EngineDeadError,
+    EngineError,
+    EngineInternalError,
     EngineOverloadedError,
     EngineStats,
     InvalidRequestError,
@@ -33,7 +35,7 @@ from .request import (
 from .model_runner import StepOutput
 from .sequence import ON_DEVICE, Sequence
 from .tokenizer import Tokenizer
-from .transcription import Transcription
+from .transcription import Transcription, prompt_tokens
 from .vad import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class EngineFront:
 
     config: EngineConfig
     tokenizer: Tokenizer
+    n_text_ctx: int  # the decoder's context (self-attention cache length), which bounds a prompt
 
     @property
     def model_name(self) -> str:
@@ -74,6 +77,17 @@ class EngineFront:
     @property
     def is_multilingual(self) -> bool:
         return self.tokenizer.is_multilingual
+
+    def prepare(self, options: DecodeOptions) -> DecodeOptions:
+        """The options as the loop takes them: checked, the prompt tokenized here (in the caller's thread) and cut
+        to what can be context, the engine's decode budget filled in."""
+        self.validate(options)
+        changes: dict = {}
+        if options.prompt_tokens is None and options.prompt:
+            changes["prompt_tokens"] = tuple(prompt_tokens(self.tokenizer, options.prompt, self.n_text_ctx))
+        if options.decode_budget_per_window is None:
+            changes["decode_budget_per_window"] = self.config.decode_budget_per_window
+        return dataclasses.replace(options, **changes) if changes else options
 
     def validate(self, options: DecodeOptions) -> None:
         """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""
@@ -150,7 +164,9 @@ class Engine(EngineFront):
         self.config = config
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
-        self._num_pending = 0  # submitted, first window not admitted yet (backpressure counter)
+        # Submitted, first window not yet in a decode slot: in the inbox, computing features or waiting in the
+        # scheduler. max_waiting bounds this set, so what queued requests hold (samples, log-mel) is bounded too.
+        self._unstarted: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._started = threading.Event()
@@ -164,6 +180,7 @@ class Engine(EngineFront):
         if self._error is not None:
             raise self._error
         self.tokenizer = self.runner.tokenizer
+        self.n_text_ctx = self.runner.n_text_ctx
         # On a GPU new requests' log-mels are computed beside the loop; on a CPU the loop computes them itself,
         # so that one OpenMP thread team does all the work (a second team would compete for the cores).
         self._features = FeatureWorker(self.runner.log_mel, self.inbox.put) if self.runner.on_gpu else None
@@ -188,6 +205,11 @@ class Engine(EngineFront):
     def is_alive(self) -> bool:
         return self._started.is_set() and self._thread.is_alive() and self._error is None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the loop stopped, once it has."""
+        return None if self._error is None else repr(self._error)
+
     def start(self) -> None:
         self._started.set()
 
@@ -202,7 +224,7 @@ class Engine(EngineFront):
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            num_waiting=self._num_pending + self.scheduler.num_waiting,
+            num_waiting=len(self._unstarted),
             num_running=len(self.scheduler.running),
             num_slots=self.runner.num_slots,
             extra=self._totals(),
@@ -226,12 +248,11 @@ class Engine(EngineFront):
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         audio = check_audio(audio)
-        self.validate(options)
-        return self.submit_checked(audio, options)
+        return self.submit_checked(audio, self.prepare(options))
 
     def submit_checked(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
-        """submit() for samples and options already checked: engine/process.py's child, whose parent checked them,
-        so the scan of every sample is not repeated beside this engine's loop."""
+        """submit() for samples and options already checked and prepared: engine/process.py's child, whose parent
+        did both, so the scan of every sample is not repeated beside this engine's loop."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         if self.config.fixed_decode_tokens is not None:
@@ -239,11 +260,12 @@ class Engine(EngineFront):
                 options, fixed_decode_tokens=self.config.fixed_decode_tokens, temperatures=(0.0,),
                 no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None,
             )  # fmt: skip
+        request_id = request_id or f"req-{next(self._ids)}"
         with self._lock:
-            if self._num_pending >= self.config.max_waiting:
-                raise EngineOverloadedError(f"{self._num_pending} requests are already waiting; retry later")
-            self._num_pending += 1
-        handle = self.make_handle(request_id or f"req-{next(self._ids)}")
+            if len(self._unstarted) >= self.config.max_waiting:
+                raise EngineOverloadedError(f"{len(self._unstarted)} requests are already waiting; retry later")
+            self._unstarted.add(request_id)
+        handle = self.make_handle(request_id)
         self._send(("add", handle, np.ascontiguousarray(audio, dtype=np.float32), options))
         return handle
 
@@ -251,8 +273,16 @@ class Engine(EngineFront):
         """The handle a request's events go to (engine/process.py's child forwards them to its parent instead)."""
         return RequestHandle(self, request_id)
 
-    def on_taken(self, request_id: str) -> None:
-        """Called on the loop thread when it takes a request from the inbox (it then no longer counts as waiting)."""
+    def on_started(self, request_id: str) -> None:
+        """Called on the loop thread when a request no longer waits: its first window got a decode slot, or it
+        ended before (failed, aborted, nothing to decode)."""
+
+    def _mark_started(self, request_id: str) -> None:
+        with self._lock:
+            if request_id not in self._unstarted:
+                return
+            self._unstarted.discard(request_id)
+        self.on_started(request_id)
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
@@ -311,7 +341,7 @@ class Engine(EngineFront):
             t.aborted = True
             entry = self._transcriptions.pop(t.request_id, None)
             if entry is not None:
-                entry[1].emit(RuntimeError(f"decoding failed: {exc!r}"))
+                entry[1].emit(EngineInternalError("decoding failed"))
         self.scheduler.running = []
         self.scheduler.drop_aborted()
 
@@ -330,9 +360,6 @@ class Engine(EngineFront):
                 self._abort(msg[1])
 
     def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, prepared=None) -> None:
-        with self._lock:
-            self._num_pending -= 1
-        self.on_taken(handle.request_id)
         try:
             if isinstance(prepared, Exception):
                 raise prepared
@@ -344,11 +371,16 @@ class Engine(EngineFront):
                 spans = self.vad.speech_spans(audio, options.chunking, max_span_s=CHUNK_LENGTH)
                 t = ChunkedTranscription(*args, handle.emit, spans)
         except Exception as exc:
+            self._mark_started(handle.request_id)
+            if not isinstance(exc, EngineError):
+                log.exception("request %s failed before decoding", handle.request_id)
+                exc = EngineInternalError("preparing the audio failed")
             handle.emit(exc)
             return
         t.submitted_at = handle.submitted_at
         jobs = t.start_jobs()
         if not jobs:  # empty audio: nothing to decode
+            self._mark_started(handle.request_id)
             t.finish()
             return
         self._transcriptions[handle.request_id] = (t, handle)
@@ -360,6 +392,7 @@ class Engine(EngineFront):
         if entry is None:
             return
         entry[0].aborted = True
+        self._mark_started(request_id)
         entry[1].emit(RequestAbortedError(f"request {request_id} was aborted"))
         self.scheduler.drop_aborted()
 
@@ -370,6 +403,8 @@ class Engine(EngineFront):
         a graph replays their prompt pass."""
         sched, runner = self.scheduler, self.runner
         new = sched.admit()
+        for seq in new:
+            self._mark_started(seq.job.transcription.request_id)
         if new:
             runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
             running_before = len(sched.running) - len(new)
@@ -493,7 +528,9 @@ class Engine(EngineFront):
             try:
                 job = t.on_window_done(seq)
             except Exception as exc:  # a bug in one request's bookkeeping must not take down the others
-                log.exception("request %s failed", t.request_id)
+                if not isinstance(exc, EngineError):
+                    log.exception("request %s failed", t.request_id)
+                    exc = EngineInternalError("finishing a window failed")
                 t.aborted = True
                 job = None
                 self._transcriptions.pop(t.request_id, (None, None))[1].emit(exc)

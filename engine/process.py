@@ -10,8 +10,9 @@ pickled messages: options, segment events, results, errors, stats.
 Protocol (two one-way pipes; the parent writes from one sender thread so a full pipe never blocks its caller):
   parent -> child: (ADD, request_id, options, n) followed by the n samples' bytes; (ABORT, request_id);
                    (STATS, token); (SHUTDOWN,)
-  child -> parent: (READY, tokenizer) or (FAILED, exception) once; (TAKEN, request_id) when the engine's loop
-                   takes a request (the parent's backpressure count, as Engine's own); (EVENT, request_id, item)
+  child -> parent: (READY, (tokenizer, n_text_ctx)) or (FAILED, exception) once; (STARTED, request_id) when a
+                   request stops waiting (its first window got a slot, or it ended first): the parent's backpressure
+                   count, as Engine's own; (EVENT, request_id, item)
                    for each segment event, the result or an error; (STATS, token, EngineStats); (DEAD, message)
 """
 
@@ -42,9 +43,11 @@ from .request import (
 log = logging.getLogger(__name__)
 
 ADD, ABORT, STATS, SHUTDOWN = "add", "abort", "stats", "shutdown"
-READY, FAILED, TAKEN, EVENT, DEAD = "ready", "failed", "taken", "event", "dead"
+READY, FAILED, STARTED, EVENT, DEAD = "ready", "failed", "started", "event", "dead"
 STATS_TIMEOUT_S = 5.0
-SHUTDOWN_TIMEOUT_S = 15.0
+# The child stops between two steps; past this it is terminated, so that a stop stays within an orchestrator's
+# grace period (docker stop: 10 s, the server's drain included).
+SHUTDOWN_TIMEOUT_S = 3.0
 
 
 class EngineProcess(EngineFront):
@@ -57,8 +60,10 @@ class EngineProcess(EngineFront):
         self._events, child_out = ctx.Pipe(duplex=False)
         child_in, self._requests = ctx.Pipe(duplex=False)
         root = logging.getLogger()
-        fmt = root.handlers[0].formatter._fmt if root.handlers and root.handlers[0].formatter else None
-        setup = (root.level, fmt, sys.getswitchinterval())  # the child logs and switches threads as this process
+        handler = root.handlers[0] if root.handlers else None
+        # the child logs (same format and filters) and switches threads as this process does
+        setup = (root.level, handler.formatter if handler else None, handler.filters if handler else [])
+        setup += (sys.getswitchinterval(),)
         self._process = ctx.Process(
             target=_child_main, args=(config, setup, child_in, child_out), name="whisper-engine", daemon=True
         )
@@ -73,12 +78,12 @@ class EngineProcess(EngineFront):
         if kind == FAILED:
             self._process.join()
             raise payload
-        self.tokenizer = payload
+        self.tokenizer, self.n_text_ctx = payload
         self._ids = itertools.count()
         self._tokens = itertools.count()
         self._lock = threading.Lock()
         self._handles: dict[str, RequestHandle] = {}
-        self._untaken: set[str] = set()  # sent, not yet taken by the child's loop: Engine's "pending"
+        self._unstarted: set[str] = set()  # sent, first window not yet in a slot: bounded by max_waiting
         self._stats: dict[int, tuple[threading.Event, list]] = {}
         self._dead: str | None = None
         self._started = False
@@ -93,6 +98,13 @@ class EngineProcess(EngineFront):
         return self._started and self._dead is None and self._process.is_alive()
 
     @property
+    def failure(self) -> str | None:
+        """Why the engine process stopped, once it has."""
+        if self._dead is None and self._started and not self._process.is_alive():
+            return f"the engine process exited (exit code {self._process.exitcode})"
+        return self._dead
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid
 
@@ -104,13 +116,13 @@ class EngineProcess(EngineFront):
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running{f': {self._dead}' if self._dead else ''}")
         audio = np.ascontiguousarray(check_audio(audio), dtype=np.float32)
-        self.validate(options)
+        options = self.prepare(options)
         request_id = f"req-{next(self._ids)}"
         handle = RequestHandle(self, request_id)  # type: ignore[arg-type]  (it needs only abort())
         with self._lock:
-            if len(self._untaken) >= self.config.max_waiting:
-                raise EngineOverloadedError(f"{len(self._untaken)} requests are already waiting; retry later")
-            self._untaken.add(request_id)
+            if len(self._unstarted) >= self.config.max_waiting:
+                raise EngineOverloadedError(f"{len(self._unstarted)} requests are already waiting; retry later")
+            self._unstarted.add(request_id)
             self._handles[request_id] = handle
         self._outbox.put(((ADD, request_id, options, len(audio)), audio))
         return handle
@@ -130,7 +142,7 @@ class EngineProcess(EngineFront):
             self._stats.pop(token, None)
         stats: EngineStats = reply[0]
         with self._lock:
-            stats.num_waiting += len(self._untaken)  # sent but not yet taken: counted here, as Engine does
+            stats.num_waiting = len(self._unstarted)  # the parent's count is the one that max_waiting bounds
         return stats
 
     def shutdown(self) -> None:
@@ -167,9 +179,9 @@ class EngineProcess(EngineFront):
                         self._finish(request_id, item)
                     elif (handle := self._handles.get(request_id)) is not None:
                         handle.emit(item)
-                elif kind == TAKEN:
+                elif kind == STARTED:
                     with self._lock:
-                        self._untaken.discard(message[1])
+                        self._unstarted.discard(message[1])
                 elif kind == STATS:
                     waiter = self._stats.get(message[1])
                     if waiter is not None:
@@ -187,7 +199,7 @@ class EngineProcess(EngineFront):
             if self._dead is None:
                 self._dead = reason
             handles, self._handles = self._handles, {}
-            self._untaken.clear()
+            self._unstarted.clear()
         for handle in handles.values():
             handle.emit(EngineDeadError(reason))
 
@@ -195,7 +207,7 @@ class EngineProcess(EngineFront):
         """A request's last event (its result or error): the handle gets it and is forgotten."""
         with self._lock:
             handle = self._handles.pop(request_id, None)
-            self._untaken.discard(request_id)
+            self._unstarted.discard(request_id)
         if handle is not None:
             handle.emit(item)
 
@@ -222,16 +234,21 @@ class _ChildEngine(Engine):
     def make_handle(self, request_id: str) -> RequestHandle:
         return _ForwardingHandle(self, request_id)
 
-    def on_taken(self, request_id: str) -> None:
-        self.send((TAKEN, request_id))
+    def on_started(self, request_id: str) -> None:
+        self.send((STARTED, request_id))
 
 
 def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
-    level, fmt, switch_interval = setup
-    logging.basicConfig(level=level, **({"format": fmt} if fmt else {}))
+    level, formatter, filters, switch_interval = setup
+    handler = logging.StreamHandler()
+    if formatter is not None:
+        handler.setFormatter(formatter)
+    for log_filter in filters:
+        handler.addFilter(log_filter)
+    logging.basicConfig(level=level, handlers=[handler])
     sys.setswitchinterval(switch_interval)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-    lock = threading.Lock()  # the loop thread (events, TAKEN) and this one (replies) both write
+    lock = threading.Lock()  # the loop thread (events, STARTED) and this one (replies) both write
 
     def send(message: tuple) -> None:
         try:
@@ -254,7 +271,7 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
         send((FAILED, exc))
         return
     engine.start()
-    send((READY, engine.tokenizer))
+    send((READY, (engine.tokenizer, engine.n_text_ctx)))
     reported_dead = False
     while True:
         if not inbox.poll(0.5):
@@ -278,10 +295,7 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
         elif kind == ABORT:
             engine.abort(message[1])
         elif kind == STATS:
-            # Waiting in the scheduler only: requests not yet taken by the loop are counted by the parent, which
-            # sent them (the child's own count of those would count them twice).
-            stats = engine.stats()
-            send((STATS, message[1], dataclasses.replace(stats, num_waiting=engine.scheduler.num_waiting)))
+            send((STATS, message[1], engine.stats()))  # the parent replaces num_waiting with its own count
         elif kind == SHUTDOWN:
             break
     engine.shutdown()

@@ -39,6 +39,9 @@ class DecodeOptions:
     task: Task = Task.TRANSCRIBE
     language: str | None = None  # ISO-639-1 code; None detects it on multilingual models
     prompt: str | None = None  # becomes <|startofprev|> context (last 223 tokens)
+    # The prompt's tokens, set by the engine's submit (in the caller's thread, not the engine loop's): only the last
+    # n_text_ctx // 2 - 1 can ever be context, so a long prompt is cut to those before it reaches the loop.
+    prompt_tokens: tuple[int, ...] | None = None
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
     without_timestamps: bool = False  # True only for single-window, text-only decoding
     word_timestamps: bool = False
@@ -49,6 +52,9 @@ class DecodeOptions:
     prompt_reset_on_temperature: float = 0.5
     max_initial_timestamp: float = 1.0
     seed: int = 0  # seeds sampling at temperature > 0 so a result can be reproduced
+    # Tokens the request may sample (fallback retries included) per 30 s of audio before it fails with
+    # DecodeBudgetExceededError; None = the engine's EngineConfig.decode_budget_per_window.
+    decode_budget_per_window: int | None = None
     # Benchmarks only: decode exactly this many tokens per window, EOS ignored.
     fixed_decode_tokens: int | None = None
     # Set: VAD cuts the audio into windows decoded in parallel (no previous-text conditioning across them).
@@ -117,12 +123,21 @@ class InvalidRequestError(EngineError, ValueError):
         self.param = param
 
 
+class DecodeBudgetExceededError(InvalidRequestError):
+    """The request sampled more tokens than its budget allows (its windows kept falling back): it is ended
+    rather than left to occupy the engine."""
+
+
 class EngineOverloadedError(EngineError):
     """The waiting queue is full; the caller should retry later."""
 
     def __init__(self, message: str, retry_after_s: float = 1.0):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class EngineInternalError(EngineError):
+    """Serving this request failed unexpectedly (the reason is in the engine's log, not in this message)."""
 
 
 class EngineDeadError(EngineError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,9 +11,9 @@ import torch
 from torch import Tensor
 
 from .alignment import AlignmentInput, add_word_timestamps, find_alignment
-from .audio import FRAMES_PER_SECOND, N_FRAMES
+from .audio import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
 from .features import pad_or_trim
-from .request import DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
+from .request import DecodeBudgetExceededError, DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
 from .segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 from .sequence import Sequence, WindowJob
 from .tokenizer import Tokenizer
@@ -51,7 +52,10 @@ class Transcription:
         self.emit = emit
         self.language = options.language if tokenizer.is_multilingual else "en"
         self.seek = 0
-        self.initial_tokens = tokenizer.encode(" " + options.prompt.strip()) if options.prompt else []
+        if options.prompt_tokens is not None:
+            self.initial_tokens = list(options.prompt_tokens)
+        else:
+            self.initial_tokens = prompt_tokens(tokenizer, options.prompt, n_text_ctx)
         self.all_tokens = list(self.initial_tokens)
         self.prompt_reset_since = 0
         self.last_speech = 0.0  # end of the last word so far (word-timestamp heuristics)
@@ -62,6 +66,9 @@ class Transcription:
         self.submitted_at = time.perf_counter()  # the engine sets the time its caller submitted the request
         self.first_token_at: float | None = None
         self._generator: torch.Generator | None = None
+        per_window = options.decode_budget_per_window
+        self.token_budget = None if per_window is None else per_window * max(1, math.ceil(duration / CHUNK_LENGTH))
+        self.tokens_sampled = 0  # every attempt's, EOT included
 
     @property
     def generator(self) -> torch.Generator:
@@ -124,14 +131,26 @@ class Transcription:
             self.language = seq.language
         result = self._window_result(seq)
         self.attempts.append(result)
+        self.tokens_sampled += len(seq.tokens) + 1
         if self._needs_fallback(result) and len(self.attempts) < len(self.options.temperatures):
-            return self.next_job()
+            return self._within_budget(self.next_job())
         self._accept(self._best_attempt(self.attempts))
         self.attempts = []
         job = self.next_job()
         if job is None:
             self.finish()
-        return job
+        return self._within_budget(job)
+
+    def _within_budget(self, job: WindowJob | None) -> WindowJob | None:
+        """The next decode, unless the request has already sampled its budget (then it fails)."""
+        if job is None or self.token_budget is None or self.tokens_sampled < self.token_budget:
+            return job
+        raise DecodeBudgetExceededError(
+            f"Decoding was stopped after {self.tokens_sampled} tokens, the budget for {self.duration:.0f} s of audio "
+            f"({self.token_budget}): its windows kept failing Whisper's quality checks and falling back to higher "
+            "temperatures, which a prompt unrelated to the audio can cause.",
+            "prompt" if self.options.prompt else "file",
+        )
 
     def _window_result(self, seq: Sequence) -> WindowResult:
         tokens = seq.tokens
@@ -246,3 +265,23 @@ class Transcription:
     @property
     def task(self) -> Task:
         return self.options.task
+
+
+def prompt_tokens(tokenizer: Tokenizer, prompt: str | None, n_text_ctx: int) -> list[int]:
+    """The prompt's tokens that can be context: Whisper keeps the last n_text_ctx // 2 - 1 (OpenAI documents the
+    same for `prompt`). Only the prompt's tail is tokenized, so a megabyte of prompt costs what a page does."""
+    if not prompt or not prompt.strip():
+        return []
+    keep = n_text_ctx // 2 - 1
+    # lone surrogates (from a client's broken escapes) cannot be tokenized: they become U+FFFD
+    text = " " + prompt.strip().encode("utf-8", "replace").decode("utf-8")
+    tail_chars = PROMPT_CHARS_PER_TOKEN * keep
+    if len(text) > tail_chars:
+        tail = text[-tail_chars:]
+        cut = tail.find(" ")  # start at a word, as the whole prompt's tokenization would
+        text = tail[cut:] if cut >= 0 else tail
+    return tokenizer.encode(text)[-keep:]
+
+
+# Characters of a prompt's tail tokenized: far more than 223 tokens of any language's text take.
+PROMPT_CHARS_PER_TOKEN = 32

@@ -1,65 +1,85 @@
-"""create_app(settings, engine=None): the FastAPI app, its lifespan, routers and error handlers."""
+"""create_app(settings, engine=None): the FastAPI app, its lifespan, middleware, routers and error handlers."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from engine.engine import Engine
-from engine.model_runner import resolve_device
-from engine.process import EngineProcess
+from engine import EngineLike, resolve_device
 
+from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
+from .drain import Drain
 from .errors import install_error_handlers
+from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .routes import audio, chat, health, models
 from .settings import Settings
+from .supervisor import EngineSupervisor
 
 logger = logging.getLogger(__name__)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Load and start the engine unless one was handed to create_app (then its owner starts and stops it)."""
+    """Start the engine under a supervisor unless one was handed to create_app (then its owner runs it)."""
     if app.state.engine is not None:
         yield
         return
     settings: Settings = app.state.settings
     config = settings.engine_config()
-    logger.info("loading %s (%s)", settings.model, config)
+    logger.info("loading %s (%s)", settings.model_id, config)
     own_process = settings.engine_process == "on" or (
         settings.engine_process == "auto" and resolve_device(config.device).type == "cuda"
     )
-    # Loading weights takes seconds; off the loop so that the process stays responsive to signals.
-    engine = await asyncio.to_thread(EngineProcess if own_process else Engine, config)
-    engine.start()
-    app.state.engine = engine
+
+    def publish(engine: EngineLike | None) -> None:
+        app.state.engine = engine
+
+    supervisor = EngineSupervisor(config, own_process, app.state.metrics, publish, settings.engine_restarts)
+    engine = await supervisor.start()
     logger.info(
-        "serving %s as %r (and 'whisper-1')%s", engine.model_name, settings.model_id,
-        f"; engine in process {engine.pid}" if own_process else "",
-    )  # fmt: skip
+        "serving %r (and 'whisper-1')%s", settings.model_id, f"; engine in process {engine.pid}" if own_process else ""
+    )
     try:
         yield
     finally:
-        app.state.engine = None
-        await asyncio.to_thread(engine.shutdown)
+        await supervisor.shutdown()
 
 
-def create_app(settings: Settings | None = None, engine: Engine | EngineProcess | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine: EngineLike | None = None) -> FastAPI:
     """Build the app. Pass `engine` (already started) to share one across apps or to test without loading."""
     settings = settings or Settings()
     app = FastAPI(title="whisper-server", summary="OpenAI-compatible Whisper speech-to-text", lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = Metrics()
+    app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
     app.state.created = int(time.time())
+    # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
+    # can read a 401), then the key check, which refuses before any body is read.
+    keys = settings.api_keys()
+    if keys:
+        app.add_middleware(
+            APIKeyMiddleware, keys=keys, protect_health=settings.auth_health, protect_metrics=settings.auth_metrics
+        )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", REQUEST_ID_HEADER, "OpenAI-Beta"],
+            expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
+            max_age=600,
+        )
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)
     for module in (audio, chat, models, health):
         app.include_router(module.router)

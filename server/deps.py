@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from engine.engine import Engine
-from engine.process import EngineProcess
+from engine import EngineLike
 
+from .drain import shutting_down
 from .errors import APIError
 from .metrics import Metrics
 from .settings import Settings
@@ -26,13 +26,15 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-async def get_engine(request: Request) -> Engine | EngineProcess:
+async def get_engine(request: Request) -> EngineLike:
+    if request.app.state.drain.draining:
+        raise shutting_down()
     engine = request.app.state.engine
     if engine is None or not engine.is_alive:
-        raise APIError(503, "The engine is not running.", code="engine_unavailable")
+        raise APIError(503, "The engine is not running.", code="engine_unavailable", headers={"Retry-After": "1"})
     return engine
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-EngineDep = Annotated[Engine | EngineProcess, Depends(get_engine)]
+EngineDep = Annotated[EngineLike, Depends(get_engine)]

@@ -10,7 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.request import EngineDeadError, EngineOverloadedError, InvalidRequestError, RequestAbortedError
+from engine import (
+    DecodeBudgetExceededError,
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    RequestAbortedError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +82,16 @@ def from_engine_error(exc: Exception) -> APIError:
             code="server_overloaded",
             headers={"Retry-After": retry_after},
         )
+    if isinstance(exc, DecodeBudgetExceededError):
+        return APIError(400, str(exc), param=exc.param, code="decode_budget_exceeded")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), param=exc.param, code="invalid_value")
     if isinstance(exc, (EngineDeadError, RequestAbortedError)):
-        return APIError(503, f"The engine is not running: {exc}", code="engine_unavailable")
+        # the reason (an exit code, an exception) is in the server's log; the client learns only what to do
+        return APIError(
+            503, "The engine stopped while serving this request; retry it.", code="engine_unavailable",
+            headers={"Retry-After": "1"},
+        )  # fmt: skip
     return APIError(500, "The server had an error while processing your request.")
 
 

@@ -49,6 +49,9 @@ class Metrics:
         self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry)
         # Engine totals (steps, tokens, CUDA-graph replays and eager fallbacks), so a silent fall back to
         # eager execution shows up on a dashboard.
+        self.engine_restarts = Counter(
+            "whisper_engine_restarts", "Times the engine was restarted after it died.", registry=self.registry
+        )
         self.engine_totals = Gauge(
             "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry
         )

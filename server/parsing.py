@@ -350,9 +350,9 @@ def thresholds(settings: Settings) -> dict[str, float | None]:
     }
 
 
-async def decode_upload(data: bytes, param: str = "file") -> np.ndarray:
-    """Bytes → 16 kHz mono float32, off the event loop; undecodable input is a 400."""
+async def decode_upload(data: bytes, max_audio_seconds: float, param: str = "file") -> np.ndarray:
+    """Bytes → 16 kHz mono float32, off the event loop; undecodable or too long input is a 400."""
     try:
-        return await asyncio.to_thread(decode_audio, data)
+        return await asyncio.to_thread(decode_audio, data, max_audio_seconds)
     except AudioDecodeError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from exc

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.config import EngineConfig
 
@@ -32,6 +32,31 @@ class Settings(BaseSettings):
     """Model id listed by /v1/models and accepted in requests (default: --model); `whisper-1` is accepted too."""
     max_upload_mb: float = Field(default=25.0, gt=0)
     """Largest accepted audio upload, in MiB (OpenAI's limit is 25)."""
+    max_audio_seconds: float = Field(default=3 * 3600.0, gt=0)
+    """Longest accepted audio, in seconds: refused from the file's header before decoding, and while decoding when
+    the header says less (a small compressed file can hold hours of silence)."""
+    api_key: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """API keys accepted as `Authorization: Bearer <key>` on every /v1 route (several: repeat the flag, or commas
+    in the environment variable); none: no authentication."""
+    api_key_file: Path | None = None
+    """A file of API keys, one per line (blank lines and lines starting with # ignored), added to --api-key."""
+    auth_health: bool = False
+    """Require an API key on /health too (open by default, for load balancers and probes)."""
+    auth_metrics: bool = False
+    """Require an API key on /metrics too (open by default, for Prometheus)."""
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Browser origins allowed to call the API (CORS), e.g. https://app.example.com, or * for any; none by default."""
+    drain_timeout_s: float = Field(default=8.0, ge=0)
+    """On SIGTERM, how long requests in flight may still finish; then they are answered 503 and the server exits
+    (the default fits `docker stop`'s 10 s grace)."""
+    engine_restarts: int = Field(default=5, ge=0)
+    """How many times in a row a dead engine is restarted (with back-off) before /health stays 503."""
+    decode_budget_per_window: int = Field(default=448, ge=1)
+    """Tokens a request may sample, fallback retries included, per 30 s of its audio; past it the request ends with
+    a 400 instead of occupying the engine (Whisper samples at most 224 per attempt, so the default allows each
+    window a full attempt and a full retry)."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as text or as one JSON object per line (with the request id)."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Decode slots (sequences decoded together); default comes from the engine's memory plan."""
     max_waiting: int = Field(default=256, ge=1)
@@ -87,10 +112,27 @@ class Settings(BaseSettings):
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
 
+    @field_validator("api_key", "cors_origins", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        """`WHISPER_API_KEY=a,b` as well as `--api-key a --api-key b`."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
     @property
     def model_id(self) -> str:
-        """The id clients use for this model."""
-        return self.served_model_name or self.model
+        """The id clients use for this model: --served-model-name, else the model's name without any local path
+        (a client must not learn where the weights sit on the server)."""
+        return self.served_model_name or public_model_name(self.model)
+
+    def api_keys(self) -> list[str]:
+        """The accepted keys: --api-key plus the lines of --api-key-file."""
+        keys = list(self.api_key)
+        if self.api_key_file is not None:
+            lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
+            keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        return keys
 
     @property
     def max_upload_bytes(self) -> int:
@@ -114,9 +156,19 @@ class Settings(BaseSettings):
             dtype=self.dtype,
             max_num_seqs=self.max_num_seqs,
             max_waiting=self.max_waiting,
+            decode_budget_per_window=self.decode_budget_per_window,
             gpu_memory_fraction=self.gpu_memory_fraction,
             enforce_eager=self.enforce_eager,
             num_threads=self.num_threads,
             seed=self.seed,
             fixed_decode_tokens=self.fixed_decode_tokens,
         )
+
+
+def public_model_name(model: str) -> str:
+    """`/srv/models/whisper-small` -> `whisper-small`, `large-v3.pt` -> `large-v3`; names and hub ids unchanged."""
+    path = Path(model)
+    if path.is_absolute() or model.startswith((".", "~")) or path.exists():
+        name = path.stem if path.suffix in (".pt", ".bin", ".safetensors") else path.name
+        return name or "whisper"
+    return model

@@ -15,10 +15,11 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from engine.engine import Engine, RequestHandle
-from engine.request import DecodeOptions, EngineError, TranscriptionResult
+from engine import EngineError, EngineLike, RequestHandle
+from engine.request import DecodeOptions, TranscriptionResult
 
-from .errors import ClientDisconnectedError, from_engine_error
+from .drain import Drain, shutting_down
+from .errors import APIError, ClientDisconnectedError, from_engine_error
 from .formatting import token_usage
 
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -32,19 +33,26 @@ async def wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-def submit(engine: Engine, audio: np.ndarray, options: DecodeOptions) -> RequestHandle:
+def submit(engine: EngineLike, audio: np.ndarray, options: DecodeOptions, drain: Drain) -> RequestHandle:
     """Queue a request; a full queue, a bad option or a dead engine is an APIError before any response starts."""
+    if drain.draining:
+        raise shutting_down()
     try:
-        return engine.submit(audio, options)
+        return drain.track(engine.submit(audio, options))
     except EngineError as exc:
         raise from_engine_error(exc) from exc
 
 
+def engine_error(exc: EngineError, drain: Drain) -> APIError:
+    """A request's failure as the client sees it; one aborted by the drain timeout says the server is stopping."""
+    return shutting_down() if drain.expired else from_engine_error(exc)
+
+
 async def transcribe(
-    engine: Engine, audio: np.ndarray, options: DecodeOptions, request: Request
+    engine: EngineLike, audio: np.ndarray, options: DecodeOptions, request: Request, drain: Drain
 ) -> TranscriptionResult:
     """Submit to the engine and wait for the whole result; abort it if the client disconnects first."""
-    handle = submit(engine, audio, options)
+    handle = submit(engine, audio, options, drain)
     result_task = asyncio.ensure_future(handle.result())
     disconnect_task = asyncio.ensure_future(wait_for_disconnect(request.receive))
     finished = False
@@ -54,6 +62,7 @@ async def transcribe(
     finally:
         # Also reached when this handler is cancelled: never leave a slot decoding for nobody.
         disconnect_task.cancel()
+        drain.untrack(handle)
         if not finished:
             handle.abort()
             result_task.cancel()
@@ -62,7 +71,7 @@ async def transcribe(
     try:
         return result_task.result()
     except EngineError as exc:
-        raise from_engine_error(exc) from exc
+        raise engine_error(exc, drain) from exc
 
 
 def sse_event(data: BaseModel | dict) -> str:
@@ -88,7 +97,7 @@ class DeltaText:
 
 
 async def transcript_events(
-    handle: RequestHandle, on_done: Callable[[TranscriptionResult], None]
+    handle: RequestHandle, on_done: Callable[[TranscriptionResult], None], drain: Drain
 ) -> AsyncIterator[str]:
     """OpenAI's transcription stream: a delta for each window's final segments, then the whole text and usage.
 
@@ -106,7 +115,7 @@ async def transcript_events(
             result = await handle.result()
         except EngineError as exc:
             finished = True
-            yield sse_event(from_engine_error(exc).body())
+            yield sse_event(engine_error(exc, drain).body())
             return
         finished = True
         done = TranscriptionTextDoneEvent(
@@ -115,6 +124,7 @@ async def transcript_events(
         yield sse_event(done)
         on_done(result)
     finally:
+        drain.untrack(handle)
         if not finished:  # cancelled mid-stream: never leave a slot decoding for nobody
             handle.abort()
 

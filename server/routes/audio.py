@@ -29,16 +29,18 @@ async def _serve(
     request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task
 ) -> Response:
     params = await parse_transcription(request, settings, task)
-    audio = await decode_upload(params.upload.data)
+    audio = await decode_upload(params.upload.data, settings.max_audio_seconds)
     words = "word" in params.granularities
     options = decode_options(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings
     )
 
     if params.stream:
-        handle = submit(engine, audio, options)
-        return sse_response(handle, transcript_events(handle, on_done=partial(metrics.observe_result, task)))
-    result = await transcribe(engine, audio, options, request)
+        drain = request.app.state.drain
+        handle = submit(engine, audio, options, drain)
+        events = transcript_events(handle, partial(metrics.observe_result, task), drain)
+        return sse_response(handle, events)
+    result = await transcribe(engine, audio, options, request, request.app.state.drain)
     metrics.observe_result(task, result)
     body = render(result, params.response_format, task, params.granularities)
     return Response(body.content, media_type=body.media_type)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from engine.request import DecodeOptions, Task
+from engine.request import Task
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..errors import APIError
-from ..parsing import check_model, decode_upload, parse_language, read_json, validate_model
+from ..parsing import check_model, decode_options, decode_upload, parse_language, read_json, validate_model
 from ..protocol import (
     ChatCompletion,
     ChatCompletionMessage,
@@ -108,8 +108,9 @@ async def create_chat_completion(
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None
-    audio = await decode_upload(turn.data, param="messages")
-    result = await transcribe(engine, audio, DecodeOptions(task=task, language=language), request)
+    audio = await decode_upload(turn.data, settings.max_audio_seconds, param="messages")
+    options = decode_options(task, language, None, 0.0, settings=settings)
+    result = await transcribe(engine, audio, options, request, request.app.state.drain)
     metrics.observe_result(task, result)
     content = request.app.state.chat_template.render(result, task, turn.instruction)
     return ChatCompletion(

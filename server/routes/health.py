@@ -1,4 +1,5 @@
-"""GET /health (200 only while the engine loop is alive) and GET /metrics (Prometheus text)."""
+"""GET /health (ready: 200 while the engine is alive and the server not draining), GET /health/live (the process
+answers), GET /metrics (Prometheus text)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from engine import EngineError
 
 from ..deps import MetricsDep
 from ..errors import APIError
@@ -15,12 +18,21 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, str]:
+    """Readiness: a load balancer sends traffic only while this is 200."""
+    if request.app.state.drain.draining:
+        raise APIError(503, "The server is shutting down.", code="server_shutting_down")
     engine = request.app.state.engine
     if engine is None:
-        raise APIError(503, "The model is still loading.", code="engine_unavailable")
+        raise APIError(503, "The engine is loading or restarting.", code="engine_unavailable")
     if not engine.is_alive:
-        raise APIError(503, "The engine loop is not running.", code="engine_unavailable")
-    return {"status": "ok", "model": engine.model_name}
+        raise APIError(503, "The engine is not running.", code="engine_unavailable")
+    return {"status": "ok", "model": request.app.state.settings.model_id}
+
+
+@router.get("/health/live")
+async def live() -> dict[str, str]:
+    """Liveness: the server process answers (its engine may be restarting)."""
+    return {"status": "ok"}
 
 
 @router.get("/metrics")
@@ -28,5 +40,10 @@ async def metrics(request: Request, metrics: MetricsDep) -> Response:
     engine = request.app.state.engine
     # in a thread: with the engine in its own process, stats are a round trip to it (answered between its steps),
     # which must not hold up the event loop's other requests
-    stats = await asyncio.to_thread(engine.stats) if engine is not None and engine.is_alive else None
+    stats = None
+    if engine is not None and engine.is_alive:
+        try:
+            stats = await asyncio.to_thread(engine.stats)
+        except EngineError:  # it died meanwhile: the supervisor restarts it; the server's own series still count
+            stats = None
     return Response(metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

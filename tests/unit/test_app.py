@@ -16,6 +16,7 @@ from openai.types.audio import TranscriptionVerbose
 from starlette.requests import Request
 
 from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
+from server.drain import Drain
 from server.errors import ClientDisconnectedError
 from server.streaming import transcribe
 
@@ -131,9 +132,9 @@ def test_decoding_runs_off_the_event_loop(monkeypatch):
     threads = []
     real = server.parsing.decode_audio
 
-    def spy(data):
+    def spy(data, max_duration_s):
         threads.append(threading.current_thread())
-        return real(data)
+        return real(data, max_duration_s)
 
     monkeypatch.setattr(server.parsing, "decode_audio", spy)
 
@@ -177,7 +178,7 @@ def test_disconnect_aborts_the_engine_request():
 
         request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
         with pytest.raises(ClientDisconnectedError):
-            await asyncio.wait_for(transcribe(engine, WAV, options, request), timeout=5)
+            await asyncio.wait_for(transcribe(engine, WAV, options, request, Drain(5.0)), timeout=5)
         assert received.is_set()
 
     run(body())
@@ -194,7 +195,7 @@ def test_cancelled_handler_aborts_too():
             return {}
 
         request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
-        task = asyncio.ensure_future(transcribe(engine, WAV, DecodeOptions(), request))
+        task = asyncio.ensure_future(transcribe(engine, WAV, DecodeOptions(), request, Drain(5.0)))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

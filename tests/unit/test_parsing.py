@@ -346,11 +346,11 @@ def test_temperature_zero_is_fallback_schedule_else_single():
 
 
 def test_decode_upload_real_audio_and_garbage():
-    audio = asyncio.run(decode_upload(WAV))
+    audio = asyncio.run(decode_upload(WAV, 60.0))
     assert audio.dtype == np.float32 and abs(len(audio) - 16000) < 200
     for bad in (b"not audio at all" * 100, WAV[:30], b"fLaC" + b"\0" * 200):
         with pytest.raises(APIError) as info:
-            asyncio.run(decode_upload(bad))
+            asyncio.run(decode_upload(bad, 60.0))
         assert (info.value.status_code, info.value.param) == (400, "file")
 
 

@@ -89,6 +89,6 @@ def test_engine_failure_before_the_stream_is_a_status_after_it_an_error_event():
             stream = await sdk.audio.transcriptions.create(file=FILE, model="whisper-1", stream=True)
             with pytest.raises(Exception) as info:
                 _ = [event async for event in stream]
-            assert "engine is not running" in str(info.value)
+            assert "engine stopped" in str(info.value)
 
     run(body())

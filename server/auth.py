@@ -1,0 +1,95 @@
+"""API keys: `Authorization: Bearer <key>` checked before a request's body is read, answered as OpenAI does."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .errors import APIError
+
+API_PREFIX = "/v1"
+# Open unless the operator asks otherwise: probes and scrapers rarely carry keys.
+HEALTH_PATHS = ("/health", "/health/live")
+METRICS_PATH = "/metrics"
+
+
+def missing_key() -> APIError:
+    return APIError(
+        401,
+        "You didn't provide an API key. You need to provide your API key in an Authorization header using "
+        "Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        type="invalid_request_error",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def invalid_key(key: str) -> APIError:
+    # Like OpenAI, show only the key's ends so that a log of the answer does not leak it.
+    shown = f"{key[:3]}{'*' * 4}{key[-4:]}" if len(key) > 12 else "*" * 4
+    return APIError(
+        401,
+        f"Incorrect API key provided: {shown}.",
+        type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+class KeyChecker:
+    """Constant-time comparison against every accepted key (the time taken says nothing about which is close)."""
+
+    def __init__(self, keys: list[str]):
+        self.keys = [key.encode() for key in keys]
+
+    def accepts(self, key: str) -> bool:
+        given = key.encode()
+        found = False
+        for accepted in self.keys:
+            found |= hmac.compare_digest(given, accepted)
+        return found
+
+
+def bearer_key(headers: Headers) -> str | None:
+    """The key of `Authorization: Bearer <key>`; None without the header or with another scheme."""
+    value = headers.get("authorization")
+    if value is None:
+        return None
+    scheme, _, key = value.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+class APIKeyMiddleware:
+    """Refuses requests without an accepted key on protected paths: every /v1 route (HTTP and WebSocket), and
+    /health or /metrics when configured. Runs before routing, so a refused upload is never read."""
+
+    def __init__(self, app: ASGIApp, keys: list[str], protect_health: bool, protect_metrics: bool):
+        self.app = app
+        self.checker = KeyChecker(keys)
+        self.protected_paths = set()
+        if protect_health:
+            self.protected_paths.update(HEALTH_PATHS)
+        if protect_metrics:
+            self.protected_paths.add(METRICS_PATH)
+
+    def protects(self, scope: Scope) -> bool:
+        if scope["type"] not in ("http", "websocket"):
+            return False
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":  # CORS preflights carry no credentials
+            return False
+        path = scope["path"]
+        return path == API_PREFIX or path.startswith(API_PREFIX + "/") or path in self.protected_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.protects(scope):
+            await self.app(scope, receive, send)
+            return
+        key = bearer_key(Headers(scope=scope))
+        error = missing_key() if key is None else None if self.checker.accepts(key) else invalid_key(key)
+        if error is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
+        else:
+            await error.response()(scope, receive, send)

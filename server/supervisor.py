@@ -1,0 +1,98 @@
+"""EngineSupervisor: starts the engine, restarts it when it dies, and drains it on shutdown.
+
+A dead engine (its process killed, its loop crashed) fails only the requests it held; the supervisor notices within
+a poll, starts a new one with back-off between attempts, and /health turns 200 again once it is up. After
+`max_restarts` failed starts in a row it gives up and /health stays 503 (an orchestrator then replaces the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from engine import EngineConfig, EngineLike, start_engine
+
+from .metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+# A restarted engine that stays up this long is healthy again: the next death starts the back-off anew.
+STABLE_S = 60.0
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        config: EngineConfig,
+        own_process: bool,
+        metrics: Metrics,
+        publish: Callable[[EngineLike | None], None],
+        max_restarts: int,
+    ):
+        self.config = config
+        self.own_process = own_process
+        self.metrics = metrics
+        self.publish = publish  # where requests find the engine (app.state.engine); None while there is none
+        self.max_restarts = max_restarts
+        self.engine: EngineLike | None = None
+        self.stopping = False
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> EngineLike:
+        """Load and start the first engine (a failure here is the server's start-up failure)."""
+        self.engine = await self._load()
+        self.publish(self.engine)
+        self._task = asyncio.create_task(self._watch(), name="engine-supervisor")
+        return self.engine
+
+    async def _load(self) -> EngineLike:
+        # Loading weights takes seconds; off the event loop so that the server stays responsive.
+        return await asyncio.to_thread(start_engine, self.config, self.own_process)
+
+    async def _watch(self) -> None:
+        failures = 0  # restarts since the engine was last up for STABLE_S
+        up_since = time.monotonic()
+        while not self.stopping:
+            await asyncio.sleep(POLL_S)
+            if self.stopping or self.engine is None or self.engine.is_alive:
+                continue
+            if time.monotonic() - up_since > STABLE_S:
+                failures = 0
+            logger.error("the engine stopped (%s); restarting it", self.engine.failure or "no reason given")
+            self.publish(None)
+            dead, self.engine = self.engine, None
+            await asyncio.to_thread(dead.shutdown)
+            engine = None
+            while engine is None and failures < self.max_restarts and not self.stopping:
+                await asyncio.sleep(0.0 if failures == 0 else min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (failures - 1)))
+                failures += 1
+                self.metrics.engine_restarts.inc()
+                try:
+                    engine = await self._load()
+                except Exception:
+                    logger.exception("engine restart %d of %d failed", failures, self.max_restarts)
+            if engine is None:
+                if not self.stopping:
+                    logger.error("the engine failed %d restarts in a row; giving up (/health stays 503)", failures)
+                return
+            if self.stopping:
+                await asyncio.to_thread(engine.shutdown)
+                return
+            self.engine = engine
+            self.publish(engine)
+            up_since = time.monotonic()
+            logger.info("engine restarted (restart %d of at most %d in a row)", failures, self.max_restarts)
+
+    async def shutdown(self) -> None:
+        self.stopping = True
+        if self._task is not None:
+            self._task.cancel()
+        self.publish(None)
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await asyncio.to_thread(engine.shutdown)
