@@ -146,9 +146,9 @@ class Transcription:
         if job is None or self.token_budget is None or self.tokens_sampled < self.token_budget:
             return job
         raise DecodeBudgetExceededError(
-            f"Decoding was stopped after {self.tokens_sampled} tokens, the budget for {self.duration:.0f} s of audio "
-            f"({self.token_budget}): its windows kept failing Whisper's quality checks and falling back to higher "
-            "temperatures, which a prompt unrelated to the audio can cause.",
+            f"Decoding was stopped after {self.tokens_sampled} tokens, the budget for {self.duration:.0f} s of "
+            f"audio ({self.token_budget}): its windows kept failing Whisper's quality checks and falling back to "
+            "higher temperatures, which a prompt unrelated to the audio can cause.",
             "prompt" if self.options.prompt else "file",
         )
 

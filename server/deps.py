@@ -13,7 +13,6 @@ from .errors import APIError
 from .metrics import Metrics
 from .settings import Settings
 
-
 # async, though they only read attributes: FastAPI runs a plain `def` dependency in its thread pool, a hop to a
 # worker thread and back per dependency and request, each waiting for the GIL that the engine loop also needs.
 

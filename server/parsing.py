@@ -25,6 +25,9 @@ WHISPER_1 = "whisper-1"  # alias accepted for clients that hard-code OpenAI's mo
 FORM_OVERHEAD_BYTES = MIB  # room for the non-file fields and multipart framing
 MAX_FORM_FILES = 4
 MAX_FORM_FIELDS = 256
+# A chat body's structure: a transcription request has a few messages of a few parts; far more is refused unread.
+MAX_JSON_CONTAINERS = 4096
+MAX_JSON_DEPTH = 32
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 RESPONSE_FORMATS = ", ".join(f"'{f.value}'" for f in ResponseFormat)
 STREAM_FORMATS = (ResponseFormat.JSON, ResponseFormat.TEXT)  # the stream carries text only
@@ -89,16 +92,50 @@ async def read_form(request: Request, max_upload_bytes: int) -> FormData:
 
 
 async def read_json(request: Request, max_upload_bytes: int) -> Any:
-    """A JSON body carrying base64 audio of at most `max_upload_bytes`."""
+    """A JSON body carrying base64 audio of at most `max_upload_bytes`, of bounded structure."""
     max_body_bytes = max_upload_bytes * 4 // 3 + FORM_OVERHEAD_BYTES  # base64 inflates by 4/3
     try:
         body = await limited_request(request, max_body_bytes, max_upload_bytes).body()
     except ClientDisconnect as exc:
         raise ClientDisconnectedError() from exc
+    # Counted before parsing: json.loads and validation hold the GIL (and so the event loop) for as long as a
+    # body has objects, a million tiny messages for seconds; base64 audio has no brackets, so a real body has few.
+    containers = body.count(b"{") + body.count(b"[")
+    if containers > MAX_JSON_CONTAINERS:
+        raise APIError(
+            400,
+            f"The request body has too many JSON objects and arrays (more than {MAX_JSON_CONTAINERS}).",
+            code="invalid_value",
+        )
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"The request body is not valid JSON: {exc}") from exc
+        value = json.loads(body)
+    except RecursionError:
+        raise too_deep() from None
+    except ValueError as exc:  # JSONDecodeError, undecodable bytes, an integer of thousands of digits
+        raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_value") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise too_deep()
+    return value
+
+
+def too_deep() -> APIError:
+    return APIError(
+        400, f"The request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_value"
+    )
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion (a body has at most MAX_JSON_CONTAINERS containers)."""
+    depth, level = 0, [(value, 1)]
+    while level:
+        item, d = level.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        depth = max(depth, d)
+        level.extend((child, d + 1) for child in item if isinstance(child, (dict, list)))
+    return depth
 
 
 def form_fields(form: FormData) -> dict[str, Any]:

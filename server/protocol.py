@@ -100,6 +100,11 @@ class TranscriptionParams:
     granularities: frozenset[str] = frozenset({"segment"})  # timestamp_granularities[]: segment and/or word
 
 
+MAX_CHAT_MESSAGES = 256
+# Text around the audio (the instruction): read for a wish to translate and shown to the chat template.
+MAX_CHAT_TEXT_CHARS = 65536
+
+
 class InputAudio(BaseModel):
     data: str
     format: str
@@ -109,7 +114,7 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str
-    text: str | None = None
+    text: str | None = Field(default=None, max_length=MAX_CHAT_TEXT_CHARS)
     input_audio: InputAudio | None = None
 
 
@@ -117,7 +122,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | None = Field(default=None, max_length=MAX_CHAT_TEXT_CHARS)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -126,7 +131,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     stream: bool = False
     language: str | None = None  # extension: ISO code of the audio's language
 
