@@ -86,7 +86,11 @@ class EngineSupervisor:
             self.engine = engine
             self.publish(engine)
             up_since = time.monotonic()
-            logger.info("engine restarted (restart %d of at most %d in a row)", failures, self.max_restarts)
+            pid = getattr(engine, "pid", None)
+            logger.info(
+                "engine restarted (restart %d of at most %d in a row)%s",
+                failures, self.max_restarts, f"; engine in process {pid}" if pid else "",
+            )  # fmt: skip
 
     async def shutdown(self) -> None:
         self.stopping = True
