@@ -70,8 +70,14 @@ class ModelRunner:
                 torch.set_num_threads(config.num_threads)
         ckpt = checkpoint or self._load(config)
         self.dims = dims = ckpt.dims
-        tokenizer_file = self._tokenizer_file(config.tokenizer) or ckpt.tokenizer_file or self._fallback_tokenizer(dims)
-        self.tokenizer = Tokenizer.from_file(tokenizer_file, dims.num_languages, dims.is_multilingual)
+        # A given or shipped tokenizer must fit as is; only dummy weights (benchmarks pass base's tokenizer for
+        # large-v3 shapes) may have it extended to their language count, as the packaged fallback is.
+        tokenizer_file = self._tokenizer_file(config.tokenizer) or ckpt.tokenizer_file
+        self.tokenizer = (
+            Tokenizer.for_model(tokenizer_file, dims, add_languages=config.dummy_weights)
+            if tokenizer_file is not None
+            else self._fallback_tokenizer(dims)
+        )
         # CTranslate2's default when a checkpoint names none: every head of the last half of the decoder
         self.alignment_heads = ckpt.alignment_heads or [
             (layer, head) for layer in range(dims.n_text_layer // 2, dims.n_text_layer) for head in range(dims.n_text_head)
@@ -133,11 +139,15 @@ class ModelRunner:
         return self.device.type == "cuda"
 
     @staticmethod
-    def _fallback_tokenizer(dims) -> Path:
-        """Dummy weights carry no tokenizer: borrow the packaged one of the same kind (English-only or not)."""
+    def _fallback_tokenizer(dims) -> Tokenizer:
+        """Weights without a tokenizer (an OpenAI .pt, dummy weights): the packaged one of the same vocabulary.
+
+        English-only checkpoints share tiny.en's; tiny to large-v2 share base's; large-v3's is base's with <|yue|>
+        added and the later ids shifted, which is exactly how openai/whisper builds it (add_language_tokens). Any
+        other vocabulary fails the fit check with the tokenizer to pass."""
         resolved = resolve_model("base" if dims.is_multilingual else "tiny.en")
         assert resolved.config_dir is not None
-        return resolved.config_dir / "tokenizer.json"
+        return Tokenizer.for_model(resolved.config_dir / "tokenizer.json", dims, add_languages=True)
 
     def _build_model(self, ckpt: Checkpoint) -> Whisper:
         with torch.device("meta"):

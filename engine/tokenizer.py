@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import string
 from functools import cached_property
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer as HFTokenizer
+
+from .dims import ModelDimensions
 
 # ISO-639-1 code -> English name, in Whisper's language-token order (openai/whisper tokenizer.py).
 LANGUAGES = {
@@ -35,6 +38,36 @@ LANGUAGES = {
 NUM_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|> in steps of 0.02 s
 TIME_PRECISION = 0.02
 
+# openai/whisper's special tokens follow the text tokens in this order (get_encoding): eot, sot, one token per
+# language, these six, then the timestamps. So a checkpoint's n_vocab and language count fix every special id.
+TASK_AND_CONTROL_TOKENS = (
+    "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"
+)
+NO_SPEECH_NAMES = ("<|nospeech|>", "<|nocaptions|>")  # Systran-era tokenizer.json files use the older name
+
+# The released vocabularies, for error messages: size -> (what it is, its language tokens, the tokenizer.json to pass).
+KNOWN_VOCABULARIES = {
+    51864: ("English-only", 99, "an English-only tokenizer.json of tiny.en to medium.en (e.g. tiny.en's)"),
+    51865: ("multilingual: 99 languages", 99, "a multilingual tokenizer.json of tiny to large-v2 (e.g. base's)"),
+    51866: ("large-v3: 100 languages", 100, "large-v3's tokenizer.json"),
+}
+
+
+class TokenizerMismatchError(ValueError):
+    """The tokenizer's vocabulary or special-token ids differ from the checkpoint's: every transcript would be wrong."""
+
+
+def expected_special_ids(dims: ModelDimensions) -> dict[str, int]:
+    """Token -> id that a checkpoint of these dims was trained with (openai/whisper's layout)."""
+    num_languages = dims.num_languages
+    eot = dims.n_vocab - NUM_TIMESTAMPS - len(TASK_AND_CONTROL_TOKENS) - num_languages - 2
+    ids = {"<|endoftext|>": eot, "<|startoftranscript|>": eot + 1}
+    ids |= {f"<|{code}|>": eot + 2 + i for i, code in enumerate(list(LANGUAGES)[:num_languages])}
+    after_languages = eot + 2 + num_languages
+    ids |= {token: after_languages + i for i, token in enumerate(TASK_AND_CONTROL_TOKENS)}
+    timestamp_begin = after_languages + len(TASK_AND_CONTROL_TOKENS)
+    return ids | {"<|0.00|>": timestamp_begin, "<|30.00|>": timestamp_begin + NUM_TIMESTAMPS - 1}
+
 
 class Tokenizer:
     """Whisper's special-token layout derived from one tokenizer.json (English-only and multilingual differ)."""
@@ -60,6 +93,44 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str | Path, num_languages: int, is_multilingual: bool) -> Tokenizer:
         return cls(HFTokenizer.from_file(str(path)), num_languages, is_multilingual)
+
+    @classmethod
+    def for_model(cls, path: str | Path, dims: ModelDimensions, *, add_languages: bool = False) -> Tokenizer:
+        """The tokenizer in `path`, checked against the checkpoint (TokenizerMismatchError if it does not fit).
+
+        add_languages: a multilingual tokenizer with fewer languages than the checkpoint (99 where large-v3 has 100)
+        takes the missing language tokens and the shifted task, control and timestamp ids (add_language_tokens)."""
+        hf = HFTokenizer.from_file(str(path))
+        if add_languages:
+            hf = add_language_tokens(hf, dims) or hf
+        tokenizer = cls(hf, dims.num_languages, dims.is_multilingual)
+        tokenizer.check_fits(dims, str(path))
+        return tokenizer
+
+    def check_fits(self, dims: ModelDimensions, source: str = "the tokenizer") -> None:
+        """Raises TokenizerMismatchError unless the size and every special id are those the checkpoint expects."""
+        size = self.hf.get_vocab_size(with_added_tokens=True)
+        num_languages = self.translate - self.sot - 1  # the language tokens sit between these two
+        if size != dims.n_vocab:
+            raise TokenizerMismatchError(
+                f"tokenizer {source} does not fit the checkpoint: the checkpoint has a vocabulary of {dims.n_vocab} "
+                f"tokens ({_describe(dims.n_vocab, dims.num_languages)}) but the tokenizer has {size} "
+                f"({_describe(size, num_languages)}); pass --tokenizer with {_hint(dims.n_vocab)}"
+            )
+        wrong = []
+        for token, want in expected_special_ids(dims).items():
+            if not dims.is_multilingual and token[2:-2] in LANGUAGES:
+                continue  # English-only models take no language token (tiny.en's tokenizer names Hebrew <|iw|>)
+            names = NO_SPEECH_NAMES if token in NO_SPEECH_NAMES else (token,)
+            got = next((tid for name in names if (tid := self.hf.token_to_id(name)) is not None), None)
+            if got != want:
+                wrong.append(f"{token} is {got}, expected {want}")
+        if wrong:
+            raise TokenizerMismatchError(
+                f"tokenizer {source} does not fit the checkpoint: it has the size of the checkpoint's vocabulary "
+                f"({dims.n_vocab} tokens) but not its special-token ids ({'; '.join(wrong)}); pass --tokenizer with "
+                f"{_hint(dims.n_vocab)}"
+            )
 
     def _id(self, token: str) -> int:
         tid = self.hf.token_to_id(token)
@@ -171,3 +242,53 @@ class Tokenizer:
                 words[-1] += subword
                 word_tokens[-1].extend(toks)
         return words, word_tokens
+
+
+def _describe(size: int, num_languages: int) -> str:
+    label, languages, _ = KNOWN_VOCABULARIES.get(size, (None, None, None))
+    return label if languages == num_languages else f"{num_languages} languages"
+
+
+def _hint(n_vocab: int) -> str:
+    _, _, hint = KNOWN_VOCABULARIES.get(n_vocab, (None, None, "the tokenizer.json released with this checkpoint"))
+    return hint
+
+
+def add_language_tokens(hf: HFTokenizer, dims: ModelDimensions) -> HFTokenizer | None:
+    """A multilingual tokenizer extended to the checkpoint's larger language count, or None where that is not exact.
+
+    openai/whisper builds every multilingual vocabulary from the same text tokens (multilingual.tiktoken) and lays
+    out the special tokens by one rule for any language count (expected_special_ids), so large-v3's tokenizer is
+    base's with <|yue|> after <|su|> and the task, control and timestamp ids one higher (yue 50358, translate 50359,
+    transcribe 50360, startoflm 50361, startofprev 50362, nospeech 50363, notimestamps 50364, <|0.00|> 50365).
+    That holds only for a tokenizer that itself follows the rule; anything else is left alone, and the fit check
+    then refuses it."""
+    data = json.loads(hf.to_str())
+    added = sorted(data.get("added_tokens", []), key=lambda token: token["id"])
+    codes = [code for code in LANGUAGES if hf.token_to_id(f"<|{code}|>") is not None]
+    have, want = len(codes), dims.num_languages
+    if not dims.is_multilingual or not 0 < have < want <= len(LANGUAGES) or codes != list(LANGUAGES)[:have]:
+        return None
+    eot = expected_special_ids(dims)["<|endoftext|>"]
+    # The source must be openai/whisper's layout for `have` languages on as many text tokens as the target has
+    # (the multilingual 50257; English-only tokenizers have GPT-2's 50256), its timestamps present or not.
+    order = ["<|endoftext|>", "<|startoftranscript|>", *(f"<|{code}|>" for code in codes), *TASK_AND_CONTROL_TOKENS]
+    timestamps = [f"<|{i * TIME_PRECISION:.2f}|>" for i in range(NUM_TIMESTAMPS)]
+    contents = ["<|nospeech|>" if token["content"] in NO_SPEECH_NAMES else token["content"] for token in added]
+    consecutive = [token["id"] for token in added] == list(range(eot, eot + len(added)))
+    text_first = max(data["model"]["vocab"].values()) <= eot  # no text token at or after the specials
+    if contents not in (order, order + timestamps) or not consecutive or not text_first:
+        return None
+    shift = want - have
+    first_after_languages = 2 + have
+    new_languages = [
+        {**added[first_after_languages - 1], "id": eot + 2 + have + i, "content": f"<|{code}|>"}
+        for i, code in enumerate(list(LANGUAGES)[have:want])
+    ]
+    rest = [{**token, "id": token["id"] + shift} for token in added[first_after_languages:]]
+    data["added_tokens"] = added[:first_after_languages] + new_languages + rest
+    ids = {token["content"]: token["id"] for token in data["added_tokens"]}
+    # The post-processor's template names special tokens with their ids; those ids move too.
+    for special in (data.get("post_processor") or {}).get("special_tokens", {}).values():
+        special["ids"] = [ids.get(token, tid) for token, tid in zip(special["tokens"], special["ids"])]
+    return HFTokenizer.from_str(json.dumps(data))
