@@ -134,6 +134,8 @@ def test_sigterm_drains_within_its_timeout_and_answers_503(data_dir):
         exited = time.monotonic()
         assert outcome["status"] == 503 and outcome["code"] == "server_shutting_down", outcome
         assert 1.5 < outcome["at"] - signalled < 6, outcome["at"] - signalled
-        assert exited - signalled < 9 and code == 0, (exited - signalled, code, remote.log_tail())
+        # uvicorn re-raises the signal once it has shut down cleanly, so the exit status is SIGTERM's (143), not
+        # SIGKILL's (137, what an orchestrator's grace period running out gives)
+        assert exited - signalled < 9 and code in (0, -signal.SIGTERM), (exited - signalled, code, remote.log_tail())
     finally:
         remote.stop()
