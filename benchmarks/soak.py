@@ -8,7 +8,8 @@ What it sends. A plan of --requests requests is drawn from --seed before the run
 requests, in the same order of submission; completion order depends on the server). Every kind with a non-zero
 weight occurs at least once when --requests allows, the rest is drawn by weight (--mix overrides weights by name,
 e.g. `--mix stream=30,oversize=0`). Audio is the real clips of --data-dir: the g1_ (short English) and g4_ (odd
-formats: wav/aiff/flac/mp3/ogg/webm/aac/mp4/m4a, 8 kHz to 44.1 kHz, 8 to 32 bit, stereo) files. Kinds, and the
+formats: wav/aiff/flac/mp3/ogg/webm/aac/mp4/m4a, 8 kHz to 44.1 kHz, 8 to 32 bit, stereo) files, less any over the
+upload limit; the hang-up clip is the longest g2_ (long-form) file under 8 MB and the limit. Kinds, and the
 outcome each counts as correct:
 
     json, text, srt, vtt, verbose_json   a transcription in that response_format            2xx, body of that shape
@@ -41,8 +42,10 @@ the run is not counted.
 Memory: a thread reads VmRSS from /proc/<pid>/status of the server process and of all its descendants (engine
 process, decoder helpers) every --rss-interval-s. The table shows the series (thinned to at most 16 rows); growth
 is from the first sample taken after warm-up (the warm-up request plus the first 10 % of the run) to the last,
-in MB/min: a server that returns its memory shows ~0 after warm-up. With --spawn the pid is known; with --url
-it is found from the listening socket in /proc/net/tcp (same user only) or given as --server-pid.
+and over the second half of that span, in MB/min: caches fill while new batch shapes turn up, so a short run
+shows growth after warm-up; a server that does not leak shows ~0 over the second half of a long one. With
+--spawn the pid is known; with --url it is found from the listening socket in /proc/net/tcp (same user only) or
+given as --server-pid.
 
 /health: another thread GETs it every 0.5 s during the run; p50/max latency and any non-200 are printed (a
 blocked event loop shows here first). After the run the script waits up to 60 s for /metrics to show no running
@@ -155,8 +158,9 @@ class Samples:
 # ---------------------------------------------------------------- inputs
 
 
-def load_clips(data_dir: Path) -> tuple[list[Clip], Clip]:
-    """The g1_/g4_ clips for requests, and the longest g2_ clip under 8 MB (else the longest clip) for hang-ups."""
+def load_clips(data_dir: Path, max_bytes: int) -> tuple[list[Clip], Clip, int]:
+    """The g1_/g4_ clips for requests, the longest g2_ clip under 8 MB (else the longest clip) for hang-ups, and
+    how many were left out for being over the upload limit (they would be refused, not transcribed)."""
     manifest = data_dir / "MANIFEST.tsv"
     if not manifest.exists():
         raise SystemExit(f"no MANIFEST.tsv in {data_dir} (see --data-dir)")
@@ -165,13 +169,16 @@ def load_clips(data_dir: Path) -> tuple[list[Clip], Clip]:
         cols = line.split("\t")
         if len(cols) > 1:
             seconds[cols[0]] = float(cols[1])
-    names = sorted(n for n in seconds if n.rsplit(".", 1)[-1].lower() in AUDIO_EXTS)
+    audio = sorted(n for n in seconds if n.rsplit(".", 1)[-1].lower() in AUDIO_EXTS and (data_dir / n).exists())
+    size = {n: (data_dir / n).stat().st_size for n in audio}
+    names = [n for n in audio if size[n] <= max_bytes]
     clips = [Clip(n, (data_dir / n).read_bytes(), seconds[n]) for n in names if n.startswith(("g1_", "g4_"))]
     if not clips:
-        raise SystemExit(f"no g1_/g4_ audio clips in {data_dir}")
-    long_ones = [n for n in names if n.startswith("g2_") and (data_dir / n).stat().st_size < 8 * MIB]
+        raise SystemExit(f"no g1_/g4_ audio clips within the upload limit in {data_dir}")
+    long_ones = [n for n in names if n.startswith("g2_") and size[n] < 8 * MIB]
     longest = max(long_ones, key=seconds.get) if long_ones else max(clips, key=lambda c: c.seconds).name
-    return clips, Clip(longest, (data_dir / longest).read_bytes(), seconds[longest])
+    left_out = sum(n.startswith(("g1_", "g4_")) for n in audio) - len(clips)
+    return clips, Clip(longest, (data_dir / longest).read_bytes(), seconds[longest]), left_out
 
 
 def is_json_with(key: str, kind: type) -> Callable[[httpx.Response], bool]:
@@ -370,9 +377,9 @@ async def send(client: httpx.AsyncClient, url: str, spec: Spec, timeout_s: float
                        detail=repr(exc)[:200])
 
 
-async def run_plan(url: str, planner: Planner, warmup: Spec, requests: list[tuple[str, int]], concurrency: int,
-                   timeout_s: float, max_duration_s: float, progress: list[int], warm_mark: list[float | None],
-                   t0: float) -> tuple[list[Outcome], float]:
+async def run_plan(url: str, headers: dict[str, str], planner: Planner, warmup: Spec,
+                   requests: list[tuple[str, int]], concurrency: int, timeout_s: float, max_duration_s: float,
+                   progress: list[int], warm_mark: list[float | None], t0: float) -> tuple[list[Outcome], float]:
     """The warm-up request, then `requests` with at most `concurrency` in flight; `progress` and `warm_mark`
     (when the first tenth was done, seconds after t0) are for the watcher threads."""
     # Connections idle past uvicorn's 5 s keep-alive are closed by the server; reusing one then would be a
@@ -381,7 +388,6 @@ async def run_plan(url: str, planner: Planner, warmup: Spec, requests: list[tupl
     outcomes: list[Outcome] = []
     next_index = 0
     warm_after = max(1, len(requests) // 10)
-    headers = {"Authorization": "Bearer unused"}
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
         warm = await send(client, url, warmup, timeout_s)
         if warm.verdict != "ok":
@@ -466,8 +472,8 @@ def sample_rss(pid: int, t0: float, progress: list[int], samples: Samples) -> No
                         len(kids)))
 
 
-def watch(url: str, pid: int | None, rss_interval_s: float, max_s: float, t0: float, progress: list[int],
-          samples: Samples, stop: threading.Event) -> list[threading.Thread]:
+def watch(url: str, headers: dict[str, str], pid: int | None, rss_interval_s: float, max_s: float, t0: float,
+          progress: list[int], samples: Samples, stop: threading.Event) -> list[threading.Thread]:
     """Threads that sample RSS and poll /health until `stop` is set (or `max_s` has passed)."""
 
     def rss_loop() -> None:
@@ -477,7 +483,7 @@ def watch(url: str, pid: int | None, rss_interval_s: float, max_s: float, t0: fl
                 return
 
     def health_loop() -> None:
-        with httpx.Client(timeout=10.0) as client:
+        with httpx.Client(timeout=10.0, headers=headers) as client:
             for _ in range(int(max_s / HEALTH_INTERVAL_S) + 1):
                 start = time.perf_counter()
                 try:
@@ -499,19 +505,20 @@ def watch(url: str, pid: int | None, rss_interval_s: float, max_s: float, t0: fl
     return threads
 
 
-def drain(url: str) -> str:
+def drain(url: str, headers: dict[str, str]) -> str:
     """Waits for /metrics to show nothing running or queued; says how it ended."""
     start = time.monotonic()
     values: dict[str, float] = {}
     while time.monotonic() - start < DRAIN_TIMEOUT_S:
         try:
-            text = httpx.get(f"{url}/metrics", timeout=10).text
+            response = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+            text = response.text if response.status_code == 200 else ""
         except httpx.HTTPError as exc:
             return f"/metrics failed: {type(exc).__name__}"
         values = {name: float(m.group(1)) for name in ("whisper_running_sequences", "whisper_queue_depth")
                   if (m := re.search(rf"^{name} (\S+)$", text, re.MULTILINE))}
         if not values:
-            return "/metrics has no running/queue gauges"
+            return f"/metrics ({response.status_code}) has no running/queue gauges"
         if not any(values.values()):
             return f"idle {time.monotonic() - start:.1f} s after the run (running 0, queued 0)"
         time.sleep(0.5)
@@ -583,11 +590,16 @@ def report_rss(samples: Samples, warm_at: float | None) -> None:
     if base is None or rss[-1][0] - rss[base][0] < 1.0:
         print("growth after warm-up: n/a (too few samples after warm-up; run longer)")
         return
-    minutes = (rss[-1][0] - rss[base][0]) / 60
-    growth = [(rss[-1][k] - rss[base][k]) / minutes for k in (2, 3)]
-    peak = max(s[2] + s[3] for s in rss)
-    print(f"growth after warm-up ({minutes * 60:.0f} s): server {growth[0]:+.1f} MB/min, children "
-          f"{growth[1]:+.1f} MB/min, total {sum(growth):+.1f} MB/min; peak total {peak:.0f} MB")
+    # Allocators and caches keep growing while new batch shapes turn up; the second half says whether it stops.
+    half = next(i for i, s in enumerate(rss) if s[0] >= (rss[base][0] + rss[-1][0]) / 2)
+    for label, first in (("after warm-up", base), ("second half", half)):
+        minutes = (rss[-1][0] - rss[first][0]) / 60
+        if minutes <= 0:
+            continue
+        growth = [(rss[-1][k] - rss[first][k]) / minutes for k in (2, 3)]
+        print(f"growth {label} ({minutes * 60:.0f} s): server {growth[0]:+.1f} MB/min, children "
+              f"{growth[1]:+.1f} MB/min, total {sum(growth):+.1f} MB/min")
+    print(f"peak total {max(s[2] + s[3] for s in rss):.0f} MB")
 
 
 def report_health(samples: Samples) -> None:
@@ -620,22 +632,20 @@ def parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
-def upload_limit_mb(flag: float | None, spawn_args: str | None) -> float:
-    """--max-upload-mb as given, else from the --spawn flags, else the server's default."""
-    if flag is not None:
-        return flag
+def spawn_flag(spawn_args: str | None, name: str) -> str | None:
+    """The value of `name` among the --spawn flags (the first, where the server takes several)."""
     words = shlex.split(spawn_args or "")
     for i, word in enumerate(words):
-        if word == "--max-upload-mb" and i + 1 < len(words):
-            return float(words[i + 1])
-        if word.startswith("--max-upload-mb="):
-            return float(word.split("=", 1)[1])
-    return DEFAULT_MAX_UPLOAD_MB
+        if word == name and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
 
 
-def served_model(url: str) -> str:
+def served_model(url: str, headers: dict[str, str]) -> str:
     try:
-        return str(httpx.get(f"{url}/health", timeout=10).json().get("model", ""))
+        return str(httpx.get(f"{url}/health", headers=headers, timeout=10).json().get("model", ""))
     except (httpx.HTTPError, ValueError, AttributeError):
         return ""
 
@@ -655,6 +665,8 @@ def main() -> int:
                     help="kind=weight,... overriding the default weights (0 leaves a kind out)")
     ap.add_argument("--max-upload-mb", type=float, default=None,
                     help="the server's upload limit, for the oversize kind (default: from --spawn, else 25)")
+    ap.add_argument("--api-key", default=None,
+                    help="bearer token sent with every request (default: from --spawn, else $OPENAI_API_KEY)")
     ap.add_argument("--server-pid", type=int, default=None, help="pid whose RSS to sample (default: found)")
     ap.add_argument("--rss-interval-s", type=float, default=2.0, help="seconds between RSS samples")
     args = ap.parse_args()
@@ -666,12 +678,15 @@ def main() -> int:
     if args.spawn is None and urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
         ap.error("--url must be a loopback address")  # a soak is a load test: never aimed at someone else's host
 
-    clips, long_clip = load_clips(args.data_dir.resolve())
-    max_upload_bytes = int(upload_limit_mb(args.max_upload_mb, args.spawn) * MIB)
+    upload_mb = args.max_upload_mb or float(spawn_flag(args.spawn, "--max-upload-mb") or DEFAULT_MAX_UPLOAD_MB)
+    max_upload_bytes = int(upload_mb * MIB)
+    clips, long_clip, left_out = load_clips(args.data_dir.resolve(), max_upload_bytes)
+    api_key = args.api_key or spawn_flag(args.spawn, "--api-key") or os.environ.get("OPENAI_API_KEY") or "unused"
+    headers = {"Authorization": f"Bearer {api_key}"}  # what the SDK sends; ignored by a server without keys
     spawned = SpawnedServer(args.spawn) if args.spawn is not None else None
     url = spawned.url if spawned else args.url.rstrip("/")
     try:
-        model = served_model(url)
+        model = served_model(url, headers)
         english_only = model.rstrip("/").endswith(".en")
         planner = Planner(clips, long_clip, max_upload_bytes, english_only)
         warmup = planner.upload("json", min(clips, key=lambda c: c.seconds), response_format="json")
@@ -679,20 +694,21 @@ def main() -> int:
 
         pid = args.server_pid or (spawned.proc.pid if spawned else listening_pid(urlsplit(url).port or 80))
         print(f"soak: {url} (model {model or '?'}{', English-only' if english_only else ''}, pid {pid or '?'}), "
-              f"{len(requests)} requests at concurrency {args.concurrency}, seed {args.seed}, {len(clips)} clips, "
+              f"{len(requests)} requests at concurrency {args.concurrency}, seed {args.seed}, {len(clips)} clips "
+              f"({left_out} over the upload limit left out), "
               f"hang-up clip {long_clip.name}, upload limit {max_upload_bytes / MIB:g} MiB", flush=True)
         samples, stop = Samples(), threading.Event()
         progress, warm_mark, t0 = [0], [None], time.monotonic()
-        threads = watch(url, pid, args.rss_interval_s, args.max_duration_s + args.timeout_s + 120, t0, progress,
-                        samples, stop)
+        watch_s = args.max_duration_s + args.timeout_s + 120  # the longest the run can last
+        threads = watch(url, headers, pid, args.rss_interval_s, watch_s, t0, progress, samples, stop)
         try:
-            outcomes, wall_s = asyncio.run(run_plan(url, planner, warmup, requests, args.concurrency, args.timeout_s,
-                                                    args.max_duration_s, progress, warm_mark, t0))
+            outcomes, wall_s = asyncio.run(run_plan(url, headers, planner, warmup, requests, args.concurrency,
+                                                    args.timeout_s, args.max_duration_s, progress, warm_mark, t0))
         finally:
             stop.set()
             for thread in threads:
                 thread.join(timeout=15)
-        idle = drain(url)
+        idle = drain(url, headers)
         if pid is not None:
             sample_rss(pid, t0, progress, samples)  # the end point of the growth figure
         errors = server_errors(spawned) if spawned and any(o.lost and o.label[0] == "5" for o in outcomes) else []
