@@ -1,4 +1,9 @@
-"""Audio constants and decoding of any FFmpeg-readable input to 16 kHz mono float32."""
+"""Audio constants and decoding of uploaded audio to 16 kHz mono float32.
+
+Uploads are hostile: FFmpeg reads nothing but the uploaded bytes (no demuxer that follows
+references to other files, URLs or devices, no protocol at all), and decoding stops once the
+audio passes the caller's duration limit, so memory is bounded by the limit, not the upload.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +38,34 @@ RESAMPLE_CHUNK = 500_000
 # A corrupt header can claim any rate; outside this range resampling takes minutes or
 # turns a small file into gigabytes of samples.
 MIN_SOURCE_RATE, MAX_SOURCE_RATE = 1_000, 768_000
+# 7.1 is the largest layout speech comes in. Every channel is decoded before the downmix, so a
+# stream of 255 silent channels (Vorbis and Opus allow that many) would cost 255 times the
+# decoding work and buffer memory of mono for the same duration limit.
+MAX_CHANNELS = 8
+# libsndfile reads a native WAV/FLAC in blocks this long (65 s: one call for a typical upload),
+# so each block can be freed as soon as it is converted to float32.
+NATIVE_READ_FRAMES = 1 << 20
 
 SUPPORTED_FORMATS = "wav, flac, mp3, ogg, opus, m4a, mp4, aac, aiff or webm"
+
+# The demuxers an upload may be read with: OpenAI's formats (flac, mp3/mpga, mp4/m4a, mpeg,
+# ogg, wav, webm) plus aac and aiff, each reading only its own bytes. FFmpeg still probes the
+# bytes with every demuxer it has, so an SDP file (binds UDP ports and waits for RTP), an HLS
+# playlist or an ffconcat list (fetch URLs, read local files) is recognised as such, and the
+# open then fails ("format not on whitelist") before that demuxer reads anything.
+# Each comma-separated alias of a demuxer's name matches: "mov" is "mov,mp4,m4a,3gp,3g2,mj2",
+# "matroska" is "matroska,webm"; "mpeg" is the MPEG program stream.
+ALLOWED_DEMUXERS = ("wav", "flac", "mp3", "ogg", "mov", "matroska", "aac", "aiff", "mpeg")
+_CONTAINER_OPTIONS = {
+    "format_whitelist": ",".join(ALLOWED_DEMUXERS),
+    # PyAV reads the file object itself, so FFmpeg needs no protocol; an empty whitelist makes
+    # any nested open an allowed demuxer might attempt (mov data references, say) fail.
+    "protocol_whitelist": "",
+}
+# Demuxers whose duration is not in a header: FFmpeg estimates it from the first frames'
+# bitrate (MP3 without a Xing/VBRI header, ADTS AAC) or from timestamps (MPEG-PS), and a
+# legitimate VBR file can claim several times its length. Only decoded samples count for these.
+_ESTIMATED_DURATION_DEMUXERS = {"mp3", "aac", "mpeg"}
 
 AudioSource = bytes | bytearray | memoryview | str | os.PathLike | BinaryIO
 
@@ -49,29 +80,145 @@ class AudioDecodeError(ValueError):
     """The input is not audio we can decode; the message is meant for the end user."""
 
 
+class AudioTooLongError(AudioDecodeError):
+    """The audio lasts longer than the caller's limit: claimed by its header, or found while decoding."""
+
+    def __init__(self, limit_s: float, claimed_s: float | None = None) -> None:
+        self.limit_s = limit_s
+        self.claimed_s = claimed_s
+        claim = "" if claimed_s is None else f" (the file says it lasts {round(claimed_s, 1):g} seconds)"
+        super().__init__(f"The audio is longer than the limit of {limit_s:g} seconds{claim}.")
+
+
 def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np.ndarray:
-    """Decode a file, its bytes or a binary file object to mono float32 at SAMPLE_RATE."""
+    """Decode a file, its bytes or a binary file object to mono float32 at SAMPLE_RATE.
+
+    Audio longer than max_duration_s raises AudioTooLongError: before decoding when the header
+    says so, else as soon as the decoded samples pass the limit.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        with _open_local_file(source) as file:
+            return _decode_file(file, max_duration_s)
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise AudioDecodeError("The audio file is empty (0 bytes).")
         source = io.BytesIO(source)
-    elif isinstance(source, os.PathLike):
-        source = os.fspath(source)
+    return _decode_file(source, max_duration_s)
 
-    pcm = _read_native_pcm16(source, max_duration_s)
-    if pcm is None:
+
+def duration_s(audio: np.ndarray) -> float:
+    """Length in seconds of audio sampled at SAMPLE_RATE (last axis is time)."""
+    return audio.shape[-1] / SAMPLE_RATE
+
+
+def _open_local_file(path: str | os.PathLike) -> BinaryIO:
+    # Opened here rather than by FFmpeg or libsndfile, which then only read this file object.
+    try:
+        return open(path, "rb")
+    except OSError as e:  # the message names no path: it may reach an end user
+        raise AudioDecodeError(f"Could not read the audio file ({e.strerror or 'unreadable'}).") from e
+
+
+def _decode_file(file: BinaryIO, max_duration_s: float | None) -> np.ndarray:
+    limit = _DurationLimit(max_duration_s)
+    chunks = _read_native_pcm16(file, limit)
+    if chunks is None:
         if av is None:
             raise RuntimeError("decoding this audio needs PyAV: pip install av")
-        pcm = _decode_with_pyav(source, max_duration_s)
-    if pcm.size == 0:
+        chunks = _decode_with_pyav(file, limit)
+    return _pcm16_to_float32(chunks)
+
+
+def _pcm16_to_float32(chunks: list[np.ndarray]) -> np.ndarray:
+    """Concatenates int16 chunks as float32 / 32768 (faster-whisper's samples), freeing each chunk once copied.
+
+    The peak is the int16 chunks plus the float32 result, with no int16 concatenation or float32
+    temporaries; where the allocator returns freed chunks to the system (libsndfile's 2 MB blocks
+    are mapped on their own), the result's pages fill as the chunks go, about the result alone.
+    """
+    total = sum(chunk.size for chunk in chunks)
+    if total == 0:
         raise AudioDecodeError("The audio file contains no audio samples (it may be truncated).")
-    # int16 -> float32 / 32768 as faster-whisper does, so both decode to identical samples
-    return pcm.astype(np.float32) / 32768.0
+    audio = np.empty(total, dtype=np.float32)
+    start = 0
+    chunks.reverse()  # pop() from the end releases the chunks in order
+    while chunks:
+        chunk = chunks.pop()
+        np.divide(chunk, np.float32(32768.0), out=audio[start : start + chunk.size], dtype=np.float32)
+        start += chunk.size
+    return audio
 
 
-def _decode_with_pyav(source: str | BinaryIO, max_duration_s: float | None) -> np.ndarray:
+class _DurationLimit:
+    """Counts decoded samples against max_duration_s (None: no limit) and raises AudioTooLongError past it."""
+
+    def __init__(self, max_duration_s: float | None) -> None:
+        self.max_s = max_duration_s
+        self._finished_s = 0.0  # seconds decoded at earlier sample rates
+        self._rate = 0
+        self._samples = 0  # samples decoded at the current rate: an exact count, no float drift
+
+    def check_claim(self, claimed_s: float | None) -> None:
+        if self.max_s is not None and claimed_s is not None and claimed_s > self.max_s:
+            raise AudioTooLongError(self.max_s, claimed_s)
+
+    def add(self, num_samples: int, rate: int) -> None:
+        if rate != self._rate:
+            self._finished_s += self._samples / self._rate if self._rate else 0.0
+            self._rate, self._samples = rate, 0
+        self._samples += num_samples
+        if self.max_s is not None and self._finished_s + self._samples / rate > self.max_s:
+            raise AudioTooLongError(self.max_s)
+
+
+def _read_native_pcm16(file: BinaryIO, limit: _DurationLimit) -> list[np.ndarray] | None:
+    """16-bit mono 16 kHz WAV/FLAC, the form most clients send, read by libsndfile in int16 blocks; else None.
+
+    PyAV hands a WAV to Python in packets of 1,024 samples, so a 30 s upload costs ~470 round trips through
+    the interpreter (13 ms, holding the GIL the server's event loop needs); libsndfile reads it in one call
+    (and cffi releases the GIL). The samples are the ones PyAV would give: no format conversion happens here;
+    anything that would need one (another rate, channel count or sample format) goes to PyAV's resampler.
+    """
+    if soundfile is None:
+        return None
+    start = file.tell()
     try:
-        return _decode_pcm16(source, max_duration_s)
+        with soundfile.SoundFile(file) as f:
+            # SF_COUNT_MAX: a FLAC whose STREAMINFO leaves the length unknown (0), as streaming
+            # encoders write; libsndfile fails at the end of such a stream, PyAV does not.
+            if (f.samplerate, f.channels, f.subtype, f.format) in _NATIVE_FORMATS and f.frames != _SF_UNKNOWN_FRAMES:
+                limit.check_claim(f.frames / SAMPLE_RATE)
+                return _read_int16_blocks(f)
+    except AudioDecodeError:
+        raise
+    except (RuntimeError, ValueError, TypeError, OSError):  # not a file libsndfile reads as is: PyAV decides
+        pass
+    file.seek(start)  # PyAV reads the same file object from where it started
+    return None
+
+
+_NATIVE_FORMATS = {(SAMPLE_RATE, 1, "PCM_16", "WAV"), (SAMPLE_RATE, 1, "PCM_16", "FLAC")}
+_SF_UNKNOWN_FRAMES = 2**63 - 1
+
+
+def _read_int16_blocks(f: soundfile.SoundFile) -> list[np.ndarray]:
+    # libsndfile returns at most f.frames (the header's count), which the caller checked
+    # against the limit; a header claiming less than the file holds truncates, never grows.
+    chunks = []
+    while True:
+        block = f.read(NATIVE_READ_FRAMES, dtype="int16")
+        if block.size:
+            chunks.append(block)
+        if block.size < NATIVE_READ_FRAMES:
+            return chunks
+
+
+def _decode_with_pyav(file: BinaryIO, limit: _DurationLimit) -> list[np.ndarray]:
+    try:
+        with _open_container(file) as container:
+            stream = _first_audio_stream(container)
+            limit.check_claim(_claimed_duration_s(container, stream))
+            return _decode_pcm16(container, stream, limit)
     except AudioDecodeError:
         raise
     except _DECODE_ERRORS as e:
@@ -82,67 +229,53 @@ def _decode_with_pyav(source: str | BinaryIO, max_duration_s: float | None) -> n
         ) from e
 
 
-def duration_s(audio: np.ndarray) -> float:
-    """Length in seconds of audio sampled at SAMPLE_RATE (last axis is time)."""
-    return audio.shape[-1] / SAMPLE_RATE
-
-
-def _read_native_pcm16(source: str | BinaryIO, max_duration_s: float | None) -> np.ndarray | None:
-    """16-bit mono 16 kHz WAV/FLAC, the form most clients send, read in one libsndfile call; else None.
-
-    PyAV hands a WAV to Python in packets of 1,024 samples, so a 30 s upload costs ~470 round trips through
-    the interpreter (13 ms, holding the GIL the server's event loop needs); libsndfile reads it in one call
-    (and cffi releases the GIL). The samples are the ones PyAV would give: no format conversion happens here;
-    anything that would need one (another rate, channel count or sample format) goes to PyAV's resampler.
-    """
-    if soundfile is None:
-        return None
-    start = source.tell() if not isinstance(source, str) else 0
+def _open_container(file: BinaryIO) -> av.container.InputContainer:
     try:
-        with soundfile.SoundFile(source) as f:
-            if (f.samplerate, f.channels, f.subtype, f.format) in _NATIVE_FORMATS:
-                if max_duration_s is not None and f.frames > max_duration_s * SAMPLE_RATE:
-                    raise AudioDecodeError(f"The audio is longer than the limit of {max_duration_s:g} seconds.")
-                return f.read(dtype="int16")
-    except AudioDecodeError:
-        raise
-    except (RuntimeError, ValueError, TypeError, OSError):  # not a file libsndfile reads as is: PyAV decides
-        pass
-    if not isinstance(source, str):
-        source.seek(start)  # PyAV reads the same file object from where it started
+        return av.open(file, mode="r", metadata_errors="ignore", container_options=_CONTAINER_OPTIONS)
+    except av.ArgumentError as e:  # EINVAL from the open: chiefly a format off the whitelist
+        raise AudioDecodeError(
+            f"The file is not in a supported audio format. Send an audio file such as {SUPPORTED_FORMATS}."
+        ) from e
+
+
+def _first_audio_stream(container: av.container.InputContainer) -> av.audio.stream.AudioStream:
+    if not container.streams.audio:
+        raise AudioDecodeError(f"The file contains no audio stream. Send an audio file such as {SUPPORTED_FORMATS}.")
+    return container.streams.audio[0]
+
+
+def _claimed_duration_s(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:
+    """The audio's duration as its header states it, or None when there is no statement to trust."""
+    if container.format.name in _ESTIMATED_DURATION_DEMUXERS:
+        return None
+    if stream.duration is not None and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:  # e.g. matroska states only the segment's duration
+        return container.duration / av.time_base
     return None
 
 
-_NATIVE_FORMATS = {(SAMPLE_RATE, 1, "PCM_16", "WAV"), (SAMPLE_RATE, 1, "PCM_16", "FLAC")}
-
-
-def _decode_pcm16(source: str | BinaryIO, max_duration_s: float | None) -> np.ndarray:
-    """Decode the first audio stream to int16 mono samples at SAMPLE_RATE."""
-    max_samples = None if max_duration_s is None else int(max_duration_s * SAMPLE_RATE)
-    sink = _Pcm16Sink(max_samples)
-    with av.open(source, mode="r", metadata_errors="ignore") as container:
-        if not container.streams.audio:
-            raise AudioDecodeError(
-                f"The file contains no audio stream. Send an audio file such as {SUPPORTED_FORMATS}."
-            )
-        stream = container.streams.audio[0]
-        for packet in container.demux(stream):
-            try:
-                frames = packet.decode()
-            except av.InvalidDataError:
-                continue  # skip a corrupt packet and keep the rest, as the ffmpeg CLI does
-            for frame in frames:
-                sink.write(frame)
-        sink.flush()
-    return np.concatenate(sink.chunks) if sink.chunks else np.zeros(0, dtype=np.int16)
+def _decode_pcm16(
+    container: av.container.InputContainer, stream: av.audio.stream.AudioStream, limit: _DurationLimit
+) -> list[np.ndarray]:
+    """Decode the stream to int16 mono chunks at SAMPLE_RATE."""
+    sink = _Pcm16Sink(limit)
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.InvalidDataError:
+            continue  # skip a corrupt packet and keep the rest, as the ffmpeg CLI does
+        for frame in frames:
+            sink.write(frame)
+    sink.flush()
+    return sink.chunks
 
 
 class _Pcm16Sink:
     """Buffers decoded frames and resamples them to int16 mono at SAMPLE_RATE."""
 
-    def __init__(self, max_samples: int | None) -> None:
-        self.max_samples = max_samples
-        self.num_samples = 0
+    def __init__(self, limit: _DurationLimit) -> None:
+        self.limit = limit
         self.chunks: list[np.ndarray] = []
         self.params: tuple[str, str, int] | None = None
         self.fifo = av.AudioFifo()
@@ -151,11 +284,7 @@ class _Pcm16Sink:
     def write(self, frame: av.AudioFrame) -> None:
         params = (frame.format.name, frame.layout.name, frame.sample_rate)
         if params != self.params:
-            if not MIN_SOURCE_RATE <= frame.sample_rate <= MAX_SOURCE_RATE:
-                raise AudioDecodeError(
-                    f"The audio has an unsupported sample rate ({frame.sample_rate} Hz); "
-                    "the file header is probably corrupt."
-                )
+            _check_frame_shape(frame)
             # AudioFifo does not check the channel layout, so a mid-stream change would
             # misread memory; start a new fifo and resampler for the new parameters.
             if self.params is not None:
@@ -163,6 +292,7 @@ class _Pcm16Sink:
                 self.fifo = av.AudioFifo()
                 self.resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
             self.params = params
+        self.limit.add(frame.samples, frame.sample_rate)
         frame.pts = None  # the fifo rejects timestamp gaps; only the samples matter here
         self.fifo.write(frame)
         if self.fifo.samples >= RESAMPLE_CHUNK:
@@ -176,8 +306,14 @@ class _Pcm16Sink:
     def _resample(self, frame: av.AudioFrame | None) -> None:
         for out in self.resampler.resample(frame):
             self.chunks.append(out.to_ndarray().reshape(-1))
-            self.num_samples += out.samples
-        if self.max_samples is not None and self.num_samples > self.max_samples:
-            raise AudioDecodeError(
-                f"The audio is longer than the limit of {self.max_samples / SAMPLE_RATE:g} seconds."
-            )
+
+
+def _check_frame_shape(frame: av.AudioFrame) -> None:
+    if not MIN_SOURCE_RATE <= frame.sample_rate <= MAX_SOURCE_RATE:
+        raise AudioDecodeError(
+            f"The audio has an unsupported sample rate ({frame.sample_rate} Hz); the file header is probably corrupt."
+        )
+    if not 1 <= frame.layout.nb_channels <= MAX_CHANNELS:
+        raise AudioDecodeError(
+            f"The audio has {frame.layout.nb_channels} channels; at most {MAX_CHANNELS} are supported."
+        )
