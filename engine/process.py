@@ -61,9 +61,10 @@ class EngineProcess(EngineFront):
         child_in, self._requests = ctx.Pipe(duplex=False)
         root = logging.getLogger()
         handler = root.handlers[0] if root.handlers else None
-        # the child logs (same format and filters) and switches threads as this process does
-        setup = (root.level, handler.formatter if handler else None, handler.filters if handler else [])
-        setup += (sys.getswitchinterval(),)
+        # the child logs (same format and filters, where they can cross to it) and switches threads as this process
+        formatter = _picklable(handler.formatter) if handler else None
+        filters = [f for f in (handler.filters if handler else []) if _picklable(f) is not None]
+        setup = (root.level, formatter, filters, sys.getswitchinterval())
         self._process = ctx.Process(
             target=_child_main, args=(config, setup, child_in, child_out), name="whisper-engine", daemon=True
         )
@@ -210,6 +211,15 @@ class EngineProcess(EngineFront):
             self._unstarted.discard(request_id)
         if handle is not None:
             handle.emit(item)
+
+
+def _picklable(obj):
+    """`obj` if it can be sent to the child (a formatter writing to a terminal cannot), else None."""
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - whatever pickling raises, the child does without it
+        return None
+    return obj
 
 
 # ---- the child ------------------------------------------------------------------------------------

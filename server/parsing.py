@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive
 
-from engine.audio import AudioDecodeError, decode_audio
+from engine.audio import AudioDecodeError, AudioTooLongError, decode_audio
 from engine.request import DEFAULT_TEMPERATURES, ChunkingOptions, DecodeOptions, Task
 from engine.tokenizer import LANGUAGES
 
@@ -391,5 +391,7 @@ async def decode_upload(data: bytes, max_audio_seconds: float, param: str = "fil
     """Bytes → 16 kHz mono float32, off the event loop; undecodable or too long input is a 400."""
     try:
         return await asyncio.to_thread(decode_audio, data, max_audio_seconds)
+    except AudioTooLongError as exc:
+        raise APIError(400, str(exc), param=param, code="audio_too_long") from exc
     except AudioDecodeError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from exc

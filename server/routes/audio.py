@@ -12,7 +12,7 @@ from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import render
 from ..parsing import decode_options, decode_upload, parse_transcription
 from ..protocol import TranscriptionForm, TranslationForm
-from ..streaming import sse_response, submit, transcribe, transcript_events
+from ..streaming import sse_response, submit, transcript_events, wait_result
 
 router = APIRouter(tags=["audio"])
 
@@ -35,12 +35,13 @@ async def _serve(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings
     )
 
+    drain = request.app.state.drain
+    handle = submit(engine, audio, options, drain)
+    del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
-        drain = request.app.state.drain
-        handle = submit(engine, audio, options, drain)
         events = transcript_events(handle, partial(metrics.observe_result, task), drain)
         return sse_response(handle, events)
-    result = await transcribe(engine, audio, options, request, request.app.state.drain)
+    result = await wait_result(handle, request, drain)
     metrics.observe_result(task, result)
     body = render(result, params.response_format, task, params.granularities)
     return Response(body.content, media_type=body.media_type)

@@ -25,7 +25,7 @@ from ..protocol import (
     Choice,
     CompletionUsage,
 )
-from ..streaming import transcribe
+from ..streaming import submit, wait_result
 
 router = APIRouter(tags=["chat"])
 
@@ -124,7 +124,10 @@ async def create_chat_completion(
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None
     audio = await decode_upload(await decode_base64(turn), settings.max_audio_seconds, param="messages")
     options = decode_options(task, language, None, 0.0, settings=settings)
-    result = await transcribe(engine, audio, options, request, request.app.state.drain)
+    drain = request.app.state.drain
+    handle = submit(engine, audio, options, drain)
+    del audio  # the engine has the samples: hours of audio are not held twice while it decodes
+    result = await wait_result(handle, request, drain)
     metrics.observe_result(task, result)
     content = request.app.state.chat_template.render(result, task, turn.instruction)
     return ChatCompletion(

@@ -1,0 +1,100 @@
+"""Hours of audio in a few kilobytes, on a real server with the default limit (3 hours): over it is refused at
+once; under it is transcribed in bounded memory while a short request sent meanwhile is served as usual."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import av
+import numpy as np
+import openai
+import pytest
+from e2e_utils import JFK, JFK_WORDS, contains_words
+
+SAMPLE_RATE = 16000
+# What the server may grow by to transcribe two hours: its samples (float32, 460 MB) and log-mel (230 MB) are
+# needed; the whole-file STFT of 2 h (1.2 GB complex, 3.5 GB in all) is not.
+MAX_GROWTH_MB = 1300
+
+
+def silent_flac(seconds: float) -> bytes:
+    """Digital silence in 65,535-sample FLAC frames: 58 KB for four hours."""
+    block = 65535
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="flac") as container:
+        stream = container.add_stream("flac", rate=SAMPLE_RATE, options={"frame_size": str(block)})
+        stream.layout, stream.format = "mono", "s16"
+        zeros = np.zeros((1, block), dtype=np.int16)
+        total = int(seconds * SAMPLE_RATE)
+        for start in range(0, total, block):
+            frame = av.AudioFrame.from_ndarray(zeros[:, : min(block, total - start)], format="s16", layout="mono")
+            frame.rate, frame.pts = SAMPLE_RATE, start
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buffer.getvalue()
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def test_four_hours_are_refused_within_seconds(server):
+    data = silent_flac(4 * 3600)
+    assert len(data) < 64 * 1024
+    before = rss_mb(server.proc.pid)
+    start = time.perf_counter()
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().audio.transcriptions.create(file=("four-hours.flac", data), model="whisper-1")
+    assert time.perf_counter() - start < 5
+    assert caught.value.code == "audio_too_long" and "10800" in caught.value.message
+    assert rss_mb(server.proc.pid) - before < 50
+
+
+def test_two_hours_of_silence_in_bounded_memory_beside_a_short_request(server, data_dir):
+    data = silent_flac(2 * 3600)
+    client = server.client()
+    jfk = (data_dir / JFK).read_bytes()
+    start = time.perf_counter()
+    assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="whisper-1").text, JFK_WORDS)
+    alone_s = time.perf_counter() - start
+    pid = server.proc.pid
+    baseline = rss_mb(pid)
+    peak = [baseline]
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak.append(rss_mb(pid))
+            time.sleep(0.05)
+
+    def long_request() -> None:
+        began = time.perf_counter()
+        outcome["result"] = client.audio.transcriptions.create(
+            file=("two-hours.flac", data), model="whisper-1", response_format="verbose_json"
+        )
+        outcome["seconds"] = time.perf_counter() - began
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    try:
+        time.sleep(1.0)  # the long request is decoded, its features under way
+        start = time.perf_counter()
+        beside = client.audio.transcriptions.create(file=(JFK, jfk), model="whisper-1").text
+        beside_s = time.perf_counter() - start
+        worker.join(timeout=900)
+    finally:
+        done.set()
+        watcher.join()
+    assert not worker.is_alive()
+    result = outcome["result"]
+    assert result.duration == pytest.approx(7200, abs=1)
+    assert contains_words(beside, JFK_WORDS)
+    assert beside_s < 3 * alone_s + 5, (beside_s, alone_s)
+    assert max(peak) - baseline < MAX_GROWTH_MB, (max(peak), baseline)
