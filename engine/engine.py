@@ -9,6 +9,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from .audio import CHUNK_LENGTH
 from .chunked import ChunkedTranscription
 from .config import EngineConfig
 from .feature_worker import FeatureWorker, features_ready
+from .features import LogMelBuilder
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .request import (
@@ -61,6 +63,16 @@ def check_audio(audio: np.ndarray) -> np.ndarray:
     if not np.isfinite(audio).all():
         raise InvalidRequestError("audio contains NaN or infinite samples", "file")
     return audio
+
+
+@dataclasses.dataclass(slots=True)
+class PendingFeatures:
+    """A request whose log-mel the loop computes piece by piece between steps (no feature worker)."""
+
+    handle: RequestHandle
+    audio: np.ndarray
+    options: DecodeOptions
+    builder: LogMelBuilder
 
 
 class EngineFront:
@@ -194,6 +206,7 @@ class Engine(EngineFront):
         self.overlap_steps = self.runner.on_gpu if overlap is None else overlap
         self._in_flight: tuple[list[tuple[Sequence, int, int]], StepOutput] | None = None
         self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
+        self._features_pending: deque[PendingFeatures] = deque()  # log-mels being computed here, in turn
         self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
         self.num_steps = 0
         self.num_tokens = 0
@@ -315,22 +328,42 @@ class Engine(EngineFront):
         try:
             while not self._stopped.is_set():
                 self._drain_inbox(block=not self._has_work())
-                if self._has_work():
-                    start = time.perf_counter()
+                start = time.perf_counter()
+                if self._features_pending:
+                    self._advance_features()
+                if self.scheduler.has_work() or self._in_flight is not None:
                     try:
                         self.step()
                     except Exception as exc:  # fail the requests in this step, keep serving the others
                         self._fail_running(exc)
-                    self.busy_seconds += time.perf_counter() - start
+                self.busy_seconds += time.perf_counter() - start
         except BaseException as exc:  # a real fault: fail every request, keep the reason for /health
             log.exception("engine loop died")
             self._error = exc
-            for _, handle in self._transcriptions.values():
+            handles = [handle for _, handle in self._transcriptions.values()]
+            handles += [pending.handle for pending in self._features_pending]
+            for handle in handles:
                 handle.emit(EngineDeadError(f"engine failed: {exc!r}"))
             self._transcriptions.clear()
+            self._features_pending.clear()
 
     def _has_work(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None
+        return self.scheduler.has_work() or self._in_flight is not None or bool(self._features_pending)
+
+    def _advance_features(self) -> None:
+        """One piece of the log-mel of the request first in line, which then goes to the back of the line: a
+        request arriving beside hours of audio waits for one piece (30 s of audio) per request ahead of it, not
+        for a whole-file STFT, and no more than one piece's intermediates are held."""
+        pending = self._features_pending.popleft()
+        try:
+            done = pending.builder.step()
+        except Exception as exc:  # e.g. out of memory: that request fails, the loop goes on
+            self._failed_before_decoding(pending.handle, exc)
+            return
+        if done:
+            self._start(pending.handle, pending.audio, pending.options, pending.builder.result())
+        else:
+            self._features_pending.append(pending)
 
     def _fail_running(self, exc: Exception) -> None:
         log.exception("engine step failed; failing the requests it was decoding")
@@ -360,10 +393,25 @@ class Engine(EngineFront):
                 self._abort(msg[1])
 
     def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, prepared=None) -> None:
+        """A new request: its log-mel came from the feature worker (GPU), or is computed here piece by piece."""
+        if prepared is None:
+            builder = self.runner.log_mel_builder(torch.from_numpy(audio))
+            self._features_pending.append(PendingFeatures(handle, audio, options, builder))
+        elif isinstance(prepared, Exception):
+            self._failed_before_decoding(handle, prepared)
+        else:
+            self._start(handle, audio, options, features_ready(prepared))
+
+    def _failed_before_decoding(self, handle: RequestHandle, exc: Exception) -> None:
+        self._mark_started(handle.request_id)
+        if not isinstance(exc, EngineError):
+            log.error("request %s failed before decoding: %r", handle.request_id, exc)
+            exc = EngineInternalError("preparing the audio failed")
+        handle.emit(exc)
+
+    def _start(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, mel: torch.Tensor) -> None:
+        """The request's transcription, its first windows queued for slots."""
         try:
-            if isinstance(prepared, Exception):
-                raise prepared
-            mel = features_ready(prepared) if prepared is not None else self.runner.mel(torch.from_numpy(audio))
             args = (handle.request_id, mel, len(audio) / 16000, options, self.tokenizer, self.runner.n_text_ctx)
             if options.chunking is None:
                 t = Transcription(*args, handle.emit)
@@ -371,11 +419,7 @@ class Engine(EngineFront):
                 spans = self.vad.speech_spans(audio, options.chunking, max_span_s=CHUNK_LENGTH)
                 t = ChunkedTranscription(*args, handle.emit, spans)
         except Exception as exc:
-            self._mark_started(handle.request_id)
-            if not isinstance(exc, EngineError):
-                log.exception("request %s failed before decoding", handle.request_id)
-                exc = EngineInternalError("preparing the audio failed")
-            handle.emit(exc)
+            self._failed_before_decoding(handle, exc)
             return
         t.submitted_at = handle.submitted_at
         jobs = t.start_jobs()
@@ -388,6 +432,12 @@ class Engine(EngineFront):
             self.scheduler.add(job, continuing=False)
 
     def _abort(self, request_id: str) -> None:
+        for pending in self._features_pending:
+            if pending.handle.request_id == request_id:
+                self._features_pending.remove(pending)
+                self._mark_started(request_id)
+                pending.handle.emit(RequestAbortedError(f"request {request_id} was aborted"))
+                return
         entry = self._transcriptions.pop(request_id, None)
         if entry is None:
             return

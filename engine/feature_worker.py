@@ -48,7 +48,8 @@ class FeatureWorker:
         try:
             staged = torch.from_numpy(audio).pin_memory()
             with torch.cuda.stream(self.stream):
-                mel = self.log_mel(staged.to(self.device, non_blocking=True))
+                # in pieces: hours of audio must not take a whole-file STFT's memory (2 h: 1.2 GB complex)
+                mel = self.log_mel.chunked(staged.to(self.device, non_blocking=True))
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
             return mel, ready

@@ -16,7 +16,7 @@ from .cpu_memory import keep_freed_memory
 from .cuda_graphs import KV_BUCKET, GraphRunner
 from .dims import DUMMY_DIMS
 from . import cpu_kernels, fp8, int8_attention
-from .features import LogMelSpectrogram
+from .features import LogMelBuilder, LogMelSpectrogram
 from .kv_cache import CacheShape, KVCache, plan_num_slots
 from .logits import LogitsProcessor, StepRules, sample
 from .model import Whisper
@@ -192,6 +192,11 @@ class ModelRunner:
     def mel(self, audio: Tensor) -> Tensor:
         """Whole-audio log-mel (n_mels, frames); windows are cut from it so the clamp spans the audio."""
         return self.log_mel(audio.to(self.device))
+
+    def log_mel_builder(self, audio: Tensor) -> LogMelBuilder:
+        """The same log-mel as `mel`, computed a window's worth of frames per step (the engine loop interleaves
+        the steps with decoding)."""
+        return LogMelBuilder(self.log_mel, audio, piece_frames=N_FRAMES)
 
     @torch.inference_mode()
     def encode_into_slots(self, mels: list[Tensor], slot_start: int) -> None:
