@@ -58,9 +58,7 @@ class LogMelSpectrogram:
         frames = (samples + padding) // HOP_LENGTH
         """
         audio = torch.as_tensor(audio).to(self.device, torch.float32)
-        # stft's reflect padding needs more than N_FFT // 2 samples; only clips shorter
-        # than 2.5 ms get these extra zeros
-        padding = max(padding, N_FFT // 2 + 1 - audio.shape[-1])
+        padding = _end_padding(audio.shape[-1], padding)
         if padding > 0:
             audio = F.pad(audio, (0, padding))
         stft = torch.stft(
@@ -75,6 +73,141 @@ class LogMelSpectrogram:
         peak = log_spec.amax(dim=(-2, -1), keepdim=True)
         log_spec = torch.maximum(log_spec, peak - 8.0)
         return (log_spec + 4.0) / 4.0
+
+    def chunked(
+        self, audio: torch.Tensor | np.ndarray, piece_frames: int = N_FRAMES, padding: int = HOP_LENGTH
+    ) -> torch.Tensor:
+        """The same log-mel as `self(audio)` for 1-D audio, computed `piece_frames` frames at a time,
+        so that besides the result only one piece's intermediates are held.
+
+        Returns mel : Tensor, shape = (n_mels, (samples + padding) // HOP_LENGTH)
+        """
+        builder = LogMelBuilder(self, audio, piece_frames, padding)
+        while not builder.step():
+            pass
+        return builder.result()
+
+
+def _end_padding(num_samples: int, padding: int) -> int:
+    """Zeros appended to the audio before the STFT's own reflect padding."""
+    # stft's reflect padding needs more than N_FFT // 2 samples; only clips shorter
+    # than 2.5 ms get these extra zeros
+    return max(padding, N_FFT // 2 + 1 - num_samples)
+
+
+# Matrix-product libraries pick kernels by shape. On the CPU (MKL), filters @ magnitudes rounds
+# differently when it is under 12 frames wide; from 12 frames on, each frame's column came out the
+# same at every width and offset tried, up to the 720,001 frames of 2 hours. So a narrower piece is
+# widened with its neighbours' frames to this many, and audio with fewer frames is one product.
+MIN_PRODUCT_FRAMES = 32
+
+
+class LogMelBuilder:
+    """`log_mel(audio)` of 1-D audio built a piece of frames at a time, for audio of any length.
+
+    The result is allocated once; each `step()` computes the next piece's frames into it, and
+    `result()` applies the 80 dB floor, whose peak spans the whole audio, and the scaling in place.
+    Each piece's STFT takes its frames' samples from the same padded signal as the whole-audio STFT
+    (reflect padding at both ends included), so every frame is computed from the same samples.
+    Besides the result, a step holds only one piece's intermediates (a few kB per frame).
+    Nothing here waits on the device: the peak stays a device tensor until `result()`.
+
+    The audio is moved to `log_mel.device` as float32 once, at construction, and released when done.
+    num_frames : frames of the result, (samples + padding) // HOP_LENGTH
+    num_pieces, pieces_done : progress, in steps of at most `piece_frames` frames
+    """
+
+    def __init__(
+        self,
+        log_mel: LogMelSpectrogram,
+        audio: torch.Tensor | np.ndarray,
+        piece_frames: int = N_FRAMES,
+        padding: int = HOP_LENGTH,
+    ):
+        audio = torch.as_tensor(audio).to(log_mel.device, torch.float32)
+        if audio.dim() != 1:
+            raise ValueError(f"audio must have shape (samples,), not {tuple(audio.shape)}")
+        if piece_frames < 1:
+            raise ValueError(f"piece_frames must be at least 1, not {piece_frames}")
+        self.log_mel = log_mel
+        self.piece_frames = piece_frames
+        self._audio = audio
+        # the whole-audio STFT's input: the audio, then zeros up to `_length` samples, then
+        # reflect padding of N_FFT // 2 samples at both ends
+        self._length = audio.shape[0] + _end_padding(audio.shape[0], padding)
+        self._num_audio = min(audio.shape[0], self._length)
+        self.num_frames = self._length // HOP_LENGTH
+        self.num_pieces = -(-self.num_frames // piece_frames)
+        self.pieces_done = 0
+        self._mel = torch.empty(log_mel.n_mels, self.num_frames, device=log_mel.device)
+        self._peak = torch.full((), -math.inf, device=log_mel.device)
+        self._result: torch.Tensor | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.pieces_done == self.num_pieces
+
+    def step(self) -> bool:
+        """Compute the next piece: at most `piece_frames` frames of the log-mel (before its floor).
+
+        Returns done : bool, True once every piece is computed (then further calls do nothing)
+        """
+        if self.done:
+            return True
+        start = self.pieces_done * self.piece_frames
+        stop = min(start + self.piece_frames, self.num_frames)
+        # frames [first, first + width) go through the filterbank product, a superset of [start, stop)
+        width = max(stop - start, min(self.num_frames, MIN_PRODUCT_FRAMES))
+        first = min(start, self.num_frames - width)
+
+        # frame t of the whole-audio STFT covers padded samples [t * HOP_LENGTH, t * HOP_LENGTH + N_FFT)
+        samples = self._padded_samples(first * HOP_LENGTH, (first + width - 1) * HOP_LENGTH + N_FFT)
+        stft = torch.stft(
+            samples, N_FFT, HOP_LENGTH, window=self.log_mel.window, center=False, return_complex=True
+        )
+        # the same operations as the whole-audio computation, on the same (frames-major) layout
+        magnitudes = stft.abs() ** 2
+        mel_spec = (self.log_mel.filters @ magnitudes).clamp_(min=1e-10)
+        piece = self._mel[:, start:stop]
+        torch.log10(mel_spec[:, start - first : stop - first], out=piece)
+        torch.maximum(self._peak, piece.amax(), out=self._peak)
+
+        self.pieces_done += 1
+        if self.done:
+            self._audio = None
+        return self.done
+
+    def result(self) -> torch.Tensor:
+        """The log-mel, equal to `log_mel(audio)`; every piece must have been computed.
+
+        Returns mel : Tensor, shape = (n_mels, num_frames), float32, on `log_mel.device`
+        """
+        if not self.done:
+            raise RuntimeError(f"{self.pieces_done} of {self.num_pieces} pieces computed")
+        if self._result is None:
+            mel = self._mel
+            torch.maximum(mel, self._peak - 8.0, out=mel)
+            mel.add_(4.0).div_(4.0)
+            self._result = mel
+        return self._result
+
+    def _padded_samples(self, start: int, stop: int) -> torch.Tensor:
+        """Samples [start, stop) of the whole-audio STFT's padded input.
+
+        Returns samples : Tensor, shape = (stop - start,)
+        """
+        half = N_FFT // 2
+        begin, end = start - half, stop - half  # positions in the audio
+        if begin >= 0 and end <= self._num_audio:
+            return self._audio[begin:end]
+        # near either end: map positions through the reflections, then to audio or appended zeros
+        positions = torch.arange(begin, end, device=self._audio.device).abs_()
+        last = self._length - 1
+        positions = torch.where(positions > last, 2 * last - positions, positions)
+        if self._num_audio == 0:
+            return torch.zeros(stop - start, device=self._audio.device)
+        values = self._audio.take(positions.clamp(max=self._num_audio - 1))
+        return torch.where(positions < self._num_audio, values, 0.0)
 
 
 def pad_or_trim(mel: torch.Tensor, length: int = N_FRAMES) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Log-mel features: parity with faster-whisper's FeatureExtractor, batching, padding, CUDA."""
+"""Log-mel features: parity with faster-whisper's FeatureExtractor, batching, padding, pieces, CUDA."""
 
 from pathlib import Path
 
@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from engine.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, decode_audio
-from engine.features import LogMelSpectrogram, batch_features, mel_filters, pad_or_trim
+from engine.features import (
+    MIN_PRODUCT_FRAMES,
+    LogMelBuilder,
+    LogMelSpectrogram,
+    batch_features,
+    mel_filters,
+    pad_or_trim,
+)
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 CLIPS = [
@@ -105,6 +112,143 @@ def test_very_short_audio(num_samples: int):
     assert torch.isfinite(mel).all()
 
 
+
+# ---- the log-mel in pieces: bitwise equal to the whole-audio one ----------------------------------
+
+LONG_CLIPS = [
+    "g2_en_apollo11_air-to-ground_8k.mp3",  # 89 s
+    "g2_en_earnings22_4482311_3-62s.wav",  # 60 s
+    "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac",  # 229 s
+]
+
+
+def assert_same(mel: torch.Tensor, expected: torch.Tensor) -> None:
+    assert mel.shape == expected.shape and mel.dtype == expected.dtype == torch.float32
+    assert torch.equal(mel, expected), f"max difference {(mel - expected).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+@pytest.mark.parametrize("name", [CLIPS[0], CLIPS[2], CLIPS[4], *LONG_CLIPS])
+def test_pieces_equal_whole_on_real_clips(name: str, n_mels: int, load_clip):
+    audio = torch.from_numpy(load_clip(name))
+    log_mel = LogMelSpectrogram(n_mels)
+    expected = log_mel(audio)
+    # tiny pieces over minutes of audio would take long and only repeat the short clips' cases
+    for piece_frames in (N_FRAMES, 7 if audio.shape[0] <= 40 * SAMPLE_RATE else 997):
+        assert_same(log_mel.chunked(audio, piece_frames), expected)
+
+
+LENGTHS = [
+    1, 40, 41,  # under 2.5 ms: zeros appended so that the reflect padding has samples to reflect
+    199, 200, 201, 399, 400,  # around one frame
+    HOP_LENGTH * 7, HOP_LENGTH * 64,  # multiples of HOP_LENGTH
+    HOP_LENGTH * (7 * 20 - 1),  # 140 frames: 20 whole pieces of 7
+    HOP_LENGTH * 12 - 1, HOP_LENGTH * 32 - 1,  # 11 and 31 frames: just under the widest product's minimum
+    3 * SAMPLE_RATE + 17,
+    (3 * N_FRAMES - 1) * HOP_LENGTH,  # 9000 frames: three whole pieces of N_FRAMES, and 7 * 1285 + 5
+    (3 * N_FRAMES - 1) * HOP_LENGTH + 1,
+    (N_FRAMES + 1) * HOP_LENGTH,  # one frame past a piece
+]
+
+
+@pytest.mark.parametrize("piece_frames", [1, 7, N_FRAMES])
+@pytest.mark.parametrize("num_samples", LENGTHS)
+def test_pieces_equal_whole_synthetic(num_samples: int, piece_frames: int):
+    if num_samples // HOP_LENGTH > 1000 * piece_frames:
+        pytest.skip("over a thousand tiny pieces would only repeat the shorter cases, slowly")
+    audio = synthetic_audio(num_samples, seed=num_samples)
+    log_mel = LogMelSpectrogram(80)
+    assert_same(log_mel.chunked(audio, piece_frames), log_mel(audio))
+
+
+@pytest.mark.parametrize("padding", [0, 1, HOP_LENGTH, N_FRAMES * HOP_LENGTH])
+@pytest.mark.parametrize("num_samples", [1, 250, 3 * SAMPLE_RATE + 17])
+def test_pieces_equal_whole_other_padding(num_samples: int, padding: int):
+    audio = synthetic_audio(num_samples, seed=1)
+    log_mel = LogMelSpectrogram(80)
+    for piece_frames in (7, 1000):
+        assert_same(log_mel.chunked(audio, piece_frames, padding), log_mel(audio, padding))
+
+
+@pytest.mark.parametrize("piece_frames", [1, 7, N_FRAMES])
+def test_pieces_of_silence(piece_frames: int):
+    # all frames sit at the 1e-10 clamp, which is also the peak: the floor must not lift them
+    audio = torch.zeros(70 * SAMPLE_RATE if piece_frames > 1 else 2 * SAMPLE_RATE)
+    log_mel = LogMelSpectrogram(80)
+    mel = log_mel.chunked(audio, piece_frames)
+    assert_same(mel, log_mel(audio))
+    assert (mel == (-10.0 + 4.0) / 4.0).all()
+
+
+def test_peak_is_tracked_across_pieces():
+    # silence, then a tone in the last piece only: every earlier piece must be floored to its peak - 8
+    audio = torch.zeros(70 * SAMPLE_RATE)
+    t = torch.arange(SAMPLE_RATE) / SAMPLE_RATE
+    audio[-SAMPLE_RATE:] = 0.5 * torch.sin(2 * torch.pi * 440 * t)
+    log_mel = LogMelSpectrogram(80)
+    builder = LogMelBuilder(log_mel, audio)
+    assert builder.num_pieces == 3
+    while not builder.step():
+        pass
+    mel = builder.result()
+    assert_same(mel, log_mel(audio))
+    assert (mel[:, :N_FRAMES] == mel.max() - 2.0).all()  # (peak - 8 + 4) / 4
+
+
+def test_builder_steps_and_progress():
+    audio = synthetic_audio(SAMPLE_RATE)  # 101 frames
+    log_mel = LogMelSpectrogram(80)
+    builder = LogMelBuilder(log_mel, audio.numpy(), piece_frames=40)
+    assert (builder.num_frames, builder.num_pieces, builder.pieces_done, builder.done) == (101, 3, 0, False)
+    with pytest.raises(RuntimeError):
+        builder.result()
+    assert builder.step() is False and builder.pieces_done == 1
+    assert builder.step() is False
+    assert builder.step() is True and builder.done
+    assert builder.step() is True and builder.pieces_done == 3  # nothing left to do
+    mel = builder.result()
+    assert_same(mel, log_mel(audio))
+    assert builder.result() is mel  # the floor and scaling are applied once
+    assert_same(mel, log_mel(audio))
+
+
+def test_builder_rejects_batches_and_empty_pieces():
+    log_mel = LogMelSpectrogram(80)
+    with pytest.raises(ValueError):
+        LogMelBuilder(log_mel, torch.zeros(2, SAMPLE_RATE))
+    with pytest.raises(ValueError):
+        LogMelBuilder(log_mel, torch.zeros(SAMPLE_RATE), piece_frames=0)
+
+
+@pytest.mark.parametrize("piece_frames", [1, 7, 500])
+def test_each_piece_is_bounded(piece_frames: int, monkeypatch):
+    """No STFT of more than one piece of frames (widened to MIN_PRODUCT_FRAMES at most), none centred
+    (which would pad the piece itself), and one STFT per step."""
+    audio = synthetic_audio(30 * SAMPLE_RATE + 5)
+    log_mel = LogMelSpectrogram(80)
+    expected = log_mel(audio)
+    frames_per_call = []
+    stft = torch.stft
+
+    def recording_stft(signal, n_fft, hop_length, *args, center=True, **kwargs):
+        assert signal.dim() == 1 and not center
+        frames_per_call.append(1 + (signal.shape[-1] - n_fft) // hop_length)
+        return stft(signal, n_fft, hop_length, *args, center=center, **kwargs)
+
+    monkeypatch.setattr(torch, "stft", recording_stft)
+    builder = LogMelBuilder(log_mel, audio, piece_frames)
+    assert frames_per_call == []  # nothing is computed before the first step
+    builder.step()
+    assert len(frames_per_call) == 1
+    while not builder.step():
+        pass
+    mel = builder.result()
+    monkeypatch.undo()
+    assert_same(mel, expected)
+    assert len(frames_per_call) == builder.num_pieces == -(-expected.shape[-1] // piece_frames)
+    assert max(frames_per_call) == max(piece_frames, MIN_PRODUCT_FRAMES)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("n_mels", [80, 128])
@@ -121,3 +265,17 @@ def test_cuda_matches_cpu(n_mels: int):
         torch.testing.assert_close(mel_gpu[i], log_mel(audio.cuda()), rtol=0, atol=1e-6)
     batch = batch_features([clips[0][: SAMPLE_RATE * 3], clips[1]], log_mel)
     assert batch.device.type == "cuda" and batch.shape == (2, n_mels, N_FRAMES)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_cuda_pieces_equal_whole(n_mels: int):
+    log_mel = LogMelSpectrogram(n_mels, "cuda")
+    for num_samples in (1, 401, 3 * SAMPLE_RATE + 17, 20 * 60 * SAMPLE_RATE + 3):
+        audio = synthetic_audio(num_samples, seed=num_samples).cuda()
+        expected = log_mel(audio)
+        for piece_frames in (7, N_FRAMES):
+            mel = log_mel.chunked(audio, piece_frames)
+            assert mel.device.type == "cuda"
+            assert_same(mel, expected)
