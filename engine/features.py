@@ -97,8 +97,11 @@ def _end_padding(num_samples: int, padding: int) -> int:
 
 # Matrix-product libraries pick kernels by shape. On the CPU (MKL), filters @ magnitudes rounds
 # differently when it is under 12 frames wide; from 12 frames on, each frame's column came out the
-# same at every width and offset tried, up to the 720,001 frames of 2 hours. So a narrower piece is
+# same at every width and offset tried, up to the 720,001 frames of 2 hours (in MKL's AVX-512, AVX2
+# and AVX code paths; its SSE2 one, MKL_CBWR=COMPATIBLE, is not so regular). So a narrower piece is
 # widened with its neighbours' frames to this many, and audio with fewer frames is one product.
+# cuBLAS (H200) has no such threshold: some widths, under ~620 frames and a few scattered above,
+# take other kernels, so on CUDA pieces and whole differ by a float32 rounding step here and there.
 MIN_PRODUCT_FRAMES = 32
 
 
@@ -108,7 +111,9 @@ class LogMelBuilder:
     The result is allocated once; each `step()` computes the next piece's frames into it, and
     `result()` applies the 80 dB floor, whose peak spans the whole audio, and the scaling in place.
     Each piece's STFT takes its frames' samples from the same padded signal as the whole-audio STFT
-    (reflect padding at both ends included), so every frame is computed from the same samples.
+    (reflect padding at both ends included), so every frame is computed from the same samples; on
+    the CPU the result is bitwise equal to `log_mel(audio)`, on CUDA within 1e-6 (see
+    MIN_PRODUCT_FRAMES).
     Besides the result, a step holds only one piece's intermediates (a few kB per frame).
     Nothing here waits on the device: the peak stays a device tensor until `result()`.
 
@@ -178,7 +183,7 @@ class LogMelBuilder:
         return self.done
 
     def result(self) -> torch.Tensor:
-        """The log-mel, equal to `log_mel(audio)`; every piece must have been computed.
+        """The log-mel, equal to `log_mel(audio)` (as said above); every piece must have been computed.
 
         Returns mel : Tensor, shape = (n_mels, num_frames), float32, on `log_mel.device`
         """

@@ -270,12 +270,14 @@ def test_cuda_matches_cpu(n_mels: int):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("n_mels", [80, 128])
-def test_cuda_pieces_equal_whole(n_mels: int):
+def test_cuda_pieces_match_whole(n_mels: int):
+    # the STFTs agree bitwise; cuBLAS picks kernels by the product's width, so the filterbank
+    # product can round differently: on an H200, pieces and whole differed by up to 1.2e-7
     log_mel = LogMelSpectrogram(n_mels, "cuda")
     for num_samples in (1, 401, 3 * SAMPLE_RATE + 17, 20 * 60 * SAMPLE_RATE + 3):
         audio = synthetic_audio(num_samples, seed=num_samples).cuda()
         expected = log_mel(audio)
         for piece_frames in (7, N_FRAMES):
             mel = log_mel.chunked(audio, piece_frames)
-            assert mel.device.type == "cuda"
-            assert_same(mel, expected)
+            assert mel.device.type == "cuda" and mel.shape == expected.shape
+            torch.testing.assert_close(mel, expected, rtol=0, atol=1e-6)
