@@ -8,9 +8,6 @@ sockets and a TCP listener of its own that the playlists point at.
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_utils import JFK, JFK_WORDS, contains_words
+
+from tests import hostile_media
+from tests.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/udp").exists(), reason="watches sockets through Linux /proc")
 
@@ -27,78 +27,10 @@ ANSWER_WITHIN_S = 5.0
 LOCAL_CLIP = "g4_en_jfk.mp3"  # what a playlist or list points the server at on its own disk
 
 
-def udp_socket_inodes(pid: int) -> set[int]:
-    """Inodes of the UDP sockets the process holds."""
-    held = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:  # closed since the listing
-            continue
-        if target.startswith("socket:["):
-            held.add(int(target[len("socket:[") : -1]))
-    udp = set()
-    for table in ("/proc/net/udp", "/proc/net/udp6"):
-        with open(table) as f:
-            next(f)  # the header line
-            udp.update(int(line.split()[9]) for line in f)
-    return held & udp
-
-
 @pytest.fixture
 def tcp_listener():
-    """A TCP server on 127.0.0.1 that records (and at once closes) each connection; yields (port, peers)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.05)
-    peers: list[tuple] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = server.accept()
-            except TimeoutError:
-                continue
-            peers.append(peer)
-            conn.close()  # an HTTP client waiting for an answer gets EOF instead of hanging
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], peers
-    stop.set()
-    thread.join(timeout=5)
-    server.close()
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def sdp(rtp_port: int) -> str:
-    """A session description: FFmpeg's sdp demuxer binds rtp_port (and +1 for RTCP) and waits for RTP."""
-    return (
-        "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-        f"m=audio {rtp_port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
-    )
-
-
-def hls(target: str) -> str:
-    return f"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n{target}\n#EXT-X-ENDLIST\n"
-
-
-def dash(target: str) -> str:
-    return (
-        '<?xml version="1.0"?><MPD xmlns="urn:mpeg:dash:schema:mpd:2011" type="static" '
-        'profiles="urn:mpeg:dash:profile:isoff-on-demand:2011" mediaPresentationDuration="PT11S" minBufferTime="PT1S">'
-        '<Period><AdaptationSet mimeType="audio/mpeg"><Representation id="a" bandwidth="64000">'
-        f"<BaseURL>{target}</BaseURL></Representation></AdaptationSet></Period></MPD>"
-    )
-
-
-def ffconcat(target: str) -> str:
-    return f"ffconcat version 1.0\nfile '{target}'\n"
+    with hostile_media.tcp_listener() as listener:
+        yield listener
 
 
 # name -> document text from (listener port, real clip on the server's disk)

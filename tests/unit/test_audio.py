@@ -3,8 +3,6 @@
 import contextlib
 import csv
 import io
-import os
-import socket
 import struct
 import threading
 import time
@@ -17,6 +15,8 @@ import pytest
 import soundfile as sf
 
 from engine.audio import SAMPLE_RATE, AudioDecodeError, AudioTooLongError, decode_audio, duration_s
+from tests import hostile_media
+from tests.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 G4_CLIPS = sorted(p for p in DATA_DIR.glob("g4_*") if p.suffix != ".txt")
@@ -278,45 +278,8 @@ def assert_refused_quickly(source, **kwargs) -> AudioDecodeError:
 
 @pytest.fixture
 def tcp_listener():
-    """A TCP server on 127.0.0.1 that records (and at once closes) each connection; yields (port, peers)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.05)
-    peers: list[tuple] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = server.accept()
-            except TimeoutError:
-                continue
-            peers.append(peer)
-            conn.close()  # an HTTP client waiting for an answer gets EOF instead of hanging
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], peers
-    stop.set()
-    thread.join(timeout=5)
-    server.close()
-
-
-def udp_socket_inodes() -> set[int]:
-    """Inodes of the UDP sockets this process holds."""
-    held = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:  # closed since the listing
-            continue
-        if target.startswith("socket:["):
-            held.add(int(target[len("socket:[") : -1]))
-    udp = set()
-    for table in ("/proc/net/udp", "/proc/net/udp6"):
-        with open(table) as f:
-            next(f)  # the header line
-            udp.update(int(line.split()[9]) for line in f)
-    return held & udp
+    with hostile_media.tcp_listener() as listener:
+        yield listener
 
 
 @contextlib.contextmanager
@@ -340,42 +303,11 @@ def new_udp_sockets():
         opened.update(udp_socket_inodes() - before)
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def sdp_file(rtp_port: int) -> bytes:
-    """A session description: FFmpeg's sdp demuxer binds rtp_port (and +1 for RTCP) and waits for RTP."""
-    return (
-        "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-        f"m=audio {rtp_port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
-    ).encode()
-
-
-def hls_playlist(segment: str) -> str:
-    return f"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n{segment}\n#EXT-X-ENDLIST\n"
-
-
-def dash_manifest(base_url: str) -> str:
-    return (
-        '<?xml version="1.0"?><MPD xmlns="urn:mpeg:dash:schema:mpd:2011" type="static" '
-        'profiles="urn:mpeg:dash:profile:isoff-on-demand:2011" mediaPresentationDuration="PT11S" minBufferTime="PT1S">'
-        '<Period><AdaptationSet mimeType="audio/mp4"><Representation id="a" bandwidth="64000">'
-        f"<BaseURL>{base_url}</BaseURL></Representation></AdaptationSet></Period></MPD>"
-    )
-
-
-def ffconcat(*entries: str) -> bytes:
-    return ("ffconcat version 1.0\n" + "".join(f"file '{entry}'\n" for entry in entries)).encode()
-
-
 @pytest.mark.skipif(not Path("/proc/net/udp").exists(), reason="needs Linux /proc")
 def test_sdp_upload_opens_no_udp_socket():
     port = free_udp_port()  # released, so FFmpeg could bind it
     with new_udp_sockets() as opened:
-        assert_refused_quickly(sdp_file(port))
+        assert_refused_quickly(sdp(port).encode())
     assert not opened
 
 
@@ -394,7 +326,7 @@ def test_hls_playlist_is_refused(tcp_listener, tmp_path, how, target):
     port, peers = tcp_listener
     segment = f"http://127.0.0.1:{port}/segment.mp3" if target == "url" else str(clip("g4_en_jfk.mp3"))
     with contextlib.ExitStack() as stack:
-        assert_refused_quickly(playlist_source(hls_playlist(segment), ".m3u8", how, tmp_path, stack))
+        assert_refused_quickly(playlist_source(hls(segment), ".m3u8", how, tmp_path, stack))
     assert peers == []
 
 
@@ -404,7 +336,7 @@ def test_dash_manifest_is_refused(tcp_listener, tmp_path, how, target):
     port, peers = tcp_listener
     base = f"http://127.0.0.1:{port}/audio.m4a" if target == "url" else str(clip("g4_en_sonnet1-excerpt_m4a.m4a"))
     with contextlib.ExitStack() as stack:
-        assert_refused_quickly(playlist_source(dash_manifest(base), ".mpd", how, tmp_path, stack))
+        assert_refused_quickly(playlist_source(dash(base), ".mpd", how, tmp_path, stack))
     assert peers == []
 
 
@@ -413,16 +345,16 @@ def test_ffconcat_is_refused(tcp_listener, monkeypatch):
     speech = clip("g1_en_jfk.flac")
     # concat's safe mode refuses absolute paths and URLs, not names relative to the working directory
     monkeypatch.chdir(speech.parent)
-    assert_refused_quickly(ffconcat(speech.name))
-    assert_refused_quickly(ffconcat(str(speech)))
-    assert_refused_quickly(ffconcat(f"http://127.0.0.1:{port}/speech.flac"))
+    assert_refused_quickly(ffconcat(speech.name).encode())
+    assert_refused_quickly(ffconcat(str(speech)).encode())
+    assert_refused_quickly(ffconcat(f"http://127.0.0.1:{port}/speech.flac").encode())
     assert peers == []
 
 
 def test_ffconcat_file_beside_real_audio_is_refused(tmp_path):
     (tmp_path / "speech.flac").symlink_to(clip("g1_en_jfk.flac"))
     listing = tmp_path / "list.ffconcat"
-    listing.write_bytes(ffconcat("speech.flac"))  # resolved against the listing's own directory
+    listing.write_bytes(ffconcat("speech.flac").encode())  # resolved against the listing's own directory
     assert_refused_quickly(listing)
 
 
