@@ -14,7 +14,7 @@ import openai
 import pytest
 from e2e_utils import JFK, JFK_WORDS, RemoteServer, contains_words, metric
 
-LONG = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # 230 s of speech: still decoding when a test needs a busy engine
+LONG = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # 230 s of speech: still decoding when a test needs it
 
 
 def start_long_request(server, path) -> tuple[threading.Thread, dict[str, object]]:
