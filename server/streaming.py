@@ -134,9 +134,11 @@ async def transcript_events(
             handle.abort()
 
 
-def sse_response(handle: RequestHandle, events: AsyncIterator[str]) -> StreamingResponse:
-    # The abort after the response also covers a client gone before the stream's first event (the generator's
-    # own cleanup never runs then); once the result is in, abort does nothing.
-    return StreamingResponse(
-        events, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS, background=BackgroundTask(handle.abort)
-    )
+def sse_response(handle: RequestHandle, events: AsyncIterator[str], drain: Drain) -> StreamingResponse:
+    # The cleanup after the response also covers a client gone before the stream's first event (the generator's
+    # own never runs then); once the result is in, abort does nothing.
+    def cleanup() -> None:
+        drain.untrack(handle)
+        handle.abort()
+
+    return StreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS, background=BackgroundTask(cleanup))

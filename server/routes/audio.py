@@ -40,7 +40,7 @@ async def _serve(
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
         events = transcript_events(handle, partial(metrics.observe_result, task), drain)
-        return sse_response(handle, events)
+        return sse_response(handle, events, drain)
     result = await wait_result(handle, request, drain)
     metrics.observe_result(task, result)
     body = render(result, params.response_format, task, params.granularities)
