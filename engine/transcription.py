@@ -270,16 +270,19 @@ class Transcription:
 def prompt_tokens(tokenizer: Tokenizer, prompt: str | None, n_text_ctx: int) -> list[int]:
     """The prompt's tokens that can be context: Whisper keeps the last n_text_ctx // 2 - 1 (OpenAI documents the
     same for `prompt`). Only the prompt's tail is tokenized, so a megabyte of prompt costs what a page does."""
-    if not prompt or not prompt.strip():
+    text = prompt.strip() if prompt else ""
+    if not text:
         return []
     keep = n_text_ctx // 2 - 1
-    # lone surrogates (from a client's broken escapes) cannot be tokenized: they become U+FFFD
-    text = " " + prompt.strip().encode("utf-8", "replace").decode("utf-8")
     tail_chars = PROMPT_CHARS_PER_TOKEN * keep
     if len(text) > tail_chars:
         tail = text[-tail_chars:]
         cut = tail.find(" ")  # start at a word, as the whole prompt's tokenization would
         text = tail[cut:] if cut >= 0 else tail
+    else:
+        text = " " + text
+    # lone surrogates (from a client's broken escapes) cannot be tokenized: they become U+FFFD
+    text = text.encode("utf-8", "replace").decode("utf-8")
     return tokenizer.encode(text)[-keep:]
 
 

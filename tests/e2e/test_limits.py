@@ -105,7 +105,7 @@ def test_too_many_messages_or_too_much_text_is_a_400(server, data_dir):
 
 @pytest.mark.parametrize(
     "prompt",
-    [b"x" * 1_000_000, (DERAILING * 8000)[:1_000_000].encode(), b"\xff\xfe\xfd\xc3\x28\xa0\xa1\xe2\x28\xa1\xf0\x90"],
+    [b"x" * 1_000_000, (DERAILING * 4000)[:500_000].encode(), b"\xff\xfe\xfd\xc3\x28\xa0\xa1\xe2\x28\xa1\xf0\x90"],
     ids=["1MB-one-word", "1MB-latin1", "12B-invalid-utf8"],
 )
 def test_hostile_prompts_answer_quickly_and_leave_a_request_beside_them_alone(server, data_dir, prompt):
@@ -139,7 +139,7 @@ def test_hostile_prompts_answer_quickly_and_leave_a_request_beside_them_alone(se
         beside_s = time.perf_counter() - start
         thread.join(timeout=300)
     assert not thread.is_alive()
-    assert max(latencies) < 0.5, sorted(latencies)[-3:]
+    assert max(latencies) < 0.3, sorted(latencies)[-3:]
     assert outcome["status"] == 200 or outcome.get("error") == "decode_budget_exceeded", outcome
     assert outcome["seconds"] < 60, outcome
     assert beside == alone and contains_words(beside, JFK_WORDS)
