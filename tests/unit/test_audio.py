@@ -320,23 +320,22 @@ def playlist_source(text: str, suffix: str, how: str, tmp_path: Path, stack):
     return path if how == "path" else stack.enter_context(open(path, "rb"))
 
 
-@pytest.mark.parametrize("how", ["bytes", "path", "file object"])
-@pytest.mark.parametrize("target", ["url", "local file"])
-def test_hls_playlist_is_refused(tcp_listener, tmp_path, how, target):
-    port, peers = tcp_listener
-    segment = f"http://127.0.0.1:{port}/segment.mp3" if target == "url" else str(clip("g4_en_jfk.mp3"))
-    with contextlib.ExitStack() as stack:
-        assert_refused_quickly(playlist_source(hls(segment), ".m3u8", how, tmp_path, stack))
-    assert peers == []
+# a playlist kind: its document, file suffix, the name it asks a URL for and a real clip it can point at
+PLAYLISTS = {
+    "hls": (hls, ".m3u8", "segment.mp3", "g4_en_jfk.mp3"),
+    "dash": (dash, ".mpd", "audio.m4a", "g4_en_sonnet1-excerpt_m4a.m4a"),
+}
 
 
+@pytest.mark.parametrize("kind", PLAYLISTS)
 @pytest.mark.parametrize("how", ["bytes", "path", "file object"])
 @pytest.mark.parametrize("target", ["url", "local file"])
-def test_dash_manifest_is_refused(tcp_listener, tmp_path, how, target):
+def test_playlist_is_refused(tcp_listener, tmp_path, kind, how, target):
+    document, suffix, remote_name, local_clip = PLAYLISTS[kind]
     port, peers = tcp_listener
-    base = f"http://127.0.0.1:{port}/audio.m4a" if target == "url" else str(clip("g4_en_sonnet1-excerpt_m4a.m4a"))
+    where = f"http://127.0.0.1:{port}/{remote_name}" if target == "url" else str(clip(local_clip))
     with contextlib.ExitStack() as stack:
-        assert_refused_quickly(playlist_source(dash(base), ".mpd", how, tmp_path, stack))
+        assert_refused_quickly(playlist_source(document(where), suffix, how, tmp_path, stack))
     assert peers == []
 
 
