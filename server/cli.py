@@ -36,7 +36,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
     for name in names:
         field = Settings.model_fields[name]
         env = f"{Settings.model_config['env_prefix']}{name.upper()}"
-        help_text = f"{field.description} (env {env}; default {field.default!r})"
+        default = field.get_default(call_default_factory=True)
+        help_text = f"{field.description} (env {env}; default {default!r})"
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
