@@ -48,16 +48,9 @@ def engine_error(exc: EngineError, drain: Drain) -> APIError:
     return shutting_down() if drain.expired else from_engine_error(exc)
 
 
-async def transcribe(
-    engine: EngineLike, audio: np.ndarray, options: DecodeOptions, request: Request, drain: Drain
-) -> TranscriptionResult:
-    """Submit to the engine and wait for the whole result; abort it if the client disconnects first."""
-    return await wait_result(submit(engine, audio, options, drain), request, drain)
-
-
 async def wait_result(handle: RequestHandle, request: Request, drain: Drain) -> TranscriptionResult:
-    """A submitted request's whole result; aborted if the client disconnects first. Callers that submit and then
-    wait with this let go of the samples meanwhile (hours of audio are hundreds of MB)."""
+    """A submitted request's whole result; aborted if the client disconnects first (submit, then wait with this,
+    so that the caller can let go of the samples meanwhile: hours of audio are hundreds of MB)."""
     result_task = asyncio.ensure_future(handle.result())
     disconnect_task = asyncio.ensure_future(wait_for_disconnect(request.receive))
     finished = False

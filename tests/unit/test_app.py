@@ -18,12 +18,18 @@ from starlette.requests import Request
 from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
 from server.drain import Drain
 from server.errors import ClientDisconnectedError
-from server.streaming import transcribe
+from server.streaming import submit, wait_result
 
 WAV = wav_bytes(2.0)
 FILE = ("speech.wav", WAV, "audio/wav")
 pytestmark = pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # SDK marks translations
 
+
+
+def transcribe(engine, audio, options, request):
+    """What the routes do: submit, then wait for the result while watching the client."""
+    drain = Drain(5.0)
+    return wait_result(submit(engine, audio, options, drain), request, drain)
 
 def run(coro):
     return asyncio.run(coro)
@@ -178,7 +184,7 @@ def test_disconnect_aborts_the_engine_request():
 
         request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
         with pytest.raises(ClientDisconnectedError):
-            await asyncio.wait_for(transcribe(engine, WAV, options, request, Drain(5.0)), timeout=5)
+            await asyncio.wait_for(transcribe(engine, WAV, options, request), timeout=5)
         assert received.is_set()
 
     run(body())
@@ -195,7 +201,7 @@ def test_cancelled_handler_aborts_too():
             return {}
 
         request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
-        task = asyncio.ensure_future(transcribe(engine, WAV, DecodeOptions(), request, Drain(5.0)))
+        task = asyncio.ensure_future(transcribe(engine, WAV, DecodeOptions(), request))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
