@@ -63,7 +63,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from engine.audio import decode_audio
-    from engine.weights import resolve_model
+    from engine.model.weights import resolve_model
 
     audio = decode_audio(DATA / CLIP)
     ms, counts = [], []

@@ -102,9 +102,9 @@ def main() -> None:
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.features import LogMelSpectrogram, batch_features
+    from engine.model.tokenizer import Tokenizer
+    from engine.model.weights import load_checkpoint, resolve_model
     from engine.request import DecodeOptions
-    from engine.tokenizer import Tokenizer
-    from engine.weights import load_checkpoint, resolve_model
 
     sys.path.insert(0, str(ROOT / "tests"))
     from weights_export import write_hf_export

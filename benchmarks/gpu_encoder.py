@@ -1,4 +1,4 @@
-"""The encoder alone on a GPU: float16 with separate and fused q/k/v products, then float8 ones (engine/fp8.py).
+"""The encoder alone on a GPU: float16 with separate and fused q/k/v products, then float8 ones (engine/kernels/fp8.py).
 
     python benchmarks/gpu_encoder.py [--model large-v3] [--batch 1 8 32] [--repeats 5] [--model-dtype-blocks N]
 
@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.dims import DUMMY_DIMS  # noqa: E402
-from engine.fp8 import MODEL_DTYPE_BLOCKS, unsupported_reason  # noqa: E402
-from engine.model import AudioEncoder  # noqa: E402
-from engine.weights import dummy_state_dict  # noqa: E402
+from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, unsupported_reason  # noqa: E402
+from engine.model.dims import DUMMY_DIMS  # noqa: E402
+from engine.model.weights import dummy_state_dict  # noqa: E402
+from engine.model.whisper import AudioEncoder  # noqa: E402
 
 
 def time_ms(encoder: AudioEncoder, mel: torch.Tensor, repeats: int) -> float:

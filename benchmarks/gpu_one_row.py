@@ -23,8 +23,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine import decode_attention, fused_ops  # noqa: E402
 from int8_cross_attention import time_us as graph_time_us  # noqa: E402
+
+from engine.kernels import (
+    decode_attention,  # noqa: E402
+    fused_ops,  # noqa: E402
+)
 
 COPIES = 8
 

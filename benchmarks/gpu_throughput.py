@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from engine import int8_attention  # noqa: E402
+from engine.kernels import int8_attention  # noqa: E402
 
 WINDOW_S = 30.0
 # The floor from the card (PERF.md): minimum GPU time per 30 s window at ~100 tokens.
@@ -106,10 +106,10 @@ async def run_closed_loop(engine, audio: np.ndarray, options, clients: int, tota
 
 def run_transformers(model: str, concurrency: list[int], tokens: int, repeats: int):
     import transformers
-
-    from engine.dims import DUMMY_DIMS
-    from engine.weights import Checkpoint, dummy_state_dict
     from weights_export import hf_configs, to_hf_names
+
+    from engine.model.dims import DUMMY_DIMS
+    from engine.model.weights import Checkpoint, dummy_state_dict
 
     dims = DUMMY_DIMS[model]
     state = dummy_state_dict(dims, dtype=torch.float16, device="cuda")
@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--timestamps", action="store_true",
                     help="decode with timestamp rules (the server's way) instead of text only")
     ap.add_argument("--int8-kernel", default="cuda", choices=["cuda", "triton"],
-                    help="the int8 cross-attention kernel (engine/int8_attention.py KERNEL; cuda falls back to triton "
+                    help="the int8 cross-attention kernel (engine/kernels/int8_attention.py KERNEL; cuda falls back to triton "
                          "where it does not build)")
     args = ap.parse_args()
     int8_attention.KERNEL = args.int8_kernel

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import int8_attention  # noqa: E402
+from engine.kernels import int8_attention  # noqa: E402
 
 
 def time_us(fn, calls: int = 20, replays: int = 5) -> float:

@@ -3,11 +3,11 @@
 The server's one door into the engine: what it imports comes from here.
 """
 
-from .config import EngineConfig
-from .engine import Engine, RequestHandle
-from .model_runner import resolve_device
-from .process import EngineProcess
-from .request import (
+from engine.config import EngineConfig
+from engine.engine import Engine, RequestHandle
+from engine.engine_process import EngineProcess
+from engine.model_runner import resolve_device
+from engine.request import (
     DecodeBudgetExceededError,
     DecodeOptions,
     EngineDeadError,

@@ -38,9 +38,9 @@ class EngineConfig:
     # costs about two steps and matches faster-whisper's numbers.
     stepwise_prompt_tokens: int | None = None
     # The cross-attention cache's element type: "model" (the weights' dtype), or "int8" with a bfloat16 scale per
-    # vector (engine/int8_attention.py: half the bytes a decode step reads). auto = model_runner.default_int8_cross.
+    # vector (engine/kernels/int8_attention.py: half the bytes a decode step reads). auto = model_runner.default_int8_cross.
     cross_cache_dtype: str = "auto"
-    # The encoder's products: in the model's dtype, or "float8" (e4m3 with a scale per row; engine/fp8.py): faster
+    # The encoder's products: in the model's dtype, or "float8" (e4m3 with a scale per row; engine/kernels/fp8.py): faster
     # on GPUs with FP8 tensor cores, at some cost in precision, so opt-in.
     encoder_precision: str = "model"
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.

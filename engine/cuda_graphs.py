@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import decode_attention
-from .audio import N_FRAMES
-from .kv_cache import KVCache
-from .logits import LogitsProcessor, sample
-from .model import Whisper
+from engine.audio import N_FRAMES
+from engine.kernels import decode_attention
+from engine.model.kv_cache import KVCache
+from engine.model.whisper import Whisper
+from engine.sampling import LogitsProcessor, sample
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class GraphRunner:
         self.decode_sizes = buckets_up_to(DECODE_BATCH_BUCKETS, num_slots)
         self.encoder_sizes = buckets_up_to(ENCODER_BATCH_BUCKETS, min(max_encoder_batch, num_slots))
         n_ctx = cache.shape.n_text_ctx
-        # With the step kernel (engine/decode_attention.py) a row reads its own prefix whatever the context, so one
+        # With the step kernel (engine/kernels/decode_attention.py) a row reads its own prefix whatever the context, so one
         # graph per batch size serves every context (19 captures instead of 133 for large-v3's 448 positions).
         self.step_kernel = cache.self_k.dtype == dtype and decode_attention.cache_supported(cache.self_k)
         if self.step_kernel:

@@ -14,14 +14,16 @@ from collections import deque
 import numpy as np
 import torch
 
-from .audio import CHUNK_LENGTH
-from .chunked import ChunkedTranscription
-from .config import EngineConfig
-from .feature_worker import FeatureWorker, features_ready
-from .features import LogMelBuilder
-from .model_runner import ModelRunner
-from .scheduler import Scheduler
-from .request import (
+from engine.audio import CHUNK_LENGTH
+from engine.config import EngineConfig
+from engine.feature_worker import FeatureWorker, features_ready
+from engine.features import LogMelBuilder
+from engine.longform.chunked_transcription import ChunkedTranscription
+from engine.longform.transcription import Transcription, prompt_tokens
+from engine.longform.vad import VoiceActivityDetector
+from engine.model.tokenizer import Tokenizer
+from engine.model_runner import ModelRunner, StepOutput
+from engine.request import (
     DecodeOptions,
     EngineDeadError,
     EngineError,
@@ -34,11 +36,8 @@ from .request import (
     Task,
     TranscriptionResult,
 )
-from .model_runner import StepOutput
-from .sequence import ON_DEVICE, Sequence
-from .tokenizer import Tokenizer
-from .transcription import Transcription, prompt_tokens
-from .vad import VoiceActivityDetector
+from engine.scheduler import Scheduler
+from engine.sequence import ON_DEVICE, Sequence
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -76,7 +75,7 @@ class PendingFeatures:
 
 
 class EngineFront:
-    """What Engine and engine/process.py's EngineProcess answer alike, from the config and the tokenizer."""
+    """What Engine and engine/engine_process.py's EngineProcess answer alike, from the config and the tokenizer."""
 
     config: EngineConfig
     tokenizer: Tokenizer
@@ -264,7 +263,7 @@ class Engine(EngineFront):
         return self.submit_checked(audio, self.prepare(options))
 
     def submit_checked(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
-        """submit() for samples and options already checked and prepared: engine/process.py's child, whose parent
+        """submit() for samples and options already checked and prepared: engine/engine_process.py's child, whose parent
         did both, so the scan of every sample is not repeated beside this engine's loop."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
@@ -283,7 +282,7 @@ class Engine(EngineFront):
         return handle
 
     def make_handle(self, request_id: str) -> RequestHandle:
-        """The handle a request's events go to (engine/process.py's child forwards them to its parent instead)."""
+        """The handle a request's events go to (engine/engine_process.py's child forwards them to its parent instead)."""
         return RequestHandle(self, request_id)
 
     def on_started(self, request_id: str) -> None:

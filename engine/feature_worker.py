@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from .features import LogMelSpectrogram
+from engine.features import LogMelSpectrogram
 
 
 class FeatureWorker:

@@ -9,20 +9,20 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .alignment import AlignmentInput
-from .audio import N_FRAMES
-from .config import EngineConfig
-from .cpu_memory import keep_freed_memory
-from .cuda_graphs import KV_BUCKET, GraphRunner
-from .dims import DUMMY_DIMS
-from . import cpu_kernels, fp8, int8_attention
-from .features import LogMelBuilder, LogMelSpectrogram
-from .kv_cache import CacheShape, KVCache, plan_num_slots
-from .logits import LogitsProcessor, StepRules, sample
-from .model import Whisper
-from .sequence import ON_DEVICE, Sequence
-from .tokenizer import Tokenizer
-from .weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
+from engine.audio import N_FRAMES
+from engine.backends.cpu_memory import keep_freed_memory
+from engine.config import EngineConfig
+from engine.cuda_graphs import KV_BUCKET, GraphRunner
+from engine.features import LogMelBuilder, LogMelSpectrogram
+from engine.kernels import cpu_kernels, fp8, int8_attention
+from engine.longform.alignment import AlignmentInput
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
+from engine.model.tokenizer import Tokenizer
+from engine.model.weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
+from engine.model.whisper import Whisper
+from engine.sampling import LogitsProcessor, StepRules, sample
+from engine.sequence import ON_DEVICE, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from .kv_cache import KVCache
-from .sequence import Sequence, WindowJob
+from engine.model.kv_cache import KVCache
+from engine.sequence import Sequence, WindowJob
 
 
 class Scheduler:

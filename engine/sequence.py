@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .alignment import AlignmentInput
-    from .transcription import Transcription
+    from engine.longform.alignment import AlignmentInput
+    from engine.longform.transcription import Transcription
 
 # `Sequence.pending` holds this in place of a token the GPU has sampled but the host has not read yet: the next
 # step takes it from the previous step's output on the device (row `Sequence.row`), so it can be launched before

@@ -10,8 +10,8 @@ from openai.types.audio.transcription_text_done_event import UsageInputTokenDeta
 from openai.types.audio.transcription_word import TranscriptionWord
 
 from engine.audio import TOKENS_PER_SECOND
+from engine.model.tokenizer import LANGUAGES
 from engine.request import Segment, Task, TranscriptionResult
-from engine.tokenizer import LANGUAGES
 
 from .protocol import (
     DurationUsage,

@@ -14,8 +14,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive
 
 from engine.audio import AudioDecodeError, AudioTooLongError, decode_audio
+from engine.model.tokenizer import LANGUAGES
 from engine.request import DEFAULT_TEMPERATURES, ChunkingOptions, DecodeOptions, Task
-from engine.tokenizer import LANGUAGES
 
 from .errors import APIError, ClientDisconnectedError
 from .protocol import ResponseFormat, TranscriptionForm, TranscriptionParams, TranslationForm, Upload

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from engine.weights import Checkpoint
+from engine.model.weights import Checkpoint
 
 # Inverse of engine.weights' HF renames, applied in order to openai/whisper names.
 _TO_HF = [

@@ -26,7 +26,7 @@ def faster_whisper_text(data_dir) -> str:
     WhisperModel = pytest.importorskip("faster_whisper").WhisperModel
 
     from engine.audio import decode_audio
-    from engine.weights import resolve_model
+    from engine.model.weights import resolve_model
 
     model = WhisperModel(
         str(resolve_model("tiny.en").config_dir), device="cpu", compute_type="float32", cpu_threads=2

@@ -20,7 +20,7 @@ def faster_whisper_model(model_dir):
 @pytest.fixture(scope="session")
 def tiny_en_dir(tiny_engine):  # the engine fixture skips when the weights are missing
     """The packaged tiny.en CTranslate2 directory (whole model.bin)."""
-    from engine.weights import resolve_model
+    from engine.model.weights import resolve_model
 
     return resolve_model("tiny.en").config_dir
 
@@ -28,7 +28,7 @@ def tiny_en_dir(tiny_engine):  # the engine fixture skips when the weights are m
 @pytest.fixture(scope="session")
 def base_ct2_dir(base_engine, tmp_path_factory):  # likewise
     """base as one CTranslate2 directory: faster-whisper needs a whole model.bin, the package splits it in two."""
-    from engine.weights import resolve_model
+    from engine.model.weights import resolve_model
 
     resolved = resolve_model("base")
     out = tmp_path_factory.mktemp("base-ct2")

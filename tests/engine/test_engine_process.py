@@ -13,7 +13,7 @@ import pytest
 from engine_utils import WAIT_S, submit_all
 
 from engine.config import EngineConfig
-from engine.process import EngineProcess
+from engine.engine_process import EngineProcess
 from engine.request import DecodeOptions, EngineDeadError, InvalidRequestError, RequestAbortedError
 
 JFK = "g1_en_jfk.flac"

@@ -1,4 +1,4 @@
-"""The float8 encoder's math (engine/fp8.py) on a CPU, where torch's float8 products and quantization stand in for
+"""The float8 encoder's math (engine/kernels/fp8.py) on a CPU, where torch's float8 products and quantization stand in for
 the GPU kernels (tests/gpu/test_fp8_encoder.py checks the kernels against these): real tiny.en weights, real speech."""
 
 import copy
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.audio import N_FRAMES
 from engine.features import pad_or_trim
-from engine.fp8 import MODEL_DTYPE_BLOCKS
+from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_fp8_encoder_stays_close_to_float32(encoders):
 
 def test_first_blocks_in_float_keep_the_frames(encoders):
     """With every block in float8 a few frames come out unrelated to their float selves (attention sinks
-    switched, engine/fp8.py); keeping the first blocks in float avoids that."""
+    switched, engine/kernels/fp8.py); keeping the first blocks in float avoids that."""
     reference, outputs = encoders
     err_kept, cos_kept = closeness(outputs[MODEL_DTYPE_BLOCKS][1], reference)
     err_all, cos_all = closeness(outputs[0][1], reference)

@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.int8_attention import dequantize, quantize
+from engine.kernels.int8_attention import dequantize, quantize
 from engine.request import DecodeOptions
 from tests.engine.engine_utils import normalize_english, submit_all, tokens_of
 

@@ -51,7 +51,7 @@ def package(tiny_transcripts):
 @pytest.fixture(scope="module")
 def hf_export_dir(tiny_engine, tmp_path_factory):
     """The packaged tiny.en written out as a Hugging Face directory (model.safetensors, configs, tokenizer)."""
-    from engine.weights import load_checkpoint
+    from engine.model.weights import load_checkpoint
 
     return write_hf_export(load_checkpoint("tiny.en"), tmp_path_factory.mktemp("hf") / "tiny.en")
 
@@ -82,7 +82,7 @@ def test_all_clips_are_in_the_manifest(short_english_clips):
 
 
 def test_safetensors_export_gives_identical_tokens(package, hf_export_dir, audios):
-    from engine.weights import resolve_model
+    from engine.model.weights import resolve_model
 
     assert resolve_model(str(hf_export_dir)).source_format == "hf"
     export = transcripts_from(hf_export_dir, audios)
@@ -91,7 +91,7 @@ def test_safetensors_export_gives_identical_tokens(package, hf_export_dir, audio
 
 
 def test_int8_gives_the_same_words(package, int8_dir, audios):
-    from engine.weights import resolve_model
+    from engine.model.weights import resolve_model
 
     assert resolve_model(str(int8_dir)).source_format == "ct2"
     int8 = transcripts_from(int8_dir, audios)

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from engine.model import NEG_INF, UNFUSED_SELF_ATTENTION_ROWS, decode_self_attention
+from engine.model.whisper import NEG_INF, UNFUSED_SELF_ATTENTION_ROWS, decode_self_attention
 
 
 def test_unfused_self_attention_matches_sdpa(cuda):

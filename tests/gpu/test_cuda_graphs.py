@@ -6,11 +6,11 @@ import jiwer
 import pytest
 import torch
 
-from engine import fused_ops
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.logits import sample
+from engine.kernels import fused_ops
 from engine.request import DecodeOptions
+from engine.sampling import sample
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +242,7 @@ def test_logit_rules_and_sampling_never_wait_for_the_gpu(graph_engine):
     """From a step's launch to the one read of its tokens nothing may wait for the GPU, so the host queues the
     logit rules and the sampling behind the step (a hidden wait, a scalar copied from pageable memory, once cost
     a quarter of every large-v3 step). Every rule is active here, on some row."""
-    from engine.logits import StepRules, sample
+    from engine.sampling import StepRules, sample
 
     runner = graph_engine.runner
     dev, tok = runner.device, runner.tokenizer

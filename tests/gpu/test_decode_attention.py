@@ -1,13 +1,13 @@
-"""The decode step's self-attention kernel (engine/decode_attention.py) against torch's write + SDPA."""
+"""The decode step's self-attention kernel (engine/kernels/decode_attention.py) against torch's write + SDPA."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import decode_attention
-from engine.dims import DUMMY_DIMS
-from engine.kv_cache import CacheShape, KVCache
-from engine.model import Whisper
+from engine.kernels import decode_attention
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache
+from engine.model.whisper import Whisper
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

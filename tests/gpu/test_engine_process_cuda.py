@@ -5,7 +5,7 @@ import jiwer
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.process import EngineProcess
+from engine.engine_process import EngineProcess
 from engine.request import DecodeOptions
 
 

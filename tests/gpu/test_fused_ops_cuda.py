@@ -1,4 +1,4 @@
-"""engine/fused_ops.py on a GPU: the Triton add + layer norm, the GELU epilogue and the one-row product against
+"""engine/kernels/fused_ops.py on a GPU: the Triton add + layer norm, the GELU epilogue and the one-row product against
 torch's operations; a lone row's chain of kernels launched as dependents against plain launches."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import decode_attention, fused_ops, int8_attention
-from engine.fused_ops import add_norm, linear_gelu
+from engine.kernels import decode_attention, fused_ops, int8_attention
+from engine.kernels.fused_ops import add_norm, linear_gelu
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -1,10 +1,10 @@
-"""engine/greedy_pick.py: a greedy step's token and log-probability against torch's argmax and log_softmax."""
+"""engine/kernels/greedy_pick.py: a greedy step's token and log-probability against torch's argmax and log_softmax."""
 
 import pytest
 import torch
 
-from engine import greedy_pick
-from engine.logits import sample
+from engine.kernels import greedy_pick
+from engine.sampling import sample
 
 
 @pytest.mark.parametrize("rows,vocab", [(1, 51866), (5, 51865), (256, 51866), (3, 4096)])

@@ -5,10 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import int8_attention
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.int8_attention import dequantize, int8_attention as attention, quantize
+from engine.kernels import int8_attention
+from engine.kernels.int8_attention import dequantize, quantize
+from engine.kernels.int8_attention import int8_attention as attention
 from engine.request import DecodeOptions
 
 

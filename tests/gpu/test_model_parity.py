@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.dims import DUMMY_DIMS
-from engine.kv_cache import CacheShape, KVCache
-from engine.model import Whisper
-from engine.weights import Checkpoint, dummy_state_dict
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache
+from engine.model.weights import Checkpoint, dummy_state_dict
+from engine.model.whisper import Whisper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from weights_export import hf_configs, to_hf_names  # noqa: E402

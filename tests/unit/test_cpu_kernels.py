@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import cpu_kernels
-from engine.dims import DUMMY_DIMS
-from engine.kv_cache import CacheShape, KVCache
-from engine.model import Whisper
-from engine.weights import dummy_state_dict
+from engine.kernels import cpu_kernels
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache
+from engine.model.weights import dummy_state_dict
+from engine.model.whisper import Whisper
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def test_one_openmp_runtime(kernels):
     # A second runtime would bring a second thread team competing for the same cores. Checked in a fresh
     # process: this one may hold CTranslate2's own runtime too (the faster-whisper peer of other tests).
     script = (
-        "import torch\nfrom engine import cpu_kernels\nassert cpu_kernels.load() is not None\n"
+        "import torch\nfrom engine.kernels import cpu_kernels\nassert cpu_kernels.load() is not None\n"
         "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l or 'libiomp' in l}))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -5,11 +5,11 @@ import platform
 import pytest
 import torch
 
-from engine.cpu_memory import keep_freed_memory
-from engine.dims import DUMMY_DIMS
-from engine.kv_cache import CacheShape, KVCache
-from engine.model import Whisper
-from engine.weights import dummy_state_dict
+from engine.backends.cpu_memory import keep_freed_memory
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache
+from engine.model.weights import dummy_state_dict
+from engine.model.whisper import Whisper
 
 
 def _model(dims) -> Whisper:

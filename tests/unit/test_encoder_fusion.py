@@ -2,9 +2,9 @@
 
 import torch
 
-from engine.dims import DUMMY_DIMS
-from engine.model import Whisper
-from engine.weights import dummy_state_dict
+from engine.model.dims import DUMMY_DIMS
+from engine.model.weights import dummy_state_dict
+from engine.model.whisper import Whisper
 
 
 def test_fused_qkv_encoder_matches_separate_products():

@@ -1,10 +1,10 @@
-"""engine/fused_ops.py off a GPU: the same torch operations as the unfused model code, bit for bit."""
+"""engine/kernels/fused_ops.py off a GPU: the same torch operations as the unfused model code, bit for bit."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fused_ops import add_norm, linear_gelu
+from engine.kernels.fused_ops import add_norm, linear_gelu
 
 
 def test_add_norm_on_cpu_is_the_add_then_the_norm():
@@ -30,8 +30,8 @@ def test_linear_gelu_on_cpu_is_exact_gelu():
 def test_float8_encoder_is_refused_where_it_cannot_run():
     import pytest
 
-    from engine import fp8
     from engine.config import EngineConfig
+    from engine.kernels import fp8
     from engine.model_runner import ModelRunner
 
     assert "CUDA" in fp8.unsupported_reason(torch.device("cpu"), torch.float32)

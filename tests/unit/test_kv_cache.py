@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.dims import DUMMY_DIMS
-from engine.kv_cache import CacheShape, KVCache
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache
 
 
 def filled_cache(int8_cross: bool, n_audio_ctx: int) -> KVCache:

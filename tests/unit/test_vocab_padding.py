@@ -2,9 +2,9 @@
 
 import torch
 
-from engine.dims import DUMMY_DIMS
-from engine.model import VOCAB_PADDING, Whisper
-from engine.weights import dummy_state_dict
+from engine.model.dims import DUMMY_DIMS
+from engine.model.weights import dummy_state_dict
+from engine.model.whisper import VOCAB_PADDING, Whisper
 
 
 def test_padded_vocabulary_gives_the_same_logits_without_a_copy():

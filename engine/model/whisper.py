@@ -6,16 +6,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import decode_attention
-from .cpu_kernels import CpuKernels
-from .dims import ModelDimensions
-from .fp8 import MODEL_DTYPE_BLOCKS, Fp8Linear
-from .fused_ops import (
-    add_norm, add_norm_fp8, add_norm_linear, linear, linear_gelu, norm, norm_product_applies, one_row_logits,
+from engine.kernels import decode_attention
+from engine.kernels.cpu_kernels import CpuKernels
+from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Linear
+from engine.kernels.fused_ops import (
+    add_norm,
+    add_norm_fp8,
+    add_norm_linear,
+    linear,
+    linear_gelu,
+    norm,
+    norm_product_applies,
+    one_row_logits,
     quantize_rows,
 )  # fmt: skip
-from .int8_attention import dequantize, int8_attention, quantize_into
-from .kv_cache import KVCache
+from engine.kernels.int8_attention import dequantize, int8_attention, quantize_into
+from engine.model.dims import ModelDimensions
+from engine.model.kv_cache import KVCache
 
 NEG_INF = float("-inf")
 # From this many rows a GPU decode step's self-attention runs as two batched products and a softmax instead of
@@ -129,7 +136,7 @@ class AudioEncoder(nn.Module):
         self.fp8_start = 0
 
     def use_fp8(self, model_dtype_blocks: int = MODEL_DTYPE_BLOCKS) -> None:
-        """Run the products of all blocks but the first `model_dtype_blocks` in float8 from now on (engine/fp8.py);
+        """Run the products of all blocks but the first `model_dtype_blocks` in float8 from now on (engine/kernels/fp8.py);
         their float16 weights are freed."""
         self.fp8_start = min(model_dtype_blocks, len(self.blocks))
         products = []
@@ -163,7 +170,7 @@ class AudioEncoder(nn.Module):
         x = x + self.positional_embedding
         blocks = list(self.blocks)
         end = len(blocks) if self.fp8 is None else self.fp8_start  # blocks in the model's dtype
-        # each residual add is fused with the layer norm after it (engine/fused_ops.py), the last with ln_post
+        # each residual add is fused with the layer norm after it (engine/kernels/fused_ops.py), the last with ln_post
         h = norm(blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in blocks[1:]] + [self.ln_post]
         for block, next_norm in zip(blocks[:end], next_norms[:end]):
@@ -243,7 +250,7 @@ class TextDecoder(nn.Module):
         if tokens.shape[1] == 1 and b > 1 and not tokens.is_cuda and self._kernels_apply(cache):
             return self._step_rows(x, cache, slot_start, positions)
         slots = slice(slot_start, slot_start + b)
-        # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/decode_attention.py)
+        # a GPU step of one token per row: K/V write and self-attention in one kernel (engine/kernels/decode_attention.py)
         step_kernel = position is None and decode_attention.applies(x, cache.self_k)
         attn0 = self.blocks[0].attn
         if step_kernel and b == 1 and hasattr(attn0, "qkv_weight") and norm_product_applies(x, attn0.qkv_weight):
@@ -262,7 +269,7 @@ class TextDecoder(nn.Module):
         # Layers are applied through their functions (norm, linear), not by calling the modules: on a CPU a decode
         # step is ~100 small operations and nn.Module.__call__ added ~11 us to each of ~40 (tiny.en, 2 cores:
         # 10.6 -> 10.1 ms per step, same values bit for bit). Each residual add is fused with the layer norm after
-        # it (engine/fused_ops.py; the last one with the final norm), so h is always the next sub-layer's input.
+        # it (engine/kernels/fused_ops.py; the last one with the final norm), so h is always the next sub-layer's input.
         h = norm(self.blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in list(self.blocks)[1:]] + [self.ln]  # (slicing a ModuleList builds one)
         for i, (block, next_norm) in enumerate(zip(self.blocks, next_norms)):
@@ -328,7 +335,7 @@ class TextDecoder(nn.Module):
         )
 
     def _step_one(self, x: Tensor, cache: KVCache, slot: int, position: int) -> Tensor:
-        """forward() for one token of one sequence on a CPU, with the native kernels (engine/cpu_kernels.py):
+        """forward() for one token of one sequence on a CPU, with the native kernels (engine/kernels/cpu_kernels.py):
         every product and attention spread over the cores, each layer norm, GELU and residual add inside a product:
         8 calls per layer instead of ~20 operations. The same arithmetic as the torch path; only the summation
         order inside dot products and norms differs."""
@@ -419,7 +426,7 @@ class TextDecoder(nn.Module):
           of the (n_text_state, n_vocab) transpose, which MKL spreads over the cores (2.3 vs 3.3 ms); for
           several rows the (n_vocab, n_text_state) product with the rows as columns is the fast one (3.9 vs
           10 ms at 4 rows), so that layout is kept as well: the token embedding itself.
-        With `kernels` (engine/cpu_kernels.py), one sequence's steps run in them, and they read every projection
+        With `kernels` (engine/kernels/cpu_kernels.py), one sequence's steps run in them, and they read every projection
         input-major (torch's own products run the square and narrowing ones as fast either way: in-process A/B).
         Values are unchanged; only the summation order inside a dot product may differ."""
         for block in self.blocks:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from .audio import HOP_LENGTH, SAMPLE_RATE
-from .tokenizer import TIME_PRECISION
+from engine.audio import HOP_LENGTH, SAMPLE_RATE
+from engine.model.tokenizer import TIME_PRECISION
 
 FRAME_SECONDS = HOP_LENGTH / SAMPLE_RATE  # 0.01 s per mel frame
 INPUT_STRIDE = 2  # mel frames per encoder position (conv2 has stride 2)

@@ -7,7 +7,7 @@ float8 e4m3 (`torch._scaled_mm`, Hopper's and Ada's FP8 tensor cores) take 0.5-0
 
 Scaling: each weight's output feature (row) and each activation row (a time step of one window) gets its own
 scale, amax / 448 (e4m3's largest value), so one loud frame does not flatten the others. The activation side is
-quantized where it is produced (engine/fused_ops.py): by the residual add + layer norm before the attention and
+quantized where it is produced (engine/kernels/fused_ops.py): by the residual add + layer norm before the attention and
 the MLP, by the GELU after the MLP's first product, and while reading the attention output in place; the products
 write float16 with the bias added. Attention itself, the convolutions, the norms, the decoder and the first blocks
 (below) stay in the model's precision.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from . import fused_ops
+from engine.kernels import fused_ops
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0

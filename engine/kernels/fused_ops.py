@@ -26,7 +26,7 @@ one before it in the stream still runs, reads its whole weight tile into registe
 kernel), and only then waits for it (`wait_for_previous`) before reading its input row and writing anything. The
 kernels before them say when that may start (`let_next_launch`, at their first instruction). A lone step's
 self-attention, cross-attention and split combiner are dependents in the same way (`dependent_launch`; they read
-their caches before waiting: engine/decode_attention.py, engine/int8_attention.py). A lone decode step is a chain
+their caches before waiting: engine/kernels/decode_attention.py, engine/kernels/int8_attention.py). A lone decode step is a chain
 of ~10 small kernels per layer whose time was mostly each one's start and first loads; overlapped, a chain of
 1,280 x 1,280 products went from 3.6 to 1.9 us each (workbench), and with it the MLP's second product (5,120 wide,
 one feature per program) joined the one-row path: large-v3, one window 0.173 -> 0.132 s (BENCHMARKS.md, twelfth
@@ -37,7 +37,7 @@ kernel (`add_norm_linear`, one row, half precision): every program recomputes th
 (1,280 values, cheap against its share of the weight) and program 0 writes the new residual stream, so the
 three kernels between two sub-layers (product, add + norm, product) become two, and the MLP's GELU rides along.
 
-For the float8 encoder (engine/fp8.py) the products' inputs are quantized by the kernels that make them:
+For the float8 encoder (engine/kernels/fp8.py) the products' inputs are quantized by the kernels that make them:
 `add_norm_fp8` writes the normalized rows in e4m3 with a float32 scale per row, and `quantize_rows` does the same
 for the MLP's GELU (applied to its first product's output) and for the attention output, read in place.
 """

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .dims import ModelDimensions
-from .int8_attention import SCALE_DTYPE
+from engine.kernels.int8_attention import SCALE_DTYPE
+from engine.model.dims import ModelDimensions
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class KVCache:
     self_k and self_v are the two halves of one tensor, self_kv (layers, 2, slots, ...), so a decoder step writes
     a layer's new keys and values with one indexed copy instead of two (one kernel fewer per layer and step).
     With `int8_cross` the cross cache holds int8 vectors and cross_k_scale/cross_v_scale (layers, slots, heads,
-    n_audio_ctx) their bfloat16 scales (engine/int8_attention.py); otherwise the scales are None."""
+    n_audio_ctx) their bfloat16 scales (engine/kernels/int8_attention.py); otherwise the scales are None."""
 
     def __init__(
         self, shape: CacheShape, num_slots: int, dtype: torch.dtype, device: torch.device, int8_cross: bool = False

@@ -30,9 +30,9 @@ import threading
 
 import numpy as np
 
-from .config import EngineConfig
-from .engine import Engine, EngineFront, RequestHandle, check_audio
-from .request import (
+from engine.config import EngineConfig
+from engine.engine import Engine, EngineFront, RequestHandle, check_audio
+from engine.request import (
     DecodeOptions,
     EngineDeadError,
     EngineOverloadedError,

@@ -7,9 +7,10 @@ import string
 from functools import cached_property
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer as HFTokenizer
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as HFTokenizer
 
-from .dims import ModelDimensions
+from engine.model.dims import ModelDimensions
 
 # ISO-639-1 code -> English name, in Whisper's language-token order (openai/whisper tokenizer.py).
 LANGUAGES = {

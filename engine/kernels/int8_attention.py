@@ -19,11 +19,11 @@ without Triton) the same function dequantizes and calls SDPA: correct, not fast,
 compare both kernels against.
 
 A lone sequence's step (one query row per head) on Hopper and later takes a third, Triton kernel launched as a
-programmatic dependent (engine/fused_ops.py): the slot's keys and values never change while it decodes, so each
+programmatic dependent (engine/kernels/fused_ops.py): the slot's keys and values never change while it decodes, so each
 program reads its split's whole share of them into registers while the kernel that makes the query still runs,
 and the split combiner is launched the same way. A 32-layer chain of the cross-attention alone, in a CUDA graph:
 7.3 us per layer with the CUDA kernel, 5.2 through this path (H200, workbench); one large-v3 window with this and
-the self-attention's counterpart (engine/decode_attention.py): 0.132 -> 0.118 s (BENCHMARKS.md, thirteenth session).
+the self-attention's counterpart (engine/kernels/decode_attention.py): 0.132 -> 0.118 s (BENCHMARKS.md, thirteenth session).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .fused_ops import dependent_launch, let_next_launch, pdl_applies, wait_for_previous
+    from engine.kernels.fused_ops import dependent_launch, let_next_launch, pdl_applies, wait_for_previous
 except ImportError:  # CPU-only installs: the reference path below is used
     triton = None
 

@@ -4,14 +4,14 @@ In torch a step's self-attention is several kernels per layer: an indexed write 
 slot (plus the copies that make its operands contiguous), then SDPA over a context padded to the graph's bucket
 with an additive mask, or from 128 rows two batched products, a scale, the mask and a softmax. Here one program
 per (row, head) writes its K/V at the row's position, then streams only the row's own prefix (positions below it,
-not the bucket) with an online softmax, the way engine/int8_attention.py reads the cross cache: each of BLOCK_N
+not the bucket) with an online softmax, the way engine/kernels/int8_attention.py reads the cross cache: each of BLOCK_N
 lanes keeps its own running max and sum, merged once at the end together with the new key, which is still in
 registers. Keys of a row are contiguous in its slot, so each block is one coalesced read.
 
 Rows are batch rows of slots slot_start + row (the decoder's layout); padding rows of a graph write position 0
 of free slots, as the indexed write did. Off a GPU, or without Triton, the model keeps the torch operations.
 
-A lone sequence's step on Hopper and later is launched as a programmatic dependent (engine/fused_ops.py): its
+A lone sequence's step on Hopper and later is launched as a programmatic dependent (engine/kernels/fused_ops.py): its
 first LONE_ROW_PREFETCH positions are read while the q/k/v product runs, then it waits for that product; only the
 position and q/k/v are read after the wait, and nothing is written before it.
 """
@@ -25,7 +25,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .fused_ops import dependent_launch, let_next_launch, wait_for_previous
+    from engine.kernels.fused_ops import dependent_launch, let_next_launch, wait_for_previous
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -40,7 +40,7 @@ except ImportError:  # CPU-only installs
 MANY_PROGRAMS_SETTINGS = (16, 4)
 FEW_PROGRAMS = 256
 FEW_PROGRAMS_SETTINGS = (32, 8)
-# A lone sequence's step, launched as a programmatic dependent (engine/fused_ops.py): its first positions' keys and
+# A lone sequence's step, launched as a programmatic dependent (engine/kernels/fused_ops.py): its first positions' keys and
 # values (written by earlier steps, not by the kernel before it) are read while the q/k/v product still runs.
 # 128 covers the prompt and ~100 tokens of a typical window; later positions stream in blocks as above.
 LONE_ROW_PREFETCH = 128

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .audio import TOKENS_PER_SECOND
-from .request import Segment, Word
-from .tokenizer import Tokenizer
+from engine.audio import TOKENS_PER_SECOND
+from engine.model.tokenizer import Tokenizer
+from engine.request import Segment, Word
 
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"

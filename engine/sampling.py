@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import greedy_pick
-from .tokenizer import Tokenizer
+from engine.kernels import greedy_pick
+from engine.model.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
-GREEDY_KERNEL = True  # greedy steps on a GPU through engine/greedy_pick.py (False: torch's kernels, for A/B runs)
+GREEDY_KERNEL = True  # greedy steps on a GPU through engine/kernels/greedy_pick.py (False: torch's kernels, for A/B runs)
 
 
 @dataclass(slots=True)

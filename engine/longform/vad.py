@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .audio import SAMPLE_RATE
-from .request import ChunkingOptions
+from engine.audio import SAMPLE_RATE
+from engine.request import ChunkingOptions
 
 FRAME_SAMPLES = 512  # silero's frame at 16 kHz (32 ms)
 CONTEXT_SAMPLES = 64  # each frame sees the last samples of the previous one

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from engine.dims import ModelDimensions
+from engine.model.dims import ModelDimensions
 
 MAX_BINARY_VERSION = 6
 _DTYPES = {0: torch.float32, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.float16, 5: torch.bfloat16}

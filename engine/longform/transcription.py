@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .alignment import AlignmentInput, add_word_timestamps, find_alignment
-from .audio import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
-from .features import pad_or_trim
-from .request import DecodeBudgetExceededError, DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
-from .segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
-from .sequence import Sequence, WindowJob
-from .tokenizer import Tokenizer
+from engine.audio import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
+from engine.features import pad_or_trim
+from engine.longform.alignment import AlignmentInput, add_word_timestamps, find_alignment
+from engine.longform.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
+from engine.model.tokenizer import Tokenizer
+from engine.request import DecodeBudgetExceededError, DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
+from engine.sequence import Sequence, WindowJob
 
 
 @dataclass(slots=True)
