@@ -11,7 +11,6 @@ from engine.kernels import greedy_pick
 from engine.model.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
-GREEDY_KERNEL = True  # greedy steps on a GPU through engine/kernels/greedy_pick.py (False: torch's kernels, for A/B runs)
 
 
 @dataclass(slots=True)
@@ -132,13 +131,16 @@ class LogitsProcessor:
         logits[rows] = x
 
 
-def sample(logits: Tensor, temperatures: list[float], generators: list[torch.Generator | None]) -> tuple[Tensor, Tensor]:
-    """Greedy where temperature is 0, else seeded sampling; returns (tokens, their log-probabilities)."""
+def sample(
+    logits: Tensor, temperatures: list[float], generators: list[torch.Generator | None], greedy_kernel: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Greedy where temperature is 0, else seeded sampling; returns (tokens, their log-probabilities).
+    `greedy_kernel` (KernelOptions.greedy_pick): an all-greedy step on a GPU in one pass (kernels/greedy_pick.py)."""
     if logits.device.type == "cpu":
         # torch's CPU argmax over a 51,864-wide row runs a scalar loop (60-110 us, 2-cores x86), numpy's is
         # vectorized (~6 us); both return the first of equal maxima, so the pick is the same
         tokens = torch.from_numpy(logits.numpy().argmax(axis=-1))
-    elif GREEDY_KERNEL and greedy_pick.applies(logits) and not any(t > 0 for t in temperatures):
+    elif greedy_kernel and greedy_pick.applies(logits) and not any(t > 0 for t in temperatures):
         return greedy_pick.greedy_pick(logits)
     else:
         tokens = logits.argmax(dim=-1)

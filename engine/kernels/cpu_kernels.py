@@ -83,9 +83,6 @@ def _build(compiler: str, openmp: str | None, target: Path) -> None:
 @functools.cache
 def load() -> CpuKernels | None:
     """The kernels, or None (with the reason logged) where they cannot be built or would not run."""
-    if os.environ.get("WHISPER_CPU_KERNELS", "1") == "0":
-        log.info("native CPU decode kernels: off (WHISPER_CPU_KERNELS=0)")
-        return None
     if platform.machine().lower() not in ("x86_64", "amd64"):
         log.info("native CPU decode kernels: not on %s (x86-64 only); decoding with torch alone", platform.machine())
         return None

@@ -57,11 +57,14 @@ def applies(x: Tensor, cache_k: Tensor) -> bool:
     return x.dim() == 3 and x.shape[1] == 1 and x.dtype == cache_k.dtype and cache_supported(cache_k)
 
 
-def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor, slot_start: int) -> Tensor:
+def self_attention_step(
+    qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor, slot_start: int, pdl: bool = True
+) -> Tensor:
     """
     qkv : (batch, 1, 3 * n_state), this step's fused q/k/v projection (q, k, v each heads x head_dim)
     cache_k, cache_v : (slots, heads, n_text_ctx, head_dim), one layer's self cache
     positions : (batch, 1) int64, each row's position; the row attends over positions 0..p of its slot
+    pdl : a lone row's kernel may be launched as a programmatic dependent (KernelOptions.pdl)
     returns the attention output (batch, 1, n_state), heads merged
     """
     b = qkv.shape[0]
@@ -70,7 +73,7 @@ def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions
     assert positions.shape == (b, 1) and cache_v.stride() == cache_k.stride()
     out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
     block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
-    launch = dependent_launch(qkv.device) if b == 1 else dict(PDL=False)  # more rows: cuBLAS makes q/k/v
+    launch = dependent_launch(qkv.device, pdl) if b == 1 else dict(PDL=False)  # more rows: cuBLAS makes q/k/v
     _write_and_attend[(b * h,)](
         qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h,
         cache_k.shape[2], d**-0.5, HEAD_DIM=d, BLOCK_N=block_n, PREFETCH=LONE_ROW_PREFETCH if launch["PDL"] else 0,

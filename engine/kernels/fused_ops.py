@@ -62,8 +62,6 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 ONE_ROW_MAX_WEIGHT = 2**23  # elements: large-v3's 1,280 x 1,280 products and its MLP's second (5,120 wide) qualify
 ONE_ROW_FEATURES = 4  # output features per program of the one-row product
 ONE_ROW_WIDE_K = 2048  # from this width one output feature per program (its tile in registers: see _tile)
-PDL = True  # programmatic dependent launch of the one-row kernels on Hopper and later (False: plain, for A/B runs)
-NORM_PRODUCT = True  # add_norm_linear for a lone sequence's step (False: the separate kernels, for A/B runs)
 NORM_PRODUCT_FEATURES = 8  # output features per program of add_norm_linear (H200, PDL: 8 beat 2 and 4 on 3 shapes)
 
 
@@ -139,15 +137,16 @@ def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
 
-def pdl_applies(device: torch.device) -> bool:
-    """Programmatic dependent launch on this device: Hopper or later, a Triton that has it, and PDL on."""
-    return PDL and _GDC and device.type == "cuda" and _major(device.index) >= 9
+def pdl_applies(device: torch.device, pdl: bool = True) -> bool:
+    """Programmatic dependent launch on this device: asked for (KernelOptions.pdl), Hopper or later, and a Triton
+    that has it."""
+    return pdl and _GDC and device.type == "cuda" and _major(device.index) >= 9
 
 
-def dependent_launch(device: torch.device) -> dict:
+def dependent_launch(device: torch.device, pdl: bool = True) -> dict:
     """A kernel's PDL argument and Triton's launch option (only passed to a Triton that knows it): launched as a
     programmatic dependent where pdl_applies."""
-    pdl = pdl_applies(device)
+    pdl = pdl_applies(device, pdl)
     return dict(PDL=pdl, launch_pdl=pdl) if _GDC else dict(PDL=False)
 
 
@@ -163,8 +162,9 @@ def _tile(k: int, features: int) -> dict:
     return dict(BLOCK_N=features, BLOCK_K=block_k, CHUNKS=triton.next_power_of_2(k // block_k))
 
 
-def linear(proj: nn.Linear, x: Tensor) -> Tensor:
-    """proj(x); a single row on a GPU through the one-row kernel when the weight is small enough (see above)."""
+def linear(proj: nn.Linear, x: Tensor, pdl: bool = True) -> Tensor:
+    """proj(x); a single row on a GPU through the one-row kernel when the weight is small enough (see above), as a
+    programmatic dependent where `pdl` (KernelOptions.pdl) and the device allow."""
     w, b = proj.weight, proj.bias
     if not x.is_cuda:
         return F.linear(x, w, b)
@@ -177,12 +177,12 @@ def linear(proj: nn.Linear, x: Tensor) -> Tensor:
         return F.linear(x, w, b)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     _one_row[(n // features,)](
-        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, num_warps=4, **dependent_launch(x.device)
+        x, w, b, out, k, **_tile(k, features), HAS_BIAS=True, ROUND=False, num_warps=4, **dependent_launch(x.device, pdl)
     )  # fmt: skip
     return out
 
 
-def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
+def one_row_logits(x: Tensor, weight: Tensor, pdl: bool = True) -> Tensor | None:
     """x (1, n) @ weight.T as float32 for a lone sequence's vocabulary projection on a GPU, or None where the
     kernel does not apply. Against cuBLAS's matrix-vector product and the cast after it: 48 -> 32 us per step for
     large-v3's 51,866 x 1,280 (H200; 2 outputs and 2 warps per program were the fastest of 27 configurations).
@@ -196,7 +196,7 @@ def one_row_logits(x: Tensor, weight: Tensor) -> Tensor | None:
         return None
     out = torch.empty(1, v, dtype=torch.float32, device=x.device)
     _one_row[(v // 2,)](
-        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, num_warps=2, **dependent_launch(x.device)
+        x, weight, weight, out, k, **_tile(k, 2), HAS_BIAS=False, ROUND=True, num_warps=2, **dependent_launch(x.device, pdl)
     )  # fmt: skip
     return out
 
@@ -206,14 +206,14 @@ def norm_product_applies(x: Tensor, weight: Tensor) -> bool:
     a multiple of 128, against a contiguous weight of the same dtype."""
     n = x.shape[-1]
     return (
-        NORM_PRODUCT and triton is not None and x.is_cuda and x.numel() == n and n % 128 == 0
+        triton is not None and x.is_cuda and x.numel() == n and n % 128 == 0
         and x.dtype in HALF_DTYPES and weight.dtype == x.dtype and weight.is_contiguous() and x.is_contiguous()
         and weight.shape[1] == n and weight.shape[0] % NORM_PRODUCT_FEATURES == 0
     )  # fmt: skip
 
 
 def add_norm_linear(
-    x: Tensor, y: Tensor | None, ln: nn.LayerNorm, weight: Tensor, bias: Tensor, gelu: bool = False
+    x: Tensor, y: Tensor | None, ln: nn.LayerNorm, weight: Tensor, bias: Tensor, gelu: bool = False, pdl: bool = True
 ) -> tuple[Tensor, Tensor]:
     """(x + y, f(ln(x + y) @ weight.T + bias)) with f GELU's tanh form (as linear_gelu's epilogue) or identity;
     y None: (x, f(ln(x) @ weight.T + bias)). One kernel where norm_product_applies, else add_norm and a product
@@ -228,7 +228,7 @@ def add_norm_linear(
     _add_norm_product[(features // NORM_PRODUCT_FEATURES,)](
         x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, n, ln.eps,
         BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu,
-        num_warps=4, **dependent_launch(x.device),
+        num_warps=4, **dependent_launch(x.device, pdl),
     )  # fmt: skip
     return out_x, out
 

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.kernels.options import DEFAULT_KERNELS, KernelOptions
+
 try:
     import triton
     import triton.language as tl
@@ -51,14 +53,10 @@ NUM_STAGES = 3  # Triton's default software pipelining depth of the key loop
 MAX_SPLITS = 16
 QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
-LONE_ROW = True  # the lone-row kernel below where it applies (False: the CUDA/Triton kernels, for A/B runs)
 LONE_ROW_MAX_KEYS = 256  # keys per split the lone-row kernel holds in registers (Whisper's 1,500 / 16: 94 -> 128)
 
 log = logging.getLogger(__name__)
 
-# "cuda": the NVRTC kernel where it compiles and the layout suits it, else Triton; "triton": Triton only
-# (benchmarks compare the two through this).
-KERNEL = "cuda"
 CUDA_SOURCE = Path(__file__).with_name("csrc") / "int8_attention.cu"
 # H200, 256 rows (benchmarks/int8_cross_attention.py --sweep-cuda): 128 threads, 4 threads per key, 2 keys per
 # group loaded ahead, registers capped for 8 blocks per SM, loads that skip L1 (read once). 237 us; 4.27 TB/s.
@@ -104,19 +102,25 @@ def dequantize(values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     return (values.to(torch.float32) * scale.to(torch.float32)[..., None]).to(dtype)
 
 
-def int8_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
+def int8_attention(
+    q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, kernels: KernelOptions = DEFAULT_KERNELS
+) -> Tensor:
     """softmax(q k^T / sqrt(d)) v with k, v stored as int8 and per-vector scales.
 
     q (batch, heads, t, dim); k, v (batch, heads, n, dim) int8; k_scale, v_scale (batch, heads, n).
-    Views with a unit last stride (slices of the cache) are read in place."""
+    Views with a unit last stride (slices of the cache) are read in place. `kernels`: which kernel runs
+    (int8_attention: the NVRTC kernel where it compiles and the layout suits it, else Triton; int8_lone_row;
+    pdl)."""
     if not _kernels_apply(q):
         return F.scaled_dot_product_attention(q, dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype))
-    if _lone_row_applies(q, k):
-        return _lone_row_attention(q, k, k_scale, v, v_scale)
-    kernel = _cuda_kernel(q) if KERNEL == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale) else None
+    pdl = kernels.pdl
+    if kernels.int8_lone_row and _lone_row_applies(q, k, pdl):
+        return _lone_row_attention(q, k, k_scale, v, v_scale, pdl)
+    use_cuda = kernels.int8_attention == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale)
+    kernel = _cuda_kernel(q) if use_cuda else None
     if kernel is not None:
-        return _cuda_attention(kernel, q, k, k_scale, v, v_scale)
-    return _triton_attention(q, k, k_scale, v, v_scale)
+        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, pdl)
+    return _triton_attention(q, k, k_scale, v, v_scale, pdl)
 
 
 def _splits(rows: int, target: int, max_splits: float = MAX_SPLITS) -> int:
@@ -159,7 +163,7 @@ def _cuda_layout_fits(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
     return q.shape[-1] == 64 and q.dtype in (torch.float16, torch.bfloat16) and aligned and small
 
 
-def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
+def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool) -> Tensor:
     b, h, t, d = q.shape
     n = k.shape[2]
     assert k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
@@ -176,17 +180,17 @@ def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_
             *out.stride()[:3], h, t, n, keys_per_split, d**-0.5, splits,
         ],
     )  # fmt: skip
-    return _combined(m, lse, acc, out, splits)
+    return _combined(m, lse, acc, out, splits, pdl)
 
 
-def _lone_row_applies(q: Tensor, k: Tensor) -> bool:
+def _lone_row_applies(q: Tensor, k: Tensor, pdl: bool) -> bool:
     """A lone sequence's decode step (one query row per head) on a device with dependent launches, each split's
     keys few enough to hold in registers."""
     b, _, t, _ = q.shape
-    return LONE_ROW and b * t == 1 and pdl_applies(q.device) and -(-k.shape[2] // MAX_SPLITS) <= LONE_ROW_MAX_KEYS
+    return b * t == 1 and pdl_applies(q.device, pdl) and -(-k.shape[2] // MAX_SPLITS) <= LONE_ROW_MAX_KEYS
 
 
-def _lone_row_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
+def _lone_row_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool) -> Tensor:
     """One query row per head, its keys split MAX_SPLITS ways; each program reads its split's keys and values
     before waiting for the kernel that makes the query (see _prefetched_split)."""
     _, h, _, d = q.shape
@@ -199,9 +203,9 @@ def _lone_row_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scal
         q, k, k_scale, v, v_scale, m, lse, acc, q.stride(1), k.stride(1), k.stride(2), k_scale.stride(1),
         v.stride(1), v.stride(2), v_scale.stride(1), n, keys_per_split, d**-0.5,
         HEAD_DIM=d, KEYS=triton.next_power_of_2(keys_per_split), NUM_SPLITS=MAX_SPLITS, num_warps=4,
-        **dependent_launch(q.device),
+        **dependent_launch(q.device, pdl),
     )  # fmt: skip
-    return _combined(m, lse, acc, out, MAX_SPLITS)
+    return _combined(m, lse, acc, out, MAX_SPLITS, pdl)
 
 
 def _split_buffers(rows: int, splits: int, d: int, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -212,18 +216,18 @@ def _split_buffers(rows: int, splits: int, d: int, out: Tensor) -> tuple[Tensor,
     return m, torch.empty_like(m), torch.empty(rows * splits, d, dtype=torch.float32, device=out.device)
 
 
-def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int) -> Tensor:
+def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int, pdl: bool) -> Tensor:
     """out, with the splits' partial results (_split_buffers) merged into it where there were several."""
     if splits > 1:
         b, h, t, d = out.shape
         _combine_splits[(b * h * t,)](
             m, lse, acc, out, *out.stride()[:3], h, t, HEAD_DIM=d, NUM_SPLITS=splits, CONTIGUOUS=out.is_contiguous(),
-            num_warps=1, **dependent_launch(out.device),
+            num_warps=1, **dependent_launch(out.device, pdl),
         )  # fmt: skip
     return out
 
 
-def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor) -> Tensor:
+def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool) -> Tensor:
     b, h, t, d = q.shape
     n = k.shape[2]
     assert k.stride(-1) == v.stride(-1) == k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
@@ -239,7 +243,7 @@ def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
         h, t, n, keys_per_split, d**-0.5,
         HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
-    return _combined(m, lse, acc, out, splits)
+    return _combined(m, lse, acc, out, splits, pdl)
 
 
 if triton is not None:

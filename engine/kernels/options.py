@@ -1,0 +1,37 @@
+"""KernelOptions: which kernels a backend uses, as one object passed down from EngineConfig.
+
+Every switch defaults to the choice measured fastest (the table in BENCHMARKS.md); the others exist so that a
+benchmark or a test can run the alternative in the same process for an A/B comparison, by passing another
+KernelOptions, never by patching a module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INT8_ATTENTION_KERNELS = ("cuda", "triton")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOptions:
+    # Programmatic dependent launch of the one-row kernels on Hopper and later: a kernel reads its weights while
+    # the one before it still runs (kernels/fused_ops.py).
+    pdl: bool = True
+    # A lone sequence's GPU step with each sub-layer's residual add, layer norm and first product in one kernel
+    # (kernels/fused_ops.py add_norm_linear).
+    norm_product: bool = True
+    # The int8 cross-attention kernel: "cuda" (NVRTC, falling back to Triton where it does not build) or "triton".
+    int8_attention: str = "cuda"
+    # A lone row's int8 cross-attention in the kernel that prefetches its keys before waiting (needs pdl).
+    int8_lone_row: bool = True
+    # A greedy step's token and log-probability in one pass over the logits on a GPU (kernels/greedy_pick.py).
+    greedy_pick: bool = True
+    # The native CPU decode kernels (kernels/cpu_kernels.py) where they build; off: torch alone.
+    cpu_decode: bool = True
+
+    def __post_init__(self) -> None:
+        if self.int8_attention not in INT8_ATTENTION_KERNELS:
+            raise ValueError(f"int8_attention must be one of {INT8_ATTENTION_KERNELS}, got {self.int8_attention!r}")
+
+
+DEFAULT_KERNELS = KernelOptions()
