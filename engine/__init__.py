@@ -1,27 +1,34 @@
 """A pure-PyTorch Whisper engine with continuous batching: `Engine(EngineConfig(model="tiny.en"))`.
 
-The server's one door into the engine: what it imports comes from here.
+The server's one door into the engine: everything it uses is imported from here. The package's map is in
+engine/README.md.
 """
 
+from engine.audio import SAMPLE_RATE, TOKENS_PER_SECOND, AudioDecodeError, AudioTooLongError, decode_audio
 from engine.config import EngineConfig
-from engine.engine import Engine, RequestHandle
+from engine.engine import Engine
 from engine.engine_process import EngineProcess
+from engine.frontend import EngineLike, Handle, RequestHandle
+from engine.kernels.options import KernelOptions
+from engine.model.tokenizer import LANGUAGES
 from engine.model_runner import resolve_device
 from engine.request import (
+    DEFAULT_TEMPERATURES,
+    ChunkingOptions,
     DecodeBudgetExceededError,
     DecodeOptions,
     EngineDeadError,
     EngineError,
     EngineOverloadedError,
+    EngineStats,
     InvalidRequestError,
     RequestAbortedError,
     Segment,
+    SegmentEvent,
     Task,
     TranscriptionResult,
     Word,
 )
-
-EngineLike = Engine | EngineProcess
 
 
 def start_engine(config: EngineConfig, own_process: bool) -> EngineLike:
@@ -32,6 +39,13 @@ def start_engine(config: EngineConfig, own_process: bool) -> EngineLike:
 
 
 __all__ = [
+    "DEFAULT_TEMPERATURES",
+    "LANGUAGES",
+    "SAMPLE_RATE",
+    "TOKENS_PER_SECOND",
+    "AudioDecodeError",
+    "AudioTooLongError",
+    "ChunkingOptions",
     "DecodeBudgetExceededError",
     "DecodeOptions",
     "Engine",
@@ -41,13 +55,18 @@ __all__ = [
     "EngineLike",
     "EngineOverloadedError",
     "EngineProcess",
+    "EngineStats",
+    "Handle",
     "InvalidRequestError",
+    "KernelOptions",
     "RequestAbortedError",
     "RequestHandle",
     "Segment",
+    "SegmentEvent",
     "Task",
     "TranscriptionResult",
     "Word",
+    "decode_audio",
     "resolve_device",
     "start_engine",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine.kernels.options import KernelOptions
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -30,6 +32,8 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+    # The sampling seed of requests that give none (DecodeOptions.seed): temperature-fallback draws then depend only
+    # on this seed and the request's own audio, never on what else the engine decodes.
     seed: int = 0
     # A new window whose prompt has at most this many tokens gets it one token per decode step, riding along with
     # the running batch (in its CUDA graph), instead of an eager prefill pass of its own, while the batch is small
@@ -50,9 +54,8 @@ class EngineConfig:
     # (which bounds a small decoder such as large-v3-turbo's) is paid once per launch; a window that ends is seen up
     # to this many steps late. None = 4 on a GPU, 1 on a CPU (whose steps are bound by compute, not the host).
     multi_step: int | None = None
-    # Benchmarks only: every window decodes exactly this many tokens (EOS ignored, no quality fallbacks),
-    # so runs with random weights do the same work as peers told the same.
-    fixed_decode_tokens: int | None = None
+    # Which kernels the backends use (engine/kernels/options.py); the defaults are the fastest measured.
+    kernels: KernelOptions = field(default_factory=KernelOptions)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -73,8 +76,6 @@ class EngineConfig:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
-        if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
-            raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
         if self.stepwise_prompt_tokens is not None and self.stepwise_prompt_tokens < 0:
             raise ValueError(f"stepwise_prompt_tokens must be >= 0, got {self.stepwise_prompt_tokens}")
         if self.multi_step is not None and self.multi_step < 1:

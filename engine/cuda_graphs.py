@@ -11,16 +11,14 @@ import torch
 from torch import Tensor
 
 from engine.audio import N_FRAMES
-from engine.kernels import decode_attention
+from engine.backends import KV_BUCKET, DecodeBackend
 from engine.model.kv_cache import KVCache
-from engine.model.whisper import Whisper
 from engine.sampling import LogitsProcessor, sample
 
 log = logging.getLogger(__name__)
 
 DECODE_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-KV_BUCKET = 64  # self-attention context is attended in multiples of this many positions
 MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while padding stays under this share
 # Prompt passes with a graph: windows admitted when none is running (slots 0..n-1), every prompt the same length and
 # starting with <|startoftranscript|>: [sot] [lang task] [notimestamps] is 2-4 tokens. Eagerly such a pass is ~600
@@ -72,20 +70,22 @@ class GraphRunner:
     """Captures at start-up; replays copy inputs into static buffers, pad to the bucket and slice the outputs."""
 
     def __init__(
-        self, model: Whisper, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype,
-        processor: LogitsProcessor | None = None, multi_steps: int = 1,
+        self, backend: DecodeBackend, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype,
+        processor: LogitsProcessor | None = None, multi_steps: int = 1, greedy_kernel: bool = True,
     ):  # fmt: skip
-        self.model = model
+        self.backend = backend
+        self.model = model = backend.model
         self.processor = processor
+        self.greedy_kernel = greedy_kernel
         self.cache = cache
         self.device = cache.self_k.device
         dims = model.dims
         self.decode_sizes = buckets_up_to(DECODE_BATCH_BUCKETS, num_slots)
         self.encoder_sizes = buckets_up_to(ENCODER_BATCH_BUCKETS, min(max_encoder_batch, num_slots))
         n_ctx = cache.shape.n_text_ctx
-        # With the step kernel (engine/kernels/decode_attention.py) a row reads its own prefix whatever the context, so one
-        # graph per batch size serves every context (19 captures instead of 133 for large-v3's 448 positions).
-        self.step_kernel = cache.self_k.dtype == dtype and decode_attention.cache_supported(cache.self_k)
+        # Where a step's rows read their own prefix whatever the context (the backend's step kernel), one graph per
+        # batch size serves every context (19 captures instead of 133 for large-v3's 448 positions).
+        self.step_kernel = backend.reads_own_prefix
         if self.step_kernel:
             self.kv_sizes = [n_ctx]
         else:
@@ -123,19 +123,15 @@ class GraphRunner:
     # ---- capture ----------------------------------------------------------------------------------
 
     def _decode_step(self, bs: int, kv_len: int) -> None:
-        positions = self.dec.positions[:bs]
-        mask = None
-        if not self.step_kernel:  # the step kernel reads each row's own prefix: no mask to build
-            mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
-        hidden = self.model.decoder(self.dec.tokens[:bs], positions, self.cache, 0, kv_len, mask)
-        self.model.decoder.logits(hidden[:, -1], out=self.dec.logits[:bs])
+        hidden = self.backend.decode_step(self.dec.tokens[:bs], self.dec.positions[:bs], self.cache, kv_len)
+        self.backend.logits(hidden[:, -1], out=self.dec.logits[:bs])
 
     def _prefill(self, bs: int, width: int) -> None:
         """The prompt pass of rows 0..bs-1 (slots 0..bs-1), prompts of `width` tokens from position 0: logits at
         each prompt's last token (the first sampled token) and at its first (the no-speech probability)."""
-        hidden = self.model.decoder.prompt_pass(self.dec.prompt[:bs, :width], self.cache, 0)
-        self.model.decoder.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
-        self.model.decoder.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
+        hidden = self.backend.prompt_pass(self.dec.prompt[:bs, :width], self.cache, 0)
+        self.backend.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
+        self.backend.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
 
     def _multi_step(self, bs: int, timestamps: bool) -> None:
         """multi_steps greedy steps of rows 0..bs-1: each step's logits get the rules (LogitsProcessor.plain, with
@@ -145,7 +141,7 @@ class GraphRunner:
         for j in range(self.multi_steps):
             self._decode_step(bs, self.kv_sizes[-1])
             logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs], state if timestamps else None)
-            tokens, logprobs = sample(logits, [0.0] * bs, [None] * bs)
+            tokens, logprobs = sample(logits, [0.0] * bs, [None] * bs, self.greedy_kernel)
             self.dec.multi_tokens[j, :bs] = tokens
             self.dec.multi_logprobs[j, :bs] = logprobs
             self.dec.tokens[:bs, 0] = tokens
@@ -154,7 +150,7 @@ class GraphRunner:
                 state.copy_(self.processor.next_state(state, tokens))
 
     def _encode(self, bs: int) -> None:
-        self.enc.features[:bs] = self.model.encoder(self.enc.mel[:bs])
+        self.enc.features[:bs] = self.backend.encode(self.enc.mel[:bs])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -215,7 +211,7 @@ class GraphRunner:
         size = self.encoder_size_for(n)
         if size is None:
             self.stats.encoder_eager += 1
-            return self.model.encoder(mels)
+            return self.backend.encode(mels)
         self.enc.mel[:n].copy_(mels)
         if size > n:
             self.enc.mel[n:size].zero_()  # padding rows: their output is ignored

@@ -1,8 +1,7 @@
-"""Engine: an inbox, one loop thread that schedules and steps, and per-request output handles."""
+"""Engine: an inbox, one loop thread that admits, launches, reads and postprocesses, and per-request handles."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import logging
@@ -14,15 +13,16 @@ from collections import deque
 import numpy as np
 import torch
 
-from engine.audio import CHUNK_LENGTH
+from engine.audio import CHUNK_LENGTH, SAMPLE_RATE
 from engine.config import EngineConfig
 from engine.feature_worker import FeatureWorker, features_ready
 from engine.features import LogMelBuilder
+from engine.frontend import EngineFront, RequestHandle, check_audio
 from engine.longform.chunked_transcription import ChunkedTranscription
-from engine.longform.transcription import Transcription, prompt_tokens
+from engine.longform.transcription import Transcription
 from engine.longform.vad import VoiceActivityDetector
-from engine.model.tokenizer import Tokenizer
-from engine.model_runner import ModelRunner, StepOutput
+from engine.messages import AbortRequest, AddRequest
+from engine.model_runner import ModelRunner
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
@@ -30,38 +30,21 @@ from engine.request import (
     EngineInternalError,
     EngineOverloadedError,
     EngineStats,
-    InvalidRequestError,
     RequestAbortedError,
-    SegmentEvent,
-    Task,
     TranscriptionResult,
 )
 from engine.scheduler import Scheduler
-from engine.sequence import ON_DEVICE, Sequence
+from engine.sequence import LaunchedRow, Output, Sequence
+from engine.step_io import StepOutput
 
 log = logging.getLogger(__name__)
-_DONE = object()
 # Short prompts ride along with the decode steps only while fewer sequences than this are running and no window
-# is left waiting. With a few rows a step is short, so a prefill pass (~25 ms of eager launches on a GPU) would
-# dominate; with many, or with a backlog, the pass is shared by a large admitted batch and admitting quickly in
-# large encoder batches matters more. H200, large-v3, benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8
-# against 0: step-wise on whenever fewer than 64 ran gave +14% at 8 windows and +10% at 64 but -9% at a burst of
-# 256 (1,833 vs 2,024 RTFx, p50 time to first token 1.41 vs 1.02 s: the burst was admitted in twice as many encoder
-# batches). Holding partial encoder batches back for 5-25 ms did not restore it (60-66 batches either way).
+# is left waiting. With a few rows a step is short, so a prompt pass (~600 eager kernel launches on a GPU) would
+# dominate; with many, or with a backlog, the pass is shared by a large admitted batch, and admitting quickly in
+# large encoder batches matters more: step-wise feeding at every batch size lost throughput on a burst of 256
+# windows because the burst was admitted in twice as many encoder batches
+# (`benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8` against 0).
 STEPWISE_MAX_RUNNING = 64
-# What a launched step's output is for one sequence: nothing (a forced prompt token was fed), the language pick,
-# or a sampled token.
-FORCED, DETECT, SAMPLE = 0, 1, 2
-
-
-def check_audio(audio: np.ndarray) -> np.ndarray:
-    """Samples as the engine takes them: 1-D, floating point, finite; InvalidRequestError otherwise."""
-    audio = np.asarray(audio)
-    if audio.ndim != 1 or audio.dtype.kind != "f":
-        raise InvalidRequestError(f"audio must be 1-D float samples, got {audio.dtype} of shape {audio.shape}")
-    if not np.isfinite(audio).all():
-        raise InvalidRequestError("audio contains NaN or infinite samples", "file")
-    return audio
 
 
 @dataclasses.dataclass(slots=True)
@@ -74,106 +57,18 @@ class PendingFeatures:
     builder: LogMelBuilder
 
 
-class EngineFront:
-    """What Engine and engine/engine_process.py's EngineProcess answer alike, from the config and the tokenizer."""
+@dataclasses.dataclass(slots=True)
+class Launch:
+    """A launched step: its rows in launch order, and their outputs on the way to the host."""
 
-    config: EngineConfig
-    tokenizer: Tokenizer
-    n_text_ctx: int  # the decoder's context (self-attention cache length), which bounds a prompt
-
-    @property
-    def model_name(self) -> str:
-        return self.config.model
-
-    @property
-    def is_multilingual(self) -> bool:
-        return self.tokenizer.is_multilingual
-
-    def prepare(self, options: DecodeOptions) -> DecodeOptions:
-        """The options as the loop takes them: checked, the prompt tokenized here (in the caller's thread) and cut
-        to what can be context, the engine's decode budget filled in."""
-        self.validate(options)
-        changes: dict = {}
-        if options.prompt_tokens is None and options.prompt:
-            changes["prompt_tokens"] = tuple(prompt_tokens(self.tokenizer, options.prompt, self.n_text_ctx))
-        if options.decode_budget_per_window is None:
-            changes["decode_budget_per_window"] = self.config.decode_budget_per_window
-        return dataclasses.replace(options, **changes) if changes else options
-
-    def validate(self, options: DecodeOptions) -> None:
-        """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""
-        tok = self.tokenizer
-        if options.language is not None:
-            if not tok.is_multilingual and options.language != "en":
-                raise InvalidRequestError(
-                    f"This model is English-only; language {options.language!r} is not supported", "language"
-                )
-            if tok.is_multilingual and options.language not in tok.language_ids:
-                raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
-        if options.task == Task.TRANSLATE and not tok.is_multilingual:
-            raise InvalidRequestError("This model is English-only and cannot translate", "model")
-
-
-class RequestHandle:
-    """The caller's end of one request: async events/result, or a blocking wait (CLI)."""
-
-    def __init__(self, engine: Engine, request_id: str):
-        self.engine = engine
-        self.request_id = request_id
-        self.submitted_at = time.perf_counter()
-        try:
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-            self._aqueue: asyncio.Queue = asyncio.Queue()
-        except RuntimeError:
-            self._loop = None
-        self._squeue: queue.SimpleQueue = queue.SimpleQueue()
-        self._result: TranscriptionResult | None = None
-
-    def emit(self, item: object) -> None:
-        """Called from the engine thread."""
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
-            except RuntimeError:  # the caller's event loop is gone; nobody is listening
-                self.engine.abort(self.request_id)
-        else:
-            self._squeue.put(item)
-
-    def _unwrap(self, item: object) -> SegmentEvent | None:
-        if isinstance(item, BaseException):
-            raise item
-        if isinstance(item, TranscriptionResult):
-            self._result = item
-            return None
-        return item  # type: ignore[return-value]
-
-    async def events(self):
-        """Yields SegmentEvent as windows finish; returns when the request is done."""
-        while self._result is None:
-            event = self._unwrap(await self._aqueue.get())
-            if event is not None:
-                yield event
-
-    async def result(self) -> TranscriptionResult:
-        async for _ in self.events():
-            pass
-        assert self._result is not None
-        return self._result
-
-    def wait(self, timeout: float | None = None) -> TranscriptionResult:
-        while self._result is None:
-            self._unwrap(self._squeue.get(timeout=timeout))
-        return self._result
-
-    def abort(self) -> None:
-        if self._result is None:
-            self.engine.abort(self.request_id)
+    rows: list[LaunchedRow]
+    output: StepOutput
 
 
 class Engine(EngineFront):
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[AddRequest | AbortRequest | None] = queue.SimpleQueue()
         self._ids = itertools.count()
         # Submitted, first window not yet in a decode slot: in the inbox, computing features or waiting in the
         # scheduler. max_waiting bounds this set, so what queued requests hold (samples, log-mel) is bounded too.
@@ -197,13 +92,14 @@ class Engine(EngineFront):
         self._features = FeatureWorker(self.runner.log_mel, self.inbox.put) if self.runner.on_gpu else None
         stepwise = config.stepwise_prompt_tokens
         self.stepwise_prompt_tokens = stepwise if stepwise is not None else (8 if self.runner.on_gpu else 0)
-        self.scheduler = Scheduler(self.runner.num_slots, self.runner.max_encoder_batch, self.runner.admissible_encoder_batch)
+        runner = self.runner
+        self.scheduler = Scheduler(runner.num_slots, runner.max_encoder_batch, runner.admissible_encoder_batch)
         # On a GPU step N+1 is launched before step N's tokens are read, so the host's work between steps (reading,
         # bookkeeping, the next step's inputs and rules) runs while the GPU computes instead of leaving it idle.
         # A CPU computes while the host works anyway: there each step is read right after it is launched.
         overlap = config.overlap_steps
         self.overlap_steps = self.runner.on_gpu if overlap is None else overlap
-        self._in_flight: tuple[list[tuple[Sequence, int, int]], StepOutput] | None = None
+        self._in_flight: Launch | None = None
         self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
         self._features_pending: deque[PendingFeatures] = deque()  # log-mels being computed here, in turn
         self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
@@ -263,43 +159,31 @@ class Engine(EngineFront):
         return self.submit_checked(audio, self.prepare(options))
 
     def submit_checked(self, audio: np.ndarray, options: DecodeOptions, request_id: str | None = None) -> RequestHandle:
-        """submit() for samples and options already checked and prepared: engine/engine_process.py's child, whose parent
+        """submit() for samples and options already checked and prepared: the engine process's child, whose parent
         did both, so the scan of every sample is not repeated beside this engine's loop."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
-        if self.config.fixed_decode_tokens is not None:
-            options = dataclasses.replace(
-                options, fixed_decode_tokens=self.config.fixed_decode_tokens, temperatures=(0.0,),
-                no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None,
-            )  # fmt: skip
         request_id = request_id or f"req-{next(self._ids)}"
         with self._lock:
             if len(self._unstarted) >= self.config.max_waiting:
                 raise EngineOverloadedError(f"{len(self._unstarted)} requests are already waiting; retry later")
             self._unstarted.add(request_id)
         handle = self.make_handle(request_id)
-        self._send(("add", handle, np.ascontiguousarray(audio, dtype=np.float32), options))
+        self._send(AddRequest(handle, np.ascontiguousarray(audio, dtype=np.float32), options))
         return handle
 
     def make_handle(self, request_id: str) -> RequestHandle:
-        """The handle a request's events go to (engine/engine_process.py's child forwards them to its parent instead)."""
+        """The handle a request's events go to (the engine process's child forwards them to its parent instead)."""
         return RequestHandle(self, request_id)
 
     def on_started(self, request_id: str) -> None:
         """Called on the loop thread when a request no longer waits: its first window got a decode slot, or it
         ended before (failed, aborted, nothing to decode)."""
 
-    def _mark_started(self, request_id: str) -> None:
-        with self._lock:
-            if request_id not in self._unstarted:
-                return
-            self._unstarted.discard(request_id)
-        self.on_started(request_id)
-
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: AddRequest | AbortRequest) -> None:
         """Into the loop's inbox, through the feature worker when there is one (it keeps the order)."""
         (self._features.put if self._features is not None else self.inbox.put)(msg)
 
@@ -308,7 +192,7 @@ class Engine(EngineFront):
         self.start()
         return self.submit(audio, options or DecodeOptions()).wait()
 
-    # ---- loop thread ------------------------------------------------------------------------------
+    # ---- the loop ---------------------------------------------------------------------------------
 
     def _thread_main(self) -> None:
         try:
@@ -346,8 +230,147 @@ class Engine(EngineFront):
             self._transcriptions.clear()
             self._features_pending.clear()
 
+    def step(self) -> None:
+        """One turn of the loop: admit waiting windows, launch a decode step for every running sequence, read the
+        step launched before it (overlapped) or this one (not), and act on what was sampled."""
+        admitted = self._admit()
+        launch = self._launch(admitted)
+        if self._in_flight is not None:
+            self._postprocess(self._in_flight.rows, *self._in_flight.output.result(), latest=False)
+        self._in_flight = launch if self.overlap_steps else None
+        if launch is not None and not self.overlap_steps:
+            self._postprocess(launch.rows, *launch.output.result(), latest=True)
+        if admitted or launch is not None:  # not the read of a last step that launched nothing after it
+            self.num_steps += 1
+
+    def _admit(self) -> list[Sequence]:
+        """Waiting windows into free slots: the encoder writes their cross-attention caches, and their prompts go
+        through a prompt pass, or one token per decode step (`stepwise_prompt_tokens`) while the batch is small,
+        none waits and no graph replays their prompt pass."""
+        sched, runner = self.scheduler, self.runner
+        new = sched.admit()
+        if not new:
+            return new
+        for seq in new:
+            self._mark_started(seq.job.transcription.request_id)
+        runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
+        short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
+        running_before = len(sched.running) - len(new)
+        if short and not runner.prompt_graph_fits(new) and running_before < STEPWISE_MAX_RUNNING and not sched.num_waiting:
+            for seq in new:
+                seq.feed_prompt_stepwise()
+        else:
+            tokens, logprobs = runner.prefill(new)  # reads its rows' state before launch() advances it
+            self._postprocess([seq.launch(row) for row, seq in enumerate(new)], tokens, logprobs, latest=True)
+        return new
+
+    def _launch(self, admitted: list[Sequence]) -> Launch | None:
+        """One decode step for every running sequence, or several greedy steps in one launch while a few windows
+        decode and none waits (ModelRunner.multi_steps). The runner reads each sequence before launch() advances
+        it."""
+        running = self.scheduler.running
+        if not running:
+            return None
+        k = 1 if admitted or self.scheduler.num_waiting else self.runner.multi_steps(running)
+        if k > 1:
+            output = self.runner.decode_multi(running, keep=self.overlap_steps)
+            launched = [seq.launch_greedy(k, row) for row, seq in enumerate(running)]
+            rows = [per_seq[j] for j in range(k) for per_seq in launched]  # the output's order: step by step
+        else:
+            output = self.runner.decode(running, keep=self.overlap_steps)
+            rows = [seq.launch(row) for row, seq in enumerate(running)]
+        return Launch(rows, output)
+
+    def _postprocess(self, rows: list[LaunchedRow], tokens: list[int], logprobs: list[float], latest: bool) -> None:
+        """A step's results: tokens appended, ends found, finished windows released. A sequence that ended in an
+        earlier step was still in this one (launched before that end was read): its row is ignored. `latest`: no
+        step was launched after this one, so the next step's inputs can come from the host again."""
+        tok, now = self.tokenizer, time.perf_counter()
+        # a launch of several steps holds several rows per sequence: its next input is its last one's token
+        last = {id(r.seq): i for i, r in enumerate(rows)} if latest else {}
+        for i, (r, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
+            seq = r.seq
+            if latest and last[id(seq)] == i:
+                seq.settle(token)
+            if r.output is Output.FORCED or seq.finished:
+                continue
+            t = seq.job.transcription
+            if t.first_token_at is None:
+                t.first_token_at = now
+            if r.output is Output.LANGUAGE:
+                seq.language = tok.language_codes[token]
+            elif seq.append(token, logprob, r.num_cached, tok.eot, tok.timestamp_begin, self.runner.n_text_ctx):
+                self.num_tokens += 1
+        self._finish_windows()
+
+    def _finish_windows(self) -> None:
+        """Finished windows leave their slots (aligned first, for word timestamps: that reads the slot's cross
+        cache); their transcriptions queue the next window, a retry, or finish."""
+        for seq in self.scheduler.running:
+            if seq.finished and not seq.aborted and seq.job.word_timestamps:
+                t = seq.job.transcription
+                text = t.tokens_to_align(seq)
+                language = seq.language or t.language or "en"
+                seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
+        for seq in self.scheduler.release_finished(self.runner.cache):
+            if seq.aborted:
+                continue
+            t = seq.job.transcription
+            try:
+                job = t.on_window_done(seq)
+            except Exception as exc:  # a bug in one request's bookkeeping must not take down the others
+                if not isinstance(exc, EngineError):
+                    log.exception("request %s failed", t.request_id)
+                    exc = EngineInternalError("finishing a window failed")
+                t.aborted = True
+                job = None
+                self._transcriptions.pop(t.request_id, (None, None))[1].emit(exc)
+            if job is not None:
+                self.scheduler.add(job, continuing=True)
+            elif t.done:
+                self._transcriptions.pop(t.request_id, None)
+
+    def _fail_running(self, exc: Exception) -> None:
+        log.exception("engine step failed; failing the requests it was decoding")
+        self._in_flight = None
+        self.runner.reset_steps()
+        for seq in self.scheduler.running:
+            t = seq.job.transcription
+            t.aborted = True
+            entry = self._transcriptions.pop(t.request_id, None)
+            if entry is not None:
+                entry[1].emit(EngineInternalError("decoding failed"))
+        self.scheduler.running = []
+        self.scheduler.drop_aborted()
+
+    # ---- requests in and out ----------------------------------------------------------------------
+
     def _has_work(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None or bool(self._features_pending)
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if msg is None:
+                return
+            if isinstance(msg, AddRequest):
+                self._add(msg)
+            else:
+                self._abort(msg.request_id)
+
+    def _add(self, msg: AddRequest) -> None:
+        """A new request: its log-mel came from the feature worker (GPU), or is computed here piece by piece."""
+        if self._features is None:
+            builder = self.runner.log_mel_builder(torch.from_numpy(msg.audio))
+            self._features_pending.append(PendingFeatures(msg.handle, msg.audio, msg.options, builder))
+        elif isinstance(msg.features, Exception):
+            self._failed_before_decoding(msg.handle, msg.features)
+        else:
+            self._start(msg.handle, msg.audio, msg.options, features_ready(msg.features))
 
     def _advance_features(self) -> None:
         """One piece of the log-mel of the request first in line, which then goes to the back of the line: a
@@ -364,54 +387,10 @@ class Engine(EngineFront):
         else:
             self._features_pending.append(pending)
 
-    def _fail_running(self, exc: Exception) -> None:
-        log.exception("engine step failed; failing the requests it was decoding")
-        self._in_flight = None
-        self.runner.reset_steps()
-        for seq in self.scheduler.running:
-            t = seq.job.transcription
-            t.aborted = True
-            entry = self._transcriptions.pop(t.request_id, None)
-            if entry is not None:
-                entry[1].emit(EngineInternalError("decoding failed"))
-        self.scheduler.running = []
-        self.scheduler.drop_aborted()
-
-    def _drain_inbox(self, block: bool) -> None:
-        while True:
-            try:
-                msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
-            except queue.Empty:
-                return
-            block = False
-            if msg is None:
-                return
-            if msg[0] == "add":
-                self._add(*msg[1:])
-            elif msg[0] == "abort":
-                self._abort(msg[1])
-
-    def _add(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, prepared=None) -> None:
-        """A new request: its log-mel came from the feature worker (GPU), or is computed here piece by piece."""
-        if prepared is None:
-            builder = self.runner.log_mel_builder(torch.from_numpy(audio))
-            self._features_pending.append(PendingFeatures(handle, audio, options, builder))
-        elif isinstance(prepared, Exception):
-            self._failed_before_decoding(handle, prepared)
-        else:
-            self._start(handle, audio, options, features_ready(prepared))
-
-    def _failed_before_decoding(self, handle: RequestHandle, exc: Exception) -> None:
-        self._mark_started(handle.request_id)
-        if not isinstance(exc, EngineError):
-            log.error("request %s failed before decoding: %r", handle.request_id, exc)
-            exc = EngineInternalError("preparing the audio failed")
-        handle.emit(exc)
-
     def _start(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, mel: torch.Tensor) -> None:
         """The request's transcription, its first windows queued for slots."""
         try:
-            args = (handle.request_id, mel, len(audio) / 16000, options, self.tokenizer, self.runner.n_text_ctx)
+            args = (handle.request_id, mel, len(audio) / SAMPLE_RATE, options, self.tokenizer, self.runner.n_text_ctx)
             if options.chunking is None:
                 t = Transcription(*args, handle.emit)
             else:
@@ -430,6 +409,20 @@ class Engine(EngineFront):
         for job in jobs:
             self.scheduler.add(job, continuing=False)
 
+    def _failed_before_decoding(self, handle: RequestHandle, exc: Exception) -> None:
+        self._mark_started(handle.request_id)
+        if not isinstance(exc, EngineError):
+            log.error("request %s failed before decoding: %r", handle.request_id, exc)
+            exc = EngineInternalError("preparing the audio failed")
+        handle.emit(exc)
+
+    def _mark_started(self, request_id: str) -> None:
+        with self._lock:
+            if request_id not in self._unstarted:
+                return
+            self._unstarted.discard(request_id)
+        self.on_started(request_id)
+
     def _abort(self, request_id: str) -> None:
         for pending in self._features_pending:
             if pending.handle.request_id == request_id:
@@ -444,146 +437,3 @@ class Engine(EngineFront):
         self._mark_started(request_id)
         entry[1].emit(RequestAbortedError(f"request {request_id} was aborted"))
         self.scheduler.drop_aborted()
-
-    def step(self) -> None:
-        """Admit waiting windows (encoder; a prefill pass for long prompts), then launch one decode step for every
-        running sequence, and read the step before it (overlapped) or this one (not). Short prompts are fed by the
-        decode steps themselves, one token per step (`stepwise_prompt_tokens`), unless nothing else is running and
-        a graph replays their prompt pass."""
-        sched, runner = self.scheduler, self.runner
-        new = sched.admit()
-        for seq in new:
-            self._mark_started(seq.job.transcription.request_id)
-        if new:
-            runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
-            running_before = len(sched.running) - len(new)
-            short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
-            # With nothing else running (the new windows start at slot 0), a prompt pass replayed from a graph
-            # (runner.prompt_graph_fits) is one pass where step-wise feeding takes a step per prompt token (large-v3,
-            # H200, one window: 0.115 -> 0.113 s, time to first token 0.012-0.014 -> 0.010-0.012 s; BENCHMARKS.md,
-            # fourteenth session)
-            replayed = runner.prompt_graph_fits(new)
-            if short and not replayed and running_before < STEPWISE_MAX_RUNNING and not sched.num_waiting:
-                for seq in new:  # the prompt is fed by the decode steps below, one token each
-                    seq.forced.extend(seq.pending[1:])
-                    del seq.pending[1:]
-            else:
-                tokens, logprobs = runner.prefill(new)  # reads its rows' state before _launched advances it
-                self._complete(self._launched(new), tokens, logprobs, latest=True)
-        launched = None
-        if sched.running:
-            # several greedy steps in one launch while a few windows decode and none waits (ModelRunner.multi_steps)
-            k = 1 if new or sched.num_waiting else runner.multi_steps(sched.running)
-            if k > 1:
-                output = runner.decode_multi(sched.running, keep=self.overlap_steps)
-                launched = (self._launched_steps(sched.running, k), output)
-            else:
-                output = runner.decode(sched.running, keep=self.overlap_steps)
-                launched = (self._launched(sched.running), output)
-        if self._in_flight is not None:
-            self._complete(self._in_flight[0], *self._in_flight[1].result(), latest=False)
-        self._in_flight = launched if self.overlap_steps else None
-        if launched is not None and not self.overlap_steps:
-            self._complete(launched[0], *launched[1].result(), latest=True)
-        if new or launched is not None:  # not the read of a last step that launched nothing after it
-            self.num_steps += 1
-
-    def _align(self, seq: Sequence) -> None:
-        t = seq.job.transcription
-        language = seq.language or t.language or "en"
-        text = t.tokens_to_align(seq)
-        seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
-
-    def _launched(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, int]]:
-        """What the host knows as soon as a step is launched: positions advance, forced prompt tokens are next, and
-        a sampled token (or language pick) will be fed back from the device. Returns (sequence, mode, positions
-        cached after the step) per row for `_complete`."""
-        record = []
-        for row, seq in enumerate(seqs):
-            seq.num_cached += len(seq.pending)
-            seq.row = row
-            if seq.forced:  # prompt tokens still to feed: the model's output is not used
-                mode = FORCED
-                seq.pending = [seq.forced.popleft()]
-            elif seq.detecting:  # the model's pick among language tokens, then the rest of the prompt
-                mode = DETECT
-                seq.detecting = False
-                seq.forced.extend(seq.job.forced_after_language)
-                seq.pending = [ON_DEVICE]
-            else:
-                mode = SAMPLE
-                seq.num_launched += 1
-                seq.pending = [ON_DEVICE]
-            record.append((seq, mode, seq.num_cached))
-        return record
-
-    def _launched_steps(self, seqs: list[Sequence], k: int) -> list[tuple[Sequence, int, int]]:
-        """_launched for k greedy steps in one launch (every sequence sampling): the records of step 0 for every
-        row, then step 1, ..., in the order of the launch's output; the last step's tokens stay on the device."""
-        record = []
-        for _ in range(k):
-            for seq in seqs:
-                seq.num_cached += 1
-                seq.num_launched += 1
-                record.append((seq, SAMPLE, seq.num_cached))
-        for row, seq in enumerate(seqs):
-            seq.row = row
-            seq.pending = [ON_DEVICE]
-        return record
-
-    def _complete(
-        self, record: list[tuple[Sequence, int, int]], tokens: list[int], logprobs: list[float], latest: bool
-    ) -> None:
-        """A step's results: tokens appended, ends found, finished windows released. A sequence that ended in an
-        earlier step was still in this one (launched before that end was read): its row is ignored. `latest`: no
-        step was launched after this one, so the next step's inputs can come from the host again."""
-        tok = self.tokenizer
-        # a launch of several steps holds several records per sequence: its next input is its last one's token
-        last = {id(seq): i for i, (seq, _, _) in enumerate(record)} if latest else {}
-        for i, ((seq, mode, cached), token, logprob) in enumerate(zip(record, tokens, logprobs)):
-            if latest and last[id(seq)] == i:
-                seq.row = None
-                if seq.pending[0] == ON_DEVICE:
-                    seq.pending = [token]
-            if mode == FORCED or seq.finished:
-                continue
-            t = seq.job.transcription
-            if t.first_token_at is None:
-                t.first_token_at = time.perf_counter()
-            if mode == DETECT:
-                seq.language = tok.language_codes[token]
-                continue
-            seq.sum_logprob += logprob
-            fixed = seq.job.fixed_decode_tokens
-            if token == tok.eot and fixed is None:
-                seq.finished = True
-                continue
-            seq.tokens.append(token)
-            self.num_tokens += 1
-            if token >= tok.timestamp_begin:
-                seq.last_timestamp = token
-            if (fixed is not None and len(seq.tokens) >= fixed) or cached + 1 >= self.runner.n_text_ctx:
-                seq.finished = True  # clean stop at the decoder's context limit
-        self._release()
-
-    def _release(self) -> None:
-        for seq in self.scheduler.running:
-            if seq.finished and not seq.aborted and seq.job.word_timestamps:
-                self._align(seq)  # needs the slot's cross-attention cache, so before the slot is reused
-        for seq in self.scheduler.release_finished(self.runner.cache):
-            if seq.aborted:
-                continue
-            t = seq.job.transcription
-            try:
-                job = t.on_window_done(seq)
-            except Exception as exc:  # a bug in one request's bookkeeping must not take down the others
-                if not isinstance(exc, EngineError):
-                    log.exception("request %s failed", t.request_id)
-                    exc = EngineInternalError("finishing a window failed")
-                t.aborted = True
-                job = None
-                self._transcriptions.pop(t.request_id, (None, None))[1].emit(exc)
-            if job is not None:
-                self.scheduler.add(job, continuing=True)
-            elif t.done:
-                self._transcriptions.pop(t.request_id, None)

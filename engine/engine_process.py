@@ -7,13 +7,12 @@ however fast the GPU kernels got (BENCHMARKS.md). In its own process the loop ha
 the process boundary: each request's float32 samples (one pipe write of their bytes, no pickling) and small
 pickled messages: options, segment events, results, errors, stats.
 
-Protocol (two one-way pipes; the parent writes from one sender thread so a full pipe never blocks its caller):
-  parent -> child: (ADD, request_id, options, n) followed by the n samples' bytes; (ABORT, request_id);
-                   (STATS, token); (SHUTDOWN,)
-  child -> parent: (READY, (tokenizer, n_text_ctx)) or (FAILED, exception) once; (STARTED, request_id) when a
-                   request stops waiting (its first window got a slot, or it ended first): the parent's backpressure
-                   count, as Engine's own; (EVENT, request_id, item)
-                   for each segment event, the result or an error; (STATS, token, EngineStats); (DEAD, message)
+Protocol: two one-way pipes of the typed messages in engine/messages.py; the parent writes from one sender thread,
+so a full pipe never blocks its caller.
+  parent -> child: Submit (followed by the samples' bytes), Abort, StatsQuery, Shutdown
+  child -> parent: Ready or Failed once; Started when a request stops waiting (its first window got a slot, or it
+                   ended first: the parent's backpressure count, as Engine's own); Event for each segment event, the
+                   result or an error; Stats; Dead
 """
 
 from __future__ import annotations
@@ -31,7 +30,20 @@ import threading
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.engine import Engine, EngineFront, RequestHandle, check_audio
+from engine.engine import Engine
+from engine.frontend import EngineFront, RequestHandle, check_audio
+from engine.messages import (
+    Abort,
+    Dead,
+    Event,
+    Failed,
+    Ready,
+    Shutdown,
+    Started,
+    Stats,
+    StatsQuery,
+    Submit,
+)
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
@@ -42,8 +54,6 @@ from engine.request import (
 
 log = logging.getLogger(__name__)
 
-ADD, ABORT, STATS, SHUTDOWN = "add", "abort", "stats", "shutdown"
-READY, FAILED, STARTED, EVENT, DEAD = "ready", "failed", "started", "event", "dead"
 STATS_TIMEOUT_S = 5.0
 # The child stops between two steps; past this it is terminated, so that a stop stays within an orchestrator's
 # grace period (docker stop: 10 s, the server's drain included).
@@ -72,14 +82,14 @@ class EngineProcess(EngineFront):
         child_in.close()
         child_out.close()  # the parent keeps only its ends, so the child's exit reads as end-of-file here
         try:
-            kind, payload = self._events.recv()
+            first = self._events.recv()
         except EOFError:
             self._process.join()
             raise RuntimeError(f"the engine process exited while loading (exit code {self._process.exitcode})")
-        if kind == FAILED:
+        if isinstance(first, Failed):
             self._process.join()
-            raise payload
-        self.tokenizer, self.n_text_ctx = payload
+            raise first.error
+        self.tokenizer, self.n_text_ctx = first.tokenizer, first.n_text_ctx
         self._ids = itertools.count()
         self._tokens = itertools.count()
         self._lock = threading.Lock()
@@ -125,17 +135,17 @@ class EngineProcess(EngineFront):
                 raise EngineOverloadedError(f"{len(self._unstarted)} requests are already waiting; retry later")
             self._unstarted.add(request_id)
             self._handles[request_id] = handle
-        self._outbox.put(((ADD, request_id, options, len(audio)), audio))
+        self._outbox.put((Submit(request_id, options, len(audio)), audio))
         return handle
 
     def abort(self, request_id: str) -> None:
-        self._outbox.put(((ABORT, request_id), None))
+        self._outbox.put((Abort(request_id), None))
 
     def stats(self) -> EngineStats:
         token = next(self._tokens)
         done, reply = threading.Event(), []
         self._stats[token] = (done, reply)
-        self._outbox.put(((STATS, token), None))
+        self._outbox.put((StatsQuery(token), None))
         try:
             if not done.wait(STATS_TIMEOUT_S):
                 raise EngineDeadError("the engine process did not answer for its stats")
@@ -147,7 +157,7 @@ class EngineProcess(EngineFront):
         return stats
 
     def shutdown(self) -> None:
-        self._outbox.put(((SHUTDOWN,), None))
+        self._outbox.put((Shutdown(), None))
         self._process.join(timeout=SHUTDOWN_TIMEOUT_S)
         if self._process.is_alive():
             log.warning("the engine process did not stop in %.0f s; terminating it", SHUTDOWN_TIMEOUT_S)
@@ -166,30 +176,28 @@ class EngineProcess(EngineFront):
                 if samples is not None:
                     self._requests.send_bytes(memoryview(samples).cast("B"))
             except (OSError, ValueError):  # the child is gone; the receiver reports it
-                if message[0] == ADD:
-                    self._finish(message[1], EngineDeadError("the engine process is not running"))
+                if isinstance(message, Submit):
+                    self._finish(message.request_id, EngineDeadError("the engine process is not running"))
 
     def _receive_forever(self) -> None:
         try:
             while True:
                 message = self._events.recv()
-                kind = message[0]
-                if kind == EVENT:
-                    _, request_id, item = message
-                    if isinstance(item, (TranscriptionResult, BaseException)):  # the request's last event
-                        self._finish(request_id, item)
-                    elif (handle := self._handles.get(request_id)) is not None:
-                        handle.emit(item)
-                elif kind == STARTED:
+                if isinstance(message, Event):
+                    if isinstance(message.item, (TranscriptionResult, BaseException)):  # the request's last event
+                        self._finish(message.request_id, message.item)
+                    elif (handle := self._handles.get(message.request_id)) is not None:
+                        handle.emit(message.item)
+                elif isinstance(message, Started):
                     with self._lock:
-                        self._unstarted.discard(message[1])
-                elif kind == STATS:
-                    waiter = self._stats.get(message[1])
+                        self._unstarted.discard(message.request_id)
+                elif isinstance(message, Stats):
+                    waiter = self._stats.get(message.token)
                     if waiter is not None:
-                        waiter[1].append(message[2])
+                        waiter[1].append(message.stats)
                         waiter[0].set()
-                elif kind == DEAD:
-                    self._mark_dead(message[1])
+                elif isinstance(message, Dead):
+                    self._mark_dead(message.reason)
         except (EOFError, OSError):
             self._process.join(timeout=2)  # the pipe closes as the child dies: let it be reaped for its exit code
             code = self._process.exitcode
@@ -233,7 +241,7 @@ class _ForwardingHandle(RequestHandle):
         self._forward = engine.send
 
     def emit(self, item: object) -> None:
-        self._forward((EVENT, self.request_id, item))
+        self._forward(Event(self.request_id, item))
 
 
 class _ChildEngine(Engine):
@@ -245,7 +253,7 @@ class _ChildEngine(Engine):
         return _ForwardingHandle(self, request_id)
 
     def on_started(self, request_id: str) -> None:
-        self.send((STARTED, request_id))
+        self.send(Started(request_id))
 
 
 def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
@@ -260,12 +268,16 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     lock = threading.Lock()  # the loop thread (events, STARTED) and this one (replies) both write
 
-    def send(message: tuple) -> None:
+    def send(message: Ready | Failed | Started | Event | Stats | Dead) -> None:
         try:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - an unpicklable error still has to reach its request
-            data = pickle.dumps((*message[:-1], RuntimeError(repr(message[-1]))), protocol=pickle.HIGHEST_PROTOCOL)
-            log.debug("unpicklable message %r: %s", message[0], exc)
+            if isinstance(message, Event):
+                message = Event(message.request_id, RuntimeError(repr(message.item)))
+            elif isinstance(message, Failed):
+                message = Failed(RuntimeError(repr(message.error)))
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            log.debug("unpicklable %s: %s", type(message).__name__, exc)
         with lock:
             try:
                 outbox.send_bytes(data)
@@ -278,34 +290,32 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
     try:
         engine = _ChildEngine(config, send)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it from EngineProcess()
-        send((FAILED, exc))
+        send(Failed(exc))
         return
     engine.start()
-    send((READY, (engine.tokenizer, engine.n_text_ctx)))
+    send(Ready(engine.tokenizer, engine.n_text_ctx))
     reported_dead = False
     while True:
         if not inbox.poll(0.5):
             if not engine.is_alive and not reported_dead:
-                send((DEAD, "the engine loop stopped"))
+                send(Dead("the engine loop stopped"))
                 reported_dead = True
             continue
         try:
             message = inbox.recv()
         except EOFError:
             break
-        kind = message[0]
-        if kind == ADD:
-            _, request_id, options, n = message
-            samples = np.empty(n, dtype=np.float32)  # received in place: one copy, and writable for torch
+        if isinstance(message, Submit):
+            samples = np.empty(message.num_samples, dtype=np.float32)  # received in place: one copy, writable
             inbox.recv_bytes_into(samples)
             try:
-                engine.submit_checked(samples, options, request_id=request_id)
+                engine.submit_checked(samples, message.options, request_id=message.request_id)
             except Exception as exc:  # noqa: BLE001 - the request's own error, sent to its handle
-                send((EVENT, request_id, exc))
-        elif kind == ABORT:
-            engine.abort(message[1])
-        elif kind == STATS:
-            send((STATS, message[1], engine.stats()))  # the parent replaces num_waiting with its own count
-        elif kind == SHUTDOWN:
+                send(Event(message.request_id, exc))
+        elif isinstance(message, Abort):
+            engine.abort(message.request_id)
+        elif isinstance(message, StatsQuery):
+            send(Stats(message.token, engine.stats()))  # the parent replaces num_waiting with its own count
+        elif isinstance(message, Shutdown):
             break
     engine.shutdown()

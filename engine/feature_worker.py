@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from engine.features import LogMelSpectrogram
+from engine.messages import AbortRequest, AddRequest
 
 
 class FeatureWorker:
@@ -21,7 +22,7 @@ class FeatureWorker:
     Every message (aborts too) goes through this one queue, so an abort cannot overtake its request.
     """
 
-    def __init__(self, log_mel: LogMelSpectrogram, deliver: Callable[[tuple], None]):
+    def __init__(self, log_mel: LogMelSpectrogram, deliver: Callable[[AddRequest | AbortRequest], None]):
         self.log_mel = log_mel
         self.device = log_mel.device
         self.deliver = deliver
@@ -30,7 +31,7 @@ class FeatureWorker:
         self.thread = threading.Thread(target=self._run, name="engine-features", daemon=True)
         self.thread.start()
 
-    def put(self, msg: tuple) -> None:
+    def put(self, msg: AddRequest | AbortRequest) -> None:
         self.queue.put(msg)
 
     def close(self) -> None:
@@ -40,8 +41,8 @@ class FeatureWorker:
     @torch.inference_mode()
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
-            if msg[0] == "add":
-                msg = (*msg, self._features(msg[2]))
+            if isinstance(msg, AddRequest):
+                msg.features = self._features(msg.audio)
             self.deliver(msg)
 
     def _features(self, audio) -> tuple[torch.Tensor, torch.cuda.Event] | Exception:

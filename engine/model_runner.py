@@ -3,32 +3,36 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from engine.audio import N_FRAMES
+from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
-from engine.cuda_graphs import KV_BUCKET, GraphRunner
+from engine.cuda_graphs import GraphRunner
 from engine.features import LogMelBuilder, LogMelSpectrogram
-from engine.kernels import cpu_kernels, fp8, int8_attention
+from engine.kernels import int8_attention
 from engine.longform.alignment import AlignmentInput
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
 from engine.model.tokenizer import Tokenizer
 from engine.model.weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 from engine.model.whisper import Whisper
-from engine.sampling import LogitsProcessor, StepRules, sample
-from engine.sequence import ON_DEVICE, Sequence
+from engine.sampling import LogitsProcessor, sample
+from engine.sequence import Sequence
+from engine.step_io import StepInputs, StepOutput, host_state
 
 log = logging.getLogger(__name__)
 
 MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
 MULTI_STEP_GPU = 4  # greedy steps per launch for a few windows on a GPU (EngineConfig.multi_step)
 MULTI_STEP_MAX_ROWS = 8  # the most windows decoded several steps per launch
+# A window's first timestamp is at most 1 s in (openai/whisper's and faster-whisper's max_initial_timestamp), in
+# steps of 0.02 s
+MAX_INITIAL_TIMESTAMP_INDEX = 50
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,17 +86,21 @@ class ModelRunner:
         self.alignment_heads = ckpt.alignment_heads or [
             (layer, head) for layer in range(dims.n_text_layer // 2, dims.n_text_layer) for head in range(dims.n_text_head)
         ]
+        cross = config.cross_cache_dtype
+        int8_cross = cross == "int8" or (cross == "auto" and default_int8_cross(self.device))
         self.model = self._build_model(ckpt)
+        # the implementation of a decode step on this device, chosen once; it lays the weights out for itself
+        self.backend: DecodeBackend = select_backend(
+            self.model, self.device, self.dtype, int8_cross, config.kernels, config.encoder_precision == "float8"
+        )
         self.log_mel = LogMelSpectrogram(dims.n_mels, self.device)
 
         self.cache_shape = CacheShape.for_model(dims, config.max_audio_ctx, config.max_text_ctx)
         self.n_text_ctx = self.cache_shape.n_text_ctx
-        activations = self._activation_reserve()
-        cross = config.cross_cache_dtype
-        int8_cross = cross == "int8" or (cross == "auto" and default_int8_cross(self.device))
         planned, why = plan_num_slots(
-            self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, activations, int8_cross
-        )
+            self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, self._activation_reserve(),
+            int8_cross,
+        )  # fmt: skip
         self.num_slots = min(planned, config.max_num_seqs or self._default_max_slots())
         log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
         self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross)
@@ -103,19 +111,18 @@ class ModelRunner:
             dims.n_vocab,
             suppress_tokens=ckpt.suppress_tokens or tok.default_suppress_tokens(),
             begin_suppress_tokens=ckpt.begin_suppress_tokens or [tok.encode(" ")[0], tok.eot],
-            max_initial_timestamp_index=50,
+            max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
             device=self.device,
         )
+        self.io = StepInputs(self.device, self.logits_processor)
         self.multi_step = config.multi_step or (MULTI_STEP_GPU if self.on_gpu else 1)
         self.graphs: GraphRunner | None = None
         if self.on_gpu and not config.enforce_eager:
             self.graphs = GraphRunner(
-                self.model, self.cache, self.num_slots, self.max_encoder_batch, self.dtype, self.logits_processor,
-                self.multi_step,
+                self.backend, self.cache, self.num_slots, self.max_encoder_batch, self.dtype, self.logits_processor,
+                self.multi_step, config.kernels.greedy_pick,
             )
             self.graphs.capture()
-        # the last decode step's sampled tokens and rule state (None: no timestamp window), on the device (decode)
-        self._prev: tuple[Tensor, Tensor | None] | None = None
 
     def _load(self, config: EngineConfig) -> Checkpoint:
         if not config.dummy_weights:
@@ -151,23 +158,9 @@ class ModelRunner:
 
     def _build_model(self, ckpt: Checkpoint) -> Whisper:
         with torch.device("meta"):
-            model = Whisper(ckpt.dims)
+            model = Whisper(ckpt.dims, self.config.kernels)
         model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
-        model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
-        on_cpu = self.device.type == "cpu"
-        if self.config.encoder_precision == "float8":
-            why = fp8.unsupported_reason(self.device, self.dtype)
-            if why is not None:
-                raise ValueError(f"encoder_precision float8: {why}; use encoder_precision model")
-            model.encoder.use_fp8()
-            torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
-        model.decoder.fuse_qkv(input_major=on_cpu)
-        if not on_cpu:
-            model.encoder.fuse_qkv()
-            model.decoder.pad_vocabulary()
-        if on_cpu:
-            model.decoder.prepare_for_cpu(cpu_kernels.load() if self.dtype == torch.float32 else None)
-        return model
+        return model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
 
     def _default_max_slots(self) -> int:
         """Slots when max_num_seqs is not set, however many more the memory plan would allow. A CPU is saturated
@@ -203,7 +196,7 @@ class ModelRunner:
         """Run the encoder on a batch of windows and write their cross-attention K/V into consecutive slots."""
         batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
         assert batch.shape[-1] == N_FRAMES
-        audio_features = self.graphs.encode(batch) if self.graphs else self.model.encoder(batch)
+        audio_features = self.graphs.encode(batch) if self.graphs else self.backend.encode(batch)
         self.model.decoder.fill_cross_cache(audio_features, self.cache, slot_start)
 
     def admissible_encoder_batch(self, n: int) -> int:
@@ -228,19 +221,19 @@ class ModelRunner:
         lengths = [len(s.pending) for s in seqs]
         width = max(lengths)
         rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
-        tokens = self._to_device(rows)
+        tokens = self.io.to_device(rows)
         if self.prompt_graph_fits(seqs):
             logits, sot_logits = self.graphs.prefill(tokens)
         else:
-            hidden = self.model.decoder.prompt_pass(tokens, self.cache, slot_start)
-            last = self._to_device(lengths) - 1
-            sot_index = self._to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
+            hidden = self.backend.prompt_pass(tokens, self.cache, slot_start)
+            last = self.io.to_device(lengths) - 1
+            sot_index = self.io.to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
             batch = torch.arange(len(seqs), device=self.device)
-            logits = self.model.decoder.logits(hidden[batch, last])
-            sot_logits = self.model.decoder.logits(hidden[batch, sot_index])
+            logits = self.backend.logits(hidden[batch, last])
+            sot_logits = self.backend.logits(hidden[batch, sot_index])
         no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech]
         timestamps = any(s.job.with_timestamps for s in seqs)
-        state = self._to_device([self._host_state(s) for s in seqs]) if timestamps else None
+        state = self.io.to_device([host_state(s) for s in seqs]) if timestamps else None
         return self._sample(seqs, logits, state, no_speech, list(range(len(seqs)))).result()
 
     @torch.inference_mode()
@@ -251,7 +244,7 @@ class ModelRunner:
         A sequence whose next token the host does not know yet (ON_DEVICE: the previous step sampled it and its
         result has not been read) takes it from that step's output on the device, and likewise the state its
         timestamp rules need; everything else comes from the host in one copy."""
-        tokens, positions, state, _ = self._inputs(seqs)
+        tokens, positions, state, _ = self.io.build(seqs)
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
         logits = self.graphs.decode(tokens, positions, kv_len) if self.graphs else None
@@ -263,56 +256,16 @@ class ModelRunner:
         sot_rows = [i for i, s in enumerate(seqs) if s.pending[0] == sot and s.num_cached < len(s.job.prompt)]
         no_speech = None
         if sot_rows:
-            no_speech = logits[self._to_device(sot_rows)].softmax(dim=-1)[:, self.tokenizer.no_speech]
+            no_speech = logits[self.io.to_device(sot_rows)].softmax(dim=-1)[:, self.tokenizer.no_speech]
         # built while the GPU runs the step (the copies do not wait for it); the rules edit the logits in place,
         # and a graph's logits buffer is rewritten by the next replay anyway
         return self._sample(seqs, logits, state, no_speech, sot_rows, keep)
 
-    def _inputs(
-        self, seqs: list[Sequence], extra: list[int] | None = None
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        """A launch's inputs: each row's first token (from the last launch's output on the device where the host
-        does not know it yet), its position (n, 1), the timestamp rules' state (_rule_state) and the host rows
-        (_host_row, then `extra`'s value) as copied to the device in one copy."""
-        prev = self._prev
-        host = [self._host_row(s, prev is not None) for s in seqs]
-        if extra is not None:
-            host = [[*row, value] for row, value in zip(host, extra)]
-        h = self._to_device(host)
-        tokens = h[:, 0]
-        if prev is not None:
-            rows = [r[2] if r[0] == ON_DEVICE else -1 for r in host]
-            tokens = self._from_last_step(tokens, prev[0], rows, lambda: h[:, 0] == ON_DEVICE, h[:, 2])
-        return tokens, h[:, 1:2].contiguous(), self._rule_state(seqs, host, h, prev), h
-
-    def _rule_state(self, seqs: list[Sequence], host: list[list[int]], h: Tensor, prev) -> Tensor | None:
-        """The timestamp rules' state per row (_host_state's columns of h, or the last launch's on the device for
-        rows that take their token from it); None while no window decodes with timestamps: kept on the device only
-        then (each small eager operation costs ~10 us of host time, and a small model's step is host-bound)."""
-        state = h[:, 3:6] if any(s.job.with_timestamps for s in seqs) else None
-        if state is not None and prev is not None and any(r[2] >= 0 for r in host):
-            if prev[1] is not None:
-                state = self._from_last_step(state, prev[1], [r[2] for r in host], lambda: h[:, 2:3] >= 0, h[:, 2])
-            elif any(r[2] >= 0 and s.job.with_timestamps for r, s in zip(host, seqs)):
-                # cannot happen: a timestamp window in the last step made it keep its state. (A timestamp window
-                # joining windows without timestamps takes nothing from the last step: their state is unused.)
-                raise RuntimeError("a sequence needs rule state that the last step did not keep")
-        return state
-
     def _eager_logits(self, seqs: list[Sequence], tokens: Tensor, positions: Tensor, ahead: int = 0) -> Tensor:
         """A step's logits without a graph; `ahead`: the step is that many positions past each sequence's cached
         count (multi-step decoding)."""
-        position = seqs[0].num_cached + ahead
-        if not self.on_gpu and all(s.num_cached + ahead == position for s in seqs):
-            # a lone sequence (or a batch in step): attend over exactly its prefix, no mask to build
-            hidden = self.model.decoder(tokens, positions, self.cache, 0, position + 1, None, position)
-        else:
-            # attend over a multiple of KV_BUCKET positions: few distinct shapes, so kernels are reused
-            kv_len = max(s.num_cached for s in seqs) + ahead + 1
-            kv_len = min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
-            mask = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
-            hidden = self.model.decoder(tokens, positions, self.cache, 0, kv_len, mask)
-        return self.model.decoder.logits(hidden[:, -1])
+        hidden = self.backend.eager_step(tokens, positions, self.cache, [s.num_cached + ahead for s in seqs])
+        return self.backend.logits(hidden[:, -1])
 
     def multi_steps(self, seqs: list[Sequence]) -> int:
         """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence
@@ -331,8 +284,7 @@ class ModelRunner:
                 return 1
             if s.num_cached + k > self.n_text_ctx:
                 return 1
-            fixed = job.fixed_decode_tokens
-            if fixed is not None and s.num_launched < fixed < s.num_launched + k:
+            if s.ends_within(k):
                 return 1
         return k
 
@@ -344,7 +296,7 @@ class ModelRunner:
         rule state stay on the device for the next launch."""
         k = self.multi_step
         # the state is every row's or None: multi_steps allows no mix of windows with and without timestamps
-        tokens, positions, state, h = self._inputs(seqs, [int(self._suppresses_eot(s)) for s in seqs])
+        tokens, positions, state, h = self.io.build(seqs, [int(s.must_not_end) for s in seqs])
         no_eot = h[:, -1] > 0  # the extra column
         if self.graphs is not None:
             step_tokens, step_logprobs, state = self.graphs.decode_multi(tokens[:, None], positions, no_eot, state)
@@ -353,53 +305,19 @@ class ModelRunner:
             greedy = ([0.0] * len(seqs), [None] * len(seqs))
             for j in range(k):
                 logits = self._eager_logits(seqs, tokens[:, None], positions + j, ahead=j)
-                tokens, logprobs = sample(processor.plain(logits, no_eot, state), *greedy)
+                tokens, logprobs = sample(processor.plain(logits, no_eot, state), *greedy, self.config.kernels.greedy_pick)
                 state = None if state is None else processor.next_state(state, tokens)
                 step_tokens.append(tokens)
                 step_logprobs.append(logprobs)
             step_tokens, step_logprobs = torch.stack(step_tokens), torch.stack(step_logprobs)
         if keep:
-            self._prev = (step_tokens[-1], state)
+            self.io.keep(step_tokens[-1], state)
         values = torch.cat([step_tokens.flatten().double(), step_logprobs.flatten().double()])
         return StepOutput(values, k * len(seqs), [])
 
-    @staticmethod
-    def _suppresses_eot(seq: Sequence) -> bool:
-        """A fixed-length window whose count is not reached: its next step must not end it (within a launch of
-        several steps the count is not reached either: multi_steps)."""
-        fixed = seq.job.fixed_decode_tokens
-        return fixed is not None and seq.num_launched < fixed
-
     def reset_steps(self) -> None:
         """Forget the last step's device outputs (after a failed step: no sequence may take its tokens)."""
-        self._prev = None
-
-    def _host_row(self, seq: Sequence, have_prev: bool) -> list[int]:
-        """[token or ON_DEVICE, position, its row in the last step or -1 (the host's values are exact), state]."""
-        row = seq.row if have_prev and seq.row is not None else -1
-        if seq.pending[0] == ON_DEVICE and row < 0:
-            raise RuntimeError("a sequence waits for a token that no launched step holds")
-        return [seq.pending[0], seq.num_cached, row, *self._host_state(seq)]
-
-    @staticmethod
-    def _from_last_step(
-        own: Tensor, last: Tensor, rows: list[int], take: Callable[[], Tensor], index: Tensor
-    ) -> Tensor:
-        """Per row the host's value (`own`) or, where the mask `take()` holds, row `index` of the last step's output
-        `last`; `rows` holds the same choice on the host (-1: own), so the common cases need no device work: no row
-        moved (the last output as it is) or none takes from it. The mask is built only when it is needed (each
-        small eager operation costs ~10 us of host time, and a small model's step is host-bound)."""
-        if len(last) == len(rows) and all(r == i for i, r in enumerate(rows)):
-            return last
-        if all(r < 0 for r in rows):
-            return own
-        return torch.where(take(), last[index.clamp(min=0)], own)
-
-    def _host_state(self, seq: Sequence) -> tuple[int, int, int]:
-        """What the timestamp rules need from a sequence's sampled tokens: last, second to last (-1: none) and the
-        last timestamp token (-1: none). Exact whenever no step's output for it is still on the device."""
-        toks = seq.tokens
-        return (toks[-1] if toks else -1, toks[-2] if len(toks) > 1 else -1, seq.last_timestamp)
+        self.io.reset()
 
     @torch.inference_mode()
     def align(self, seq: Sequence, text: list[int], language: str, task: str, num_frames: int) -> AlignmentInput:
@@ -407,21 +325,12 @@ class ModelRunner:
         tok = self.tokenizer
         prompt = tok.sot_sequence(language, task)
         tokens = torch.tensor([prompt + [tok.no_timestamps] + text + [tok.eot]], device=self.device)
-        qk, logits = self.model.decoder.align(tokens, self.cache, seq.slot, self.alignment_heads)
+        qk, hidden = self.model.decoder.align(tokens, self.cache, seq.slot, self.alignment_heads)
+        logits = self.backend.logits(hidden)
         # probability of each text token given the ones before it (rows from <|notimestamps|> on)
         probs = logits[len(prompt) : len(prompt) + len(text), : tok.eot].float().softmax(dim=-1)
         token_probs = probs[torch.arange(len(text)), torch.tensor(text, dtype=torch.long)].tolist() if text else []
         return AlignmentInput(text, qk.float().cpu(), token_probs, num_frames, len(prompt), language)
-
-    def _to_device(self, values: list) -> Tensor:
-        """A small host list as a device tensor, without waiting for the GPU.
-
-        A plain torch.tensor(..., device="cuda") copies from pageable memory and so waits until the GPU has
-        finished all queued work (the step being decoded); from pinned memory the copy is queued instead and
-        the host goes on preparing the rest of the step meanwhile."""
-        if not self.on_gpu:
-            return torch.tensor(values)
-        return torch.tensor(values, pin_memory=True).to(self.device, non_blocking=True)
 
     def _sample(
         self, seqs: list[Sequence], logits: Tensor, state: Tensor | None, extra: Tensor | None, extra_rows: list[int],
@@ -430,70 +339,18 @@ class ModelRunner:
         """Rules and sampling, queued on the device; the tokens, their log-probabilities and `extra` (the no-speech
         probabilities of `extra_rows`) go to the host in one copy that nothing waits for yet. With `keep` the
         sampled tokens and the updated rule state stay on the device for the next step (`decode`)."""
-        rules = self._rules(seqs, state)
+        rules = self.io.rules(seqs, state)
         logits = self.logits_processor(logits, rules)
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
         gens = [s.job.transcription.generator if t > 0 else None for s, t in zip(seqs, temps)]
-        tokens, logprobs = sample(logits, temps, gens)
+        tokens, logprobs = sample(logits, temps, gens, self.config.kernels.greedy_pick)
         if keep:
             sampled = [i for i, s in enumerate(seqs) if s.sampling]  # rows whose token joins the sequence
             if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp
                 every = len(sampled) == len(seqs)
-                rows = None if every else self._to_device(sampled)
+                rows = None if every else self.io.to_device(sampled)
                 new = self.logits_processor.next_state(*((state, tokens) if every else (state[rows], tokens[rows])))
                 state = new if every else state.index_copy(0, rows, new)
-            self._prev = (tokens, state)
+            self.io.keep(tokens, state)
         parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
         return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows])
-
-    def _rules(self, seqs: list[Sequence], state: Tensor | None) -> StepRules:
-        """Row sets from the host's view of each sequence; the timestamp rules' inputs from `state` (rows of last
-        token, second to last, last timestamp), which may still be on its way from the previous step."""
-        first, eot, detect, ts_rows = [], [], [], []
-        for i, s in enumerate(seqs):
-            if s.detecting and not s.forced:
-                detect.append(i)
-            if not s.sampling:
-                continue
-            if s.num_launched == 0:
-                first.append(i)
-            if self._suppresses_eot(s):
-                eot.append(i)
-            if s.job.with_timestamps:
-                ts_rows.append(i)
-
-        def rows(xs: list) -> Tensor | None:
-            return self._to_device(xs) if xs else None
-
-        rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
-        if ts_rows:
-            rules.with_timestamps = rows(ts_rows)
-            self.logits_processor.timestamp_inputs(rules, state)
-        return rules
-
-
-class StepOutput:
-    """A step's tokens, log-probabilities and extra values on their way to the host: the copy is queued behind the
-    step, so reading it (`result`) is the one wait for the GPU, and the host can launch the next step first."""
-
-    def __init__(self, values: Tensor, n: int, extra_seqs: list[Sequence]):
-        self.n = n
-        self.extra_seqs = extra_seqs
-        self.event = None
-        if values.device.type == "cuda":
-            self.values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            self.values.copy_(values, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.values = values
-
-    def result(self) -> tuple[list[int], list[float]]:
-        """Waits for the step; the no-speech probabilities go to their sequences, tokens and log-probs are returned."""
-        if self.event is not None:
-            self.event.synchronize()
-        out = self.values.tolist()
-        n = self.n
-        for seq, p in zip(self.extra_seqs, out[2 * n :]):
-            seq.no_speech_prob = p
-        return [int(t) for t in out[:n]], out[n : 2 * n]

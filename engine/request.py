@@ -50,12 +50,14 @@ class DecodeOptions:
     log_prob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
     prompt_reset_on_temperature: float = 0.5
-    max_initial_timestamp: float = 1.0
-    seed: int = 0  # seeds sampling at temperature > 0 so a result can be reproduced
+    # Seeds sampling at temperature > 0 so a result can be reproduced; None = the engine's EngineConfig.seed.
+    seed: int | None = None
     # Tokens the request may sample (fallback retries included) per 30 s of audio before it fails with
     # DecodeBudgetExceededError; None = the engine's EngineConfig.decode_budget_per_window.
     decode_budget_per_window: int | None = None
-    # Benchmarks only: decode exactly this many tokens per window, EOS ignored.
+    # Benchmarks only: every window decodes exactly this many tokens, <|endoftext|> ignored (vLLM's ignore_eos with
+    # max_tokens), so runs on random weights do the same work as a peer told the same. Implies greedy decoding
+    # without quality fallbacks (the engine's prepare sets that). Read by Sequence.must_not_end / ends_within.
     fixed_decode_tokens: int | None = None
     # Set: VAD cuts the audio into windows decoded in parallel (no previous-text conditioning across them).
     chunking: ChunkingOptions | None = None
@@ -65,6 +67,8 @@ class DecodeOptions:
             raise ValueError("temperatures must not be empty")
         if any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+        if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
+            raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
 
 
 @dataclass(slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -55,11 +56,78 @@ class Sequence:
     aborted: bool = False
     alignment: AlignmentInput | None = None  # word-timestamp inputs, read from the slot before it is reused
 
-    @property
-    def num_sampled(self) -> int:
-        return len(self.tokens)
+    def feed_prompt_stepwise(self) -> None:
+        """Feed the prompt one token per decode step (riding along with the running batch) instead of a prompt
+        pass: its first token goes into the next step, the rest are forced after it."""
+        self.forced.extend(self.pending[1:])
+        del self.pending[1:]
 
-    @property
-    def sampling(self) -> bool:
-        """The next output is a sampled token (not a forced prompt token or a language pick)."""
-        return not self.detecting and not self.forced
+    def launch(self, row: int) -> LaunchedRow:
+        """What the host knows as soon as a step is launched with this sequence in `row`: its positions advance,
+        and its next input is a forced prompt token, or the output that the device will feed back."""
+        self.num_cached += len(self.pending)
+        self.row = row
+        if self.forced:  # prompt tokens still to feed: the model's output is not used
+            output = Output.FORCED
+            self.pending = [self.forced.popleft()]
+        elif self.detecting:  # the model's pick among language tokens, then the rest of the prompt
+            output = Output.LANGUAGE
+            self.detecting = False
+            self.forced.extend(self.job.forced_after_language)
+            self.pending = [ON_DEVICE]
+        else:
+            output = Output.TOKEN
+            self.num_launched += 1
+            self.pending = [ON_DEVICE]
+        return LaunchedRow(self, output, self.num_cached)
+
+    def launch_greedy(self, steps: int, row: int) -> list[LaunchedRow]:
+        """launch() for `steps` greedy steps in one launch, every one sampling; the last step's token stays on the
+        device, in `row`."""
+        rows = []
+        for _ in range(steps):
+            self.num_cached += 1
+            self.num_launched += 1
+            rows.append(LaunchedRow(self, Output.TOKEN, self.num_cached))
+        self.row = row
+        self.pending = [ON_DEVICE]
+        return rows
+
+    def settle(self, token: int) -> None:
+        """No later step holds this sequence's output: its next input is known on the host again."""
+        self.row = None
+        if self.pending[0] == ON_DEVICE:
+            self.pending = [token]
+
+    def append(self, token: int, logprob: float, num_cached: int, eot: int, timestamp_begin: int, n_text_ctx: int) -> bool:
+        """A sampled token, `num_cached` positions cached when it was sampled: <|endoftext|> ends the window (unless
+        a fixed count is decoded), any other token joins it, and the context limit ends it cleanly. Returns whether
+        the token joined."""
+        self.sum_logprob += logprob
+        fixed = self.job.fixed_decode_tokens
+        if token == eot and fixed is None:
+            self.finished = True
+            return False
+        self.tokens.append(token)
+        if token >= timestamp_begin:
+            self.last_timestamp = token
+        if (fixed is not None and len(self.tokens) >= fixed) or num_cached + 1 >= n_text_ctx:
+            self.finished = True
+        return True
+
+
+class Output(enum.Enum):
+    """What a launched step's output is for one sequence."""
+
+    FORCED = "forced"  # a forced prompt token was fed: the output is not used
+    LANGUAGE = "language"  # the model's pick among language tokens
+    TOKEN = "token"  # a sampled token
+
+
+@dataclass(slots=True)
+class LaunchedRow:
+    """One row of a launched step, read back in launch order."""
+
+    seq: Sequence
+    output: Output
+    num_cached: int  # the sequence's cached positions after the step

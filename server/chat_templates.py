@@ -6,7 +6,7 @@ from pathlib import Path
 
 import jinja2
 
-from engine.request import Task, TranscriptionResult
+from engine import Task, TranscriptionResult
 
 from .formatting import language_name
 

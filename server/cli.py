@@ -108,9 +108,7 @@ def serve(settings: Settings) -> int:
 
 
 def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> int:
-    from engine.audio import AudioDecodeError, decode_audio
-    from engine.engine import Engine
-    from engine.request import InvalidRequestError, Task
+    from engine import AudioDecodeError, Engine, InvalidRequestError, Task, decode_audio
 
     from .errors import APIError
     from .formatting import render

@@ -9,9 +9,7 @@ from openai.types.audio.transcription_text_done_event import Usage as TokenUsage
 from openai.types.audio.transcription_text_done_event import UsageInputTokenDetails
 from openai.types.audio.transcription_word import TranscriptionWord
 
-from engine.audio import TOKENS_PER_SECOND
-from engine.model.tokenizer import LANGUAGES
-from engine.request import Segment, Task, TranscriptionResult
+from engine import LANGUAGES, TOKENS_PER_SECOND, Segment, Task, TranscriptionResult
 
 from .protocol import (
     DurationUsage,

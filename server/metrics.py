@@ -7,7 +7,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.request import EngineStats, Task, TranscriptionResult
+from engine import EngineStats, Task, TranscriptionResult
 
 from .errors import CLIENT_CLOSED_REQUEST
 

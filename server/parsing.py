@@ -13,9 +13,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive
 
-from engine.audio import AudioDecodeError, AudioTooLongError, decode_audio
-from engine.model.tokenizer import LANGUAGES
-from engine.request import DEFAULT_TEMPERATURES, ChunkingOptions, DecodeOptions, Task
+from engine import (
+    DEFAULT_TEMPERATURES,
+    LANGUAGES,
+    AudioDecodeError,
+    AudioTooLongError,
+    ChunkingOptions,
+    DecodeOptions,
+    Task,
+    decode_audio,
+)
 
 from .errors import APIError, ClientDisconnectedError
 from .protocol import ResponseFormat, TranscriptionForm, TranscriptionParams, TranslationForm, Upload
@@ -378,12 +385,14 @@ def decode_options(
     )
 
 
-def thresholds(settings: Settings) -> dict[str, float | None]:
-    """Whisper's quality thresholds, server-wide settings with Whisper's defaults."""
+def thresholds(settings: Settings) -> dict[str, float | int | None]:
+    """Whisper's quality thresholds (server-wide settings with Whisper's defaults), and the benchmarks' fixed
+    token count."""
     return {
         "compression_ratio_threshold": settings.compression_ratio_threshold,
         "log_prob_threshold": settings.log_prob_threshold,
         "no_speech_threshold": settings.no_speech_threshold,
+        "fixed_decode_tokens": settings.fixed_decode_tokens,
     }
 
 

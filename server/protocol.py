@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.request import ChunkingOptions, Task
+from engine import ChunkingOptions, Task
 
 __all__ = [
     "ChatCompletion",

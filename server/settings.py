@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from engine.config import EngineConfig
+from engine import EngineConfig, KernelOptions
 
 MIB = 1024 * 1024
 
@@ -93,9 +95,14 @@ class Settings(BaseSettings):
     """Greedy decode steps per launch while up to 8 windows decode and none waits (one CUDA graph replays them);
     a window's end is seen up to that many steps late. Default 4 on a GPU, 1 on a CPU."""
     seed: int = 0
-    """Seed for sampling at temperature > 0 (requests are reproducible)."""
+    """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
+    only on it and the request's own audio, never on what else the engine decodes."""
+    kernels: KernelOptions = KernelOptions()
+    """Which kernels the engine runs, as JSON (e.g. '{"cpu_decode": false}': torch alone on a CPU, without the native
+    decode kernels); the defaults are the fastest measured. For A/B runs: engine/kernels/options.py."""
     fixed_decode_tokens: int | None = Field(default=None, ge=1)
-    """Benchmarks only: decode exactly this many tokens per 30 s window (EOS ignored, no fallbacks)."""
+    """Benchmarks only: every request decodes exactly this many tokens per 30 s window (EOS ignored, no
+    fallbacks)."""
     compression_ratio_threshold: float | None = 2.4
     """A window decoded more repetitively than this (gzip ratio) is retried at a higher temperature."""
     log_prob_threshold: float | None = -1.0
@@ -118,6 +125,17 @@ class Settings(BaseSettings):
         """`WHISPER_API_KEY=a,b` as well as `--api-key a --api-key b`."""
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("kernels", mode="before")
+    @classmethod
+    def _kernels_json(cls, value: object) -> object:
+        """`--kernels '{"cpu_decode": false}'` (the env var is JSON-decoded by pydantic-settings already)."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"kernels must be a JSON object: {exc}") from exc
         return value
 
     @field_validator("api_key_file")
@@ -146,30 +164,9 @@ class Settings(BaseSettings):
         return int(self.max_upload_mb * MIB)
 
     def engine_config(self) -> EngineConfig:
-        """Build the engine's config from these settings."""
-        return EngineConfig(
-            model=self.model,
-            dummy_weights=self.dummy_weights,
-            tokenizer=self.tokenizer,
-            max_encoder_batch=self.max_encoder_batch,
-            max_audio_ctx=self.max_audio_ctx,
-            max_text_ctx=self.max_text_ctx,
-            stepwise_prompt_tokens=self.stepwise_prompt_tokens,
-            overlap_steps=self.overlap_steps,
-            multi_step=self.multi_step,
-            cross_cache_dtype=self.cross_cache_dtype,
-            encoder_precision=self.encoder_precision,
-            device=self.device,
-            dtype=self.dtype,
-            max_num_seqs=self.max_num_seqs,
-            max_waiting=self.max_waiting,
-            decode_budget_per_window=self.decode_budget_per_window,
-            gpu_memory_fraction=self.gpu_memory_fraction,
-            enforce_eager=self.enforce_eager,
-            num_threads=self.num_threads,
-            seed=self.seed,
-            fixed_decode_tokens=self.fixed_decode_tokens,
-        )
+        """The engine's config: every EngineConfig field from the setting of the same name."""
+        names = {f.name for f in dataclasses.fields(EngineConfig)} & set(type(self).model_fields)
+        return EngineConfig(**{name: getattr(self, name) for name in names})
 
 
 def public_model_name(model: str) -> str:

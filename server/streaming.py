@@ -15,8 +15,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from engine import EngineError, EngineLike, RequestHandle
-from engine.request import DecodeOptions, TranscriptionResult
+from engine import DecodeOptions, EngineError, EngineLike, RequestHandle, TranscriptionResult
 
 from .drain import Drain, shutting_down
 from .errors import APIError, ClientDisconnectedError, from_engine_error

@@ -29,9 +29,11 @@ of 8.9%. Word error rates did not move measurably either way; the encoder output
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kernels import fused_ops
+from engine.kernels.fused_ops import add_norm, add_norm_fp8, quantize_rows
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -75,3 +77,47 @@ class Fp8Linear(nn.Module):
             x, self.weight.t(), scale_a=x_scale, scale_b=self.scale, bias=self.bias,
             out_dtype=self.bias.dtype, use_fast_accum=True,
         )  # fmt: skip
+
+
+class Fp8Blocks(nn.Module):
+    """The products of an encoder's blocks from `start` on in float8; every product's input is quantized by the
+    kernel that makes it (the add + norms, the GELU, the attention output's read), so float8 adds no pass over the
+    rows. Their float16 weights are freed: the blocks keep only their layer norms."""
+
+    def __init__(self, blocks: nn.ModuleList, start: int):
+        super().__init__()
+        self.start = min(start, len(blocks))
+        products = []
+        for block in list(blocks)[self.start :]:
+            attn, mlp = block.attn, block.mlp
+            products.append(nn.ModuleDict({
+                "qkv": Fp8Linear.fuse([attn.query, attn.key, attn.value]),
+                "out": Fp8Linear(attn.out.weight, attn.out.bias),
+                "fc1": Fp8Linear(mlp[0].weight, mlp[0].bias),
+                "fc2": Fp8Linear(mlp[2].weight, mlp[2].bias),
+            }))  # fmt: skip
+            del attn.query, attn.key, attn.value, attn.out, block.mlp
+        self.products = nn.ModuleList(products)
+
+    def __len__(self) -> int:
+        return len(self.products)
+
+    def __getitem__(self, i: int) -> nn.ModuleDict:
+        return self.products[i]
+
+    def forward(self, x: Tensor, h: Tensor, blocks: list[nn.Module], ln_post: nn.LayerNorm) -> Tensor:
+        """x: the residual stream entering block `start`, h its normalized copy, (batch, time, n_state); returns
+        ln_post of the last block's output."""
+        b, t, n = x.shape
+        heads = blocks[0].attn.n_head
+        h, h_scale = quantize_rows(h.view(b * t, n))
+        for i, p in enumerate(self.products, start=self.start):
+            q, k, v = p["qkv"](h, h_scale).view(b, t, 3, heads, n // heads).unbind(2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            o, o_scale = quantize_rows(o.transpose(1, 2))
+            x, h, h_scale = add_norm_fp8(x, p["out"](o, o_scale).view(b, t, n), blocks[i].mlp_ln)
+            f, f_scale = quantize_rows(p["fc1"](h, h_scale), gelu=True)
+            y = p["fc2"](f, f_scale).view(b, t, n)
+            if i < len(blocks) - 1:
+                x, h, h_scale = add_norm_fp8(x, y, blocks[i + 1].attn_ln)
+        return add_norm(x, y, ln_post)[1]

@@ -6,7 +6,7 @@ from functools import partial
 
 from fastapi import APIRouter, Request, Response
 
-from engine.request import Task
+from engine import Task
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import render

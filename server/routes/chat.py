@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from engine.request import Task
+from engine import Task
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..errors import APIError

@@ -12,7 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.backends import select_backend
+from engine.backends.cpu import CpuNativeBackend, CpuTorchBackend
 from engine.kernels import cpu_kernels
+from engine.kernels.options import KernelOptions
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
 from engine.model.weights import dummy_state_dict
@@ -100,37 +103,34 @@ def test_attend_rows_matches_sdpa(kernels, rows):
     assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)  # those writes and no others
 
 
-def tiny_model_for_kernels(kernels) -> Whisper:
-    """tiny's shapes with random weights, laid out for the CPU kernels as the engine does."""
+def tiny_backends(kernels) -> tuple[Whisper, CpuTorchBackend, CpuNativeBackend]:
+    """tiny's shapes with random weights, laid out for the CPU kernels as the engine does, and the two CPU backends
+    over them: torch's operations and the native kernels."""
     dims = DUMMY_DIMS["tiny"]
     with torch.device("meta"):
         model = Whisper(dims)
     model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
     model.eval().requires_grad_(False)
-    model.decoder.fuse_qkv(input_major=True)
-    model.decoder.prepare_for_cpu(kernels)
-    return model
+    chosen = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions())
+    assert isinstance(chosen, CpuNativeBackend) and chosen.native is kernels
+    return model, CpuTorchBackend(model, KernelOptions(), chosen.output_chunks), chosen
 
 
 @native
 def test_decode_step_matches_torch_path(kernels):
-    model = tiny_model_for_kernels(kernels)
+    model, torch_path, native_path = tiny_backends(kernels)
     dims, dec = model.dims, model.decoder
-    assert dec.cpu_kernels is kernels
     shape = CacheShape.for_model(dims, None, None)
     caches = [KVCache(shape, 3, torch.float32, torch.device("cpu")) for _ in range(2)]
     with torch.inference_mode():
         features = model.encoder(torch.randn(1, dims.n_mels, 3000))
         for cache in caches:
             dec.fill_cross_cache(features, cache, 2)  # the last slot: slot offsets must be honoured
-        assert dec._kernels_apply(caches[1])  # else both runs below would take the torch path
         out = []
-        for use, cache in zip((None, kernels), caches):
-            dec.cpu_kernels = use
+        for backend, cache in zip((torch_path, native_path), caches):
             prompt = enumerate([50257, 50362, 440, 2068])
-            steps = [dec(torch.tensor([[t]]), torch.tensor([[p]]), cache, 2, p + 1, None, p) for p, t in prompt]
-            out.append(torch.cat([dec.logits(s[:, -1]) for s in steps]))
-        dec.cpu_kernels = kernels
+            steps = [backend.eager_step(torch.tensor([[t]]), torch.tensor([[p]]), cache, [p], 2) for p, t in prompt]
+            out.append(torch.cat([backend.logits(s[:, -1]) for s in steps]))
     torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches[1].self_kv, caches[0].self_kv, rtol=1e-5, atol=1e-5)
     assert caches[1].self_kv[:, :, :2].abs().sum() == 0  # other slots untouched
@@ -138,42 +138,36 @@ def test_decode_step_matches_torch_path(kernels):
 
 @native
 def test_decode_step_of_several_rows_matches_torch_path(kernels, monkeypatch):
-    model = tiny_model_for_kernels(kernels)
+    model, torch_path, native_path = tiny_backends(kernels)
     dims, dec = model.dims, model.decoder
     shape = CacheShape.for_model(dims, None, None)
     caches = [KVCache(shape, 6, torch.float32, torch.device("cpu")) for _ in range(2)]
     rows_taken = []
-    step_rows = dec._step_rows
-    monkeypatch.setattr(dec, "_step_rows", lambda *a: rows_taken.append(a[0].shape[0]) or step_rows(*a))
+    step_rows = native_path._step_rows
+    monkeypatch.setattr(native_path, "_step_rows", lambda *a: rows_taken.append(a[0].shape[0]) or step_rows(*a))
     with torch.inference_mode():
         features = model.encoder(torch.randn(4, dims.n_mels, 3000))
         for cache in caches:
             dec.fill_cross_cache(features, cache, 1)  # slots 1..4
         out = []
-        for use, cache in zip((None, kernels), caches):
-            dec.cpu_kernels = use
+        for backend, cache in zip((torch_path, native_path), caches):
             logits = []
             for step in range(4):  # four sequences at different positions, as after staggered admissions
                 tokens = torch.tensor([[50257 + step], [440], [2068 + step], [50362]])
                 positions = torch.tensor([[step], [step + 3], [step + 9], [step + 1]])
-                mask = (torch.arange(16) <= positions[:, :, None])[:, None]
-                logits.append(dec.logits(dec(tokens, positions, cache, 1, 16, mask)[:, -1]))
+                hidden = backend.eager_step(tokens, positions, cache, positions.flatten().tolist(), 1)
+                logits.append(backend.logits(hidden[:, -1]))
             out.append(torch.cat(logits))
-        dec.cpu_kernels = kernels
-    assert rows_taken == [4] * 4  # the kernel path ran for the second engine, not the first
+    assert rows_taken == [4] * 4  # the kernel path ran for the second backend, not the first
     torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches[1].self_kv, caches[0].self_kv, rtol=1e-5, atol=1e-5)
     assert caches[1].self_kv[:, :, 0].abs().sum() == 0 and caches[1].self_kv[:, :, 5].abs().sum() == 0
 
 
-def test_off_switch(monkeypatch):
-    monkeypatch.setenv("WHISPER_CPU_KERNELS", "0")
-    cpu_kernels.load.cache_clear()
-    try:
-        assert cpu_kernels.load() is None
-    finally:
-        monkeypatch.delenv("WHISPER_CPU_KERNELS")
-        cpu_kernels.load.cache_clear()
+def test_off_switch():
+    model = Whisper(DUMMY_DIMS["tiny"])
+    backend = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions(cpu_decode=False))
+    assert type(backend) is CpuTorchBackend
 
 
 @native

@@ -5,7 +5,9 @@ import platform
 import pytest
 import torch
 
+from engine.backends.cpu import CpuTorchBackend, lay_out_for_cpu
 from engine.backends.cpu_memory import keep_freed_memory
+from engine.kernels.options import KernelOptions
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
 from engine.model.weights import dummy_state_dict
@@ -25,7 +27,7 @@ def test_cpu_layout_matches_plain_model(size):
     plain, laid_out = _model(dims), _model(dims)
     plain.decoder.fuse_qkv()
     laid_out.decoder.fuse_qkv(input_major=True)
-    laid_out.decoder.prepare_for_cpu()
+    backend = CpuTorchBackend(laid_out, KernelOptions(), lay_out_for_cpu(laid_out.decoder, native=False))
     shape = CacheShape.for_model(dims, None, None)
     caches = [KVCache(shape, 4, torch.float32, torch.device("cpu")) for _ in range(2)]
     mel = torch.randn(4, dims.n_mels, 3000)
@@ -37,20 +39,21 @@ def test_cpu_layout_matches_plain_model(size):
             tokens = torch.randint(0, 50000, (batch, 5))
             positions = torch.arange(5).expand(batch, 5)
             mask = (positions[:, None, :, None] >= positions[:, None, None, :])
-            out = [m.decoder.logits(m.decoder(tokens, positions, c, 0, 5, mask)) for m, c in zip((plain, laid_out), caches)]
+            out = [plain.decoder.logits(plain.decoder(tokens, positions, caches[0], 0, 5, mask))]
+            out.append(backend.logits(backend.prompt_pass(tokens, caches[1], 0)))
             assert out[1].shape == (batch, 5, dims.n_vocab)
             torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
             # one row at a time takes the chunked vocabulary product; several rows the other layout
             for rows in (out[0][:1, -1], out[0][:, -1]):
                 hidden = [m.decoder(tokens[: len(rows)], positions[: len(rows)], c, 0, 5, mask[: len(rows)])[:, -1]
                           for m, c in zip((plain, laid_out), caches)]
-                torch.testing.assert_close(laid_out.decoder.logits(hidden[1]), plain.decoder.logits(hidden[0]), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(backend.logits(hidden[1]), plain.decoder.logits(hidden[0]), rtol=1e-4, atol=1e-4)
         # a one-token step at one shared position writes the cache by slice and attends without a mask
         step = torch.full((3, 1), 7)
         at = torch.full((3, 1), 5)
         full = torch.ones(3, 1, 1, 6, dtype=torch.bool)
         a = plain.decoder(step, at, caches[0], 0, 6, full)
-        b = laid_out.decoder(step, at, caches[1], 0, 6, None, position=5)
+        b = backend.eager_step(step, at, caches[1], [5, 5, 5])
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(caches[1].self_k, caches[0].self_k, rtol=1e-4, atol=1e-4)
 

@@ -15,10 +15,11 @@ def test_fused_qkv_encoder_matches_separate_products():
     model = model.eval().requires_grad_(False)
     mel = torch.randn(2, dims.n_mels, 3000, generator=torch.Generator().manual_seed(0))
     params = sum(p.numel() for p in model.encoder.parameters())
+    assert not any(block.attn.is_fused for block in model.encoder.blocks)
     with torch.inference_mode():
         separate = model.encoder(mel)
         model.encoder.fuse_qkv()
         fused = model.encoder(mel)
-    assert all(hasattr(block.attn, "qkv_weight") for block in model.encoder.blocks)
+    assert all(block.attn.is_fused for block in model.encoder.blocks)
     assert sum(p.numel() for p in model.encoder.parameters()) == params  # the projections are views of it
     torch.testing.assert_close(fused, separate, rtol=1e-4, atol=1e-4)

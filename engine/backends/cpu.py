@@ -1,0 +1,151 @@
+"""CPU backends: torch with weight layouts that stream fast, and the native decode kernels on top of them.
+
+A decode step multiplies one row per sequence by every weight, so on a CPU it is bound by memory bandwidth, and
+how fast MKL streams a matrix depends on its layout and shape (tiny.en, 2 cores; `benchmarks/cpu_decode_step.py`):
+- the wide projections (the MLP's first layer, the fused q/k/v) are stored input-major, which turns F.linear's
+  product into a plain row-times-matrix one;
+- the vocabulary projection for one row runs as a batched product over column blocks of the (n_text_state,
+  n_vocab) transpose, which MKL spreads over the cores; for several rows the (n_vocab, n_text_state) product with
+  the rows as columns is the fast one, so that layout is kept as well: the token embedding itself.
+Values are unchanged; only the summation order inside a dot product may differ.
+
+With the native kernels (engine/kernels/cpu_kernels.py) one sequence's step runs entirely in them, and several
+sequences' attentions do; they read every projection input-major.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engine.backends.base import DecodeBackend
+from engine.kernels.cpu_kernels import CpuKernels
+from engine.kernels.fused_ops import linear, norm
+from engine.kernels.options import KernelOptions
+from engine.model.kv_cache import KVCache
+from engine.model.whisper import TextDecoder, Whisper
+
+VOCAB_CHUNKS = 8  # column blocks of the one-row vocabulary projection
+
+
+class CpuTorchBackend(DecodeBackend):
+    """torch's operations in CPU layouts; rows at one shared position write their K/V by slice, unmasked."""
+
+    name = "cpu-torch"
+
+    def __init__(self, model: Whisper, kernels: KernelOptions, output_chunks: Tensor):
+        super().__init__(model, kernels)
+        self.output_chunks = output_chunks  # lay_out_for_cpu's
+
+    def eager_step(
+        self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0
+    ) -> Tensor:
+        p = host_positions[0]
+        if all(q == p for q in host_positions):  # a lone sequence, or a batch in step: exactly its prefix
+            return self.decoder(tokens, positions, cache, slot_start, p + 1, None, p)
+        return super().eager_step(tokens, positions, cache, host_positions, slot_start)
+
+    def projection(self, hidden: Tensor) -> Tensor:
+        weight = self.decoder.token_embedding.weight
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        if rows.shape[0] == 1:
+            out = torch.bmm(rows.expand(self.output_chunks.shape[0], 1, -1), self.output_chunks)
+            out = out.reshape(1, -1)[:, : weight.shape[0]]
+        else:
+            out = (weight @ rows.t()).t()
+        return out.reshape(*hidden.shape[:-1], weight.shape[0]).float()
+
+
+class CpuNativeBackend(CpuTorchBackend):
+    """A step in the native kernels: one sequence's wholly (8 calls per layer instead of ~20 operations, each
+    layer norm, GELU and residual add inside a product), several sequences' attentions one task per (row, head)
+    while their products stay in torch (MKL's several-row products share each weight read)."""
+
+    name = "cpu-native"
+
+    def __init__(self, model: Whisper, kernels: KernelOptions, output_chunks: Tensor, native: CpuKernels):
+        super().__init__(model, kernels, output_chunks)
+        self.native = native
+
+    def eager_step(
+        self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0
+    ) -> Tensor:
+        x = self.decoder.embed(tokens, positions)
+        if tokens.shape[0] == 1:
+            return self._step_one(x, cache, slot_start, host_positions[0])
+        return self._step_rows(x, cache, slot_start, positions)
+
+    def prompt_pass(self, tokens: Tensor, cache: KVCache, slot_start: int) -> Tensor:
+        if tokens.shape[1] == 1 and tokens.shape[0] > 1:  # prompts of one token: a step of several rows
+            positions = torch.zeros_like(tokens)
+            return self._step_rows(self.decoder.embed(tokens, positions), cache, slot_start, positions)
+        return super().prompt_pass(tokens, cache, slot_start)
+
+    def _step_one(self, x: Tensor, cache: KVCache, slot: int, position: int) -> Tensor:
+        """One token of the sequence in `slot` at `position`: x (1, 1, n_state) -> hidden (1, 1, n_state)."""
+        kernels, d = self.native, cache.head_dim
+        for i, block in enumerate(self.decoder.blocks):
+            attn = block.attn
+            qkv = kernels.linear(x, attn.qkv_weight.t(), attn.qkv_bias, norm=block.attn_ln).view(3, attn.n_head, d)
+            cache.self_kv_layers[i][:, slot, :, position] = qkv[1:]
+            o = kernels.attend_one(qkv[0], cache.self_k_layers[i][slot], cache.self_v_layers[i][slot], position + 1)
+            x = kernels.linear(o.view(x.shape), attn.out.weight.t(), attn.out.bias, residual=x)
+            cross = block.cross_attn
+            q = kernels.linear(x, cross.query.weight.t(), cross.query.bias, norm=block.cross_attn_ln)
+            k, v, _, _ = cache.cross_layer(i, slice(slot, slot + 1))
+            o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], k.shape[2])
+            x = kernels.linear(o.view(x.shape), cross.out.weight.t(), cross.out.bias, residual=x)
+            fc1, fc2 = block.mlp[0], block.mlp[2]
+            h = kernels.linear(x, fc1.weight.t(), fc1.bias, norm=block.mlp_ln, gelu=True)
+            x = kernels.linear(h, fc2.weight.t(), fc2.bias, residual=x)
+        return norm(self.decoder.ln, x)
+
+    def _step_rows(self, x: Tensor, cache: KVCache, slot_start: int, positions: Tensor) -> Tensor:
+        """One token of each of several sequences (row r in slot slot_start + r, at its own position): x (b, 1,
+        n_state) -> hidden (b, 1, n_state); each row's new K/V is written before it attends."""
+        kernels, b = self.native, x.shape[0]
+        slots = slice(slot_start, slot_start + b)
+        pos = positions.reshape(b).contiguous()
+        x = x.reshape(b, -1)
+        for i, block in enumerate(self.decoder.blocks):
+            attn = block.attn
+            qkv = attn.qkv(norm(block.attn_ln, x))
+            k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
+            x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+            cross = block.cross_attn
+            q = linear(cross.query, norm(block.cross_attn_ln, x))
+            k, v, _, _ = cache.cross_layer(i, slots)
+            x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2]))
+            x = x + block.feed_forward(norm(block.mlp_ln, x))
+        return norm(self.decoder.ln, x).view(b, 1, -1)
+
+
+def lay_out_for_cpu(decoder: TextDecoder, native: bool, vocab_chunks: int = VOCAB_CHUNKS) -> Tensor:
+    """The decoder's weights in the layouts a CPU step streams fastest (see above), in place; returns the one-row
+    vocabulary projection's column blocks (vocab_chunks, n_state, padded n_vocab / vocab_chunks). `native`: every
+    projection input-major, as the native kernels read them (torch's own products run the square and narrowing
+    ones as fast either way)."""
+    for block in decoder.blocks:
+        projs = [block.mlp[0]]
+        if native:
+            projs += [block.attn.out, block.cross_attn.query, block.cross_attn.out, block.mlp[2]]
+        for proj in projs:
+            proj.weight = nn.Parameter(proj.weight.t().contiguous().t(), requires_grad=False)
+    weight = decoder.token_embedding.weight
+    n_vocab, n_state = weight.shape
+    padded = -(-n_vocab // vocab_chunks) * vocab_chunks
+    chunks = torch.cat([weight, weight.new_zeros(padded - n_vocab, n_state)]).t()
+    return chunks.reshape(n_state, vocab_chunks, padded // vocab_chunks).permute(1, 0, 2).contiguous()
+
+
+def native_kernels_fit(decoder: TextDecoder, native: CpuKernels, cache_dtype: torch.dtype, int8_cross: bool) -> bool:
+    """Whether the native kernels can run this decoder's steps: float32 caches (an int8 cross cache is not) and
+    every projection in a layout they read."""
+    probe = torch.empty(1, 1, 1, 64, dtype=cache_dtype)
+    if int8_cross or not native.supports_attention(probe, probe):
+        return False
+    weights = []
+    for block in decoder.blocks:
+        weights += [block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight]
+        weights += [block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight]
+    return all(native.supports_linear(w.t()) for w in weights)

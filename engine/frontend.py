@@ -1,0 +1,176 @@
+"""What callers hold: the EngineLike protocol that Engine, EngineProcess and test fakes implement, the request
+handle, and the checks both engines make in the caller's thread before a request is queued."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import numpy as np
+
+from engine.config import EngineConfig
+from engine.longform.transcription import prompt_tokens
+from engine.model.tokenizer import Tokenizer
+from engine.request import (
+    DecodeOptions,
+    EngineStats,
+    InvalidRequestError,
+    SegmentEvent,
+    Task,
+    TranscriptionResult,
+)
+
+
+class Handle(Protocol):
+    """One submitted request, as its caller sees it."""
+
+    request_id: str
+
+    def events(self) -> AsyncIterator[SegmentEvent]: ...
+
+    async def result(self) -> TranscriptionResult: ...
+
+    def abort(self) -> None: ...
+
+
+class EngineLike(Protocol):
+    """What the server needs of an engine: Engine (a loop thread in this process), EngineProcess (a child process)
+    and the tests' fake all answer it."""
+
+    model_name: str
+    is_multilingual: bool
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    @property
+    def failure(self) -> str | None: ...
+
+    def start(self) -> None: ...
+
+    def submit(self, audio: np.ndarray, options: DecodeOptions) -> Handle:
+        """Queue a request; raises InvalidRequestError, EngineOverloadedError or EngineDeadError."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def shutdown(self) -> None: ...
+
+
+def check_audio(audio: np.ndarray) -> np.ndarray:
+    """Samples as the engine takes them: 1-D, floating point, finite; InvalidRequestError otherwise."""
+    audio = np.asarray(audio)
+    if audio.ndim != 1 or audio.dtype.kind != "f":
+        raise InvalidRequestError(f"audio must be 1-D float samples, got {audio.dtype} of shape {audio.shape}")
+    if not np.isfinite(audio).all():
+        raise InvalidRequestError("audio contains NaN or infinite samples", "file")
+    return audio
+
+
+class EngineFront:
+    """What Engine and EngineProcess answer alike, from the config and the tokenizer."""
+
+    config: EngineConfig
+    tokenizer: Tokenizer
+    n_text_ctx: int  # the decoder's context (self-attention cache length), which bounds a prompt
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.tokenizer.is_multilingual
+
+    def prepare(self, options: DecodeOptions) -> DecodeOptions:
+        """The options as the loop takes them: checked, the prompt tokenized here (in the caller's thread) and cut
+        to what can be context, the engine's decode budget and seed filled in; a fixed token count decodes
+        greedily without quality fallbacks."""
+        self.validate(options)
+        changes: dict = {}
+        if options.prompt_tokens is None and options.prompt:
+            changes["prompt_tokens"] = tuple(prompt_tokens(self.tokenizer, options.prompt, self.n_text_ctx))
+        if options.decode_budget_per_window is None:
+            changes["decode_budget_per_window"] = self.config.decode_budget_per_window
+        if options.seed is None:
+            changes["seed"] = self.config.seed
+        if options.fixed_decode_tokens is not None:
+            changes.update(
+                temperatures=(0.0,), no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None
+            )
+        return dataclasses.replace(options, **changes) if changes else options
+
+    def validate(self, options: DecodeOptions) -> None:
+        """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""
+        tok = self.tokenizer
+        if options.language is not None:
+            if not tok.is_multilingual and options.language != "en":
+                raise InvalidRequestError(
+                    f"This model is English-only; language {options.language!r} is not supported", "language"
+                )
+            if tok.is_multilingual and options.language not in tok.language_ids:
+                raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
+        if options.task == Task.TRANSLATE and not tok.is_multilingual:
+            raise InvalidRequestError("This model is English-only and cannot translate", "model")
+
+
+class RequestHandle:
+    """The caller's end of one request: async events/result, or a blocking wait (CLI)."""
+
+    def __init__(self, engine: EngineLike, request_id: str):
+        self.engine = engine
+        self.request_id = request_id
+        self.submitted_at = time.perf_counter()
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            self._aqueue: asyncio.Queue = asyncio.Queue()
+        except RuntimeError:
+            self._loop = None
+        self._squeue: queue.SimpleQueue = queue.SimpleQueue()
+        self._result: TranscriptionResult | None = None
+
+    def emit(self, item: object) -> None:
+        """Called from the engine thread."""
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
+            except RuntimeError:  # the caller's event loop is gone; nobody is listening
+                self.engine.abort(self.request_id)
+        else:
+            self._squeue.put(item)
+
+    def _unwrap(self, item: object) -> SegmentEvent | None:
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, TranscriptionResult):
+            self._result = item
+            return None
+        return item  # type: ignore[return-value]
+
+    async def events(self) -> AsyncIterator[SegmentEvent]:
+        """Yields SegmentEvent as windows finish; returns when the request is done."""
+        while self._result is None:
+            event = self._unwrap(await self._aqueue.get())
+            if event is not None:
+                yield event
+
+    async def result(self) -> TranscriptionResult:
+        async for _ in self.events():
+            pass
+        assert self._result is not None
+        return self._result
+
+    def wait(self, timeout: float | None = None) -> TranscriptionResult:
+        while self._result is None:
+            self._unwrap(self._squeue.get(timeout=timeout))
+        return self._result
+
+    def abort(self) -> None:
+        if self._result is None:
+            self.engine.abort(self.request_id)
