@@ -105,9 +105,7 @@ def main() -> None:
     from engine.model.tokenizer import Tokenizer
     from engine.model.weights import load_checkpoint, resolve_model
     from engine.request import DecodeOptions
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from weights_export import write_hf_export
+    from tests.helpers.weights_export import write_hf_export
 
     resolved = resolve_model(args.model)
     audios = {label: decode_audio(args.data / name) for label, name in CLIPS.items()}

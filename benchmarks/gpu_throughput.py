@@ -30,7 +30,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 from engine.kernels import int8_attention  # noqa: E402
 
 WINDOW_S = 30.0
@@ -106,10 +105,10 @@ async def run_closed_loop(engine, audio: np.ndarray, options, clients: int, tota
 
 def run_transformers(model: str, concurrency: list[int], tokens: int, repeats: int):
     import transformers
-    from weights_export import hf_configs, to_hf_names
 
     from engine.model.dims import DUMMY_DIMS
     from engine.model.weights import Checkpoint, dummy_state_dict
+    from tests.helpers.weights_export import hf_configs, to_hf_names
 
     dims = DUMMY_DIMS[model]
     state = dummy_state_dict(dims, dtype=torch.float16, device="cuda")

@@ -15,8 +15,9 @@ of the response body.
 and prints both rows and the throughput ratio (what continuous batching buys).
 
 --spawn "ARGS" starts `python -m server serve ARGS --host 127.0.0.1 --port <free port>` from the repository root,
-waits for GET /health to answer 200, runs the benchmark against it and stops it. `--spawn` alone starts the
-defaults (tiny.en); write a single flag as `--spawn=--dummy-weights` so that it is not read as this script's own.
+waits for GET /health to answer 200, runs the benchmark against it and stops it (tests/helpers/server.py's
+RemoteServer, the one the end-to-end tests start their servers with). `--spawn` alone starts the defaults
+(tiny.en); write a single flag as `--spawn=--dummy-weights` so that it is not read as this script's own.
 """
 
 from __future__ import annotations
@@ -25,12 +26,8 @@ import argparse
 import asyncio
 import io
 import multiprocessing
-import os
 import shlex
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import wave
 from dataclasses import dataclass, field
@@ -41,10 +38,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.helpers.server import RemoteServer, ServerStartError  # noqa: E402
+
 DATA = ROOT.parent / "shared" / "data"
 DEFAULT_FILE = DATA / "g1_en_librispeech-dev-clean_2412-153948-0000.flac"  # 11.66 s of read speech
 SAMPLE_RATE = 16000
-STARTUP_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -247,56 +245,13 @@ def print_engine_load(before: dict[str, float], after: dict[str, float], wall_s:
               f"{delta['ttft_count']:.0f} requests")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class SpawnedServer:
-    """`python -m server serve ARGS` on 127.0.0.1 and a free port, until stop()."""
-
-    def __init__(self, args: str):
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="whisper-server-", suffix=".log", delete=False)  # noqa: SIM115
-        cmd = [sys.executable, "-m", "server", "serve", *shlex.split(args), "--host", "127.0.0.1", "--port", str(port)]
-        print(f"spawning: {shlex.join(cmd)}", file=sys.stderr)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_healthy(self) -> None:
-        start = time.monotonic()
-        while time.monotonic() - start < STARTUP_TIMEOUT_S:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    print(f"server healthy after {time.monotonic() - start:.1f} s", file=sys.stderr)
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"server not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, num_chars: int = 4000) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-num_chars:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        os.unlink(self.log.name)
+def spawn(flags: str) -> RemoteServer:
+    """--spawn: `python -m server serve FLAGS` on a free local port, healthy; if it does not get there, the script
+    ends with the server's log tail."""
+    try:
+        return RemoteServer(*shlex.split(flags), verbose=True)
+    except ServerStartError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main() -> int:
@@ -326,7 +281,7 @@ def main() -> int:
     uploads = load_uploads(args.files, args.synthetic_seconds)
     names = ", ".join(f"{u.name} ({u.seconds:.2f} s)" for u in uploads)
 
-    spawned = SpawnedServer(args.spawn) if args.spawn is not None else None
+    spawned = spawn(args.spawn) if args.spawn is not None else None
     url = spawned.url if spawned else args.url
     try:
         results = []

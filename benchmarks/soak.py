@@ -56,8 +56,9 @@ else 0, so the script can serve as a check. Other surprises (an unexpected 4xx, 
 an example but do not fail the run.
 
 --spawn "ARGS" starts `python -m server serve ARGS --host 127.0.0.1 --port <free port>` from the repository root
-(benchmarks/http_load.py's SpawnedServer) and stops it at the end; its log lines about unhandled errors are
-printed when 5xx answers came back. Write a single flag as `--spawn=--dummy-weights`.
+(tests/helpers/server.py's RemoteServer, as benchmarks/http_load.py and the end-to-end tests do) and stops it at
+the end; its log lines about unhandled errors are printed when 5xx answers came back. Write a single flag as
+`--spawn=--dummy-weights`.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_load import ROOT, SpawnedServer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.helpers.server import RemoteServer, ServerStartError  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 MIB = 1024 * 1024
@@ -609,7 +611,7 @@ def report_health(samples: Samples) -> None:
           if lat else f"\n/health: no 200 answers; not 200: {bad}")
 
 
-def server_errors(spawned: SpawnedServer, limit: int = 10) -> list[str]:
+def server_errors(spawned: RemoteServer, limit: int = 10) -> list[str]:
     lines = [ln for ln in spawned.log_tail(200_000).splitlines() if "unhandled error" in ln or ln.startswith("ERROR")]
     return list(dict.fromkeys(lines))[:limit]
 
@@ -650,6 +652,15 @@ def served_model(url: str, headers: dict[str, str]) -> str:
         return ""
 
 
+def spawn(flags: str) -> RemoteServer:
+    """--spawn: `python -m server serve FLAGS` on a free local port, healthy; if it does not get there, the script
+    ends with the server's log tail."""
+    try:
+        return RemoteServer(*shlex.split(flags), verbose=True)
+    except ServerStartError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (ignored with --spawn)")
@@ -683,7 +694,7 @@ def main() -> int:
     clips, long_clip, left_out = load_clips(args.data_dir.resolve(), max_upload_bytes)
     api_key = args.api_key or spawn_flag(args.spawn, "--api-key") or os.environ.get("OPENAI_API_KEY") or "unused"
     headers = {"Authorization": f"Bearer {api_key}"}  # what the SDK sends; ignored by a server without keys
-    spawned = SpawnedServer(args.spawn) if args.spawn is not None else None
+    spawned = spawn(args.spawn) if args.spawn is not None else None
     url = spawned.url if spawned else args.url.rstrip("/")
     try:
         model = served_model(url, headers)

@@ -55,7 +55,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def default_int8_cross(device: torch.device) -> bool:
     """The cross cache's type when the config says auto: int8 on a GPU, where its kernel makes a decode step read
     about half the bytes (H200, large-v3, 256 windows: +13% throughput, 641 slots instead of 402) and transcripts
-    stayed the same (tests/engine/test_int8_cross_cache.py, tests/gpu/test_int8_cross_attention.py); the model's
+    stayed the same (tests/integration/test_int8_cross_cache.py, tests/gpu/test_int8_cross_attention.py); the model's
     dtype on a CPU, which has no such kernel and would dequantize each layer's cache at every step, and on GPUs
     older than Ampere."""
     if device.type != "cuda" or int8_attention.triton is None:

@@ -13,12 +13,6 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MAX_WINDOW_S = 30.0  # clips up to this long decode in a single window
 
 
-def needs_packages(*modules: str) -> pytest.MarkDecorator:
-    """Skips a test when one of these importable packages (weights, reference engines) is missing."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
-
-
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not (DATA / "MANIFEST.tsv").is_file():

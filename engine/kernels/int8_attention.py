@@ -4,7 +4,7 @@ A decode step at high concurrency is bound by reading every running sequence's c
 (large-v3: 246 MB per sequence per step in float16, ~75% of a 256-row step on an H200). Stored as int8 with one
 bfloat16 scale per (position, head) vector, the same cache is ~52% of the bytes. Per-vector absmax scaling keeps
 the transcripts: tiny.en gave the same tokens on every English clip of the evaluation set with it, where a
-float8 (e4m3) cache with the same scaling changed 4 of 43 (a workbench comparison; tests/engine/test_int8_cross_cache.py
+float8 (e4m3) cache with the same scaling changed 4 of 43 (a workbench comparison; tests/integration/test_int8_cross_cache.py
 checks a set of clips on every run).
 
 The kernels are flash-decoding: each (batch, head, query) row streams its keys and values in blocks with an

@@ -1,5 +1,5 @@
-"""Real servers for end-to-end tests (e2e_utils.RemoteServer): `python -m server serve` on 127.0.0.1, real weights,
-real audio.
+"""Real servers for end-to-end tests (tests/helpers/server.py's RemoteServer): `python -m server serve` on
+127.0.0.1, real weights, real audio.
 
 `data_dir` (../shared/data) comes from tests/conftest.py.
 """
@@ -7,7 +7,8 @@ real audio.
 from __future__ import annotations
 
 import pytest
-from e2e_utils import RemoteServer
+
+from tests.helpers.server import RemoteServer
 
 
 @pytest.fixture(scope="session")

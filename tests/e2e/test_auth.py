@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, RemoteServer, contains_words
+
+from tests.helpers.server import RemoteServer
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 KEY, FILE_KEY = "sk-test-cli-key-0123456789", "sk-test-file-key-9876543210"
 ORIGIN = "https://app.example.test"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, contains_words
+
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 SMALL = "g1_en_librispeech-test-clean_61-70968-0000.flac"  # 97 kB, under the small server's 1 MiB limit

@@ -6,7 +6,8 @@ import base64
 
 import openai
 import pytest
-from e2e_utils import COMMON_ENGLISH, JFK_WORDS, contains_words, words
+
+from tests.helpers.transcripts import COMMON_ENGLISH, JFK_WORDS, contains_words, words
 
 
 def audio_message(path, fmt: str, text: str | None = None) -> list[dict]:

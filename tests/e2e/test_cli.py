@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import srt
-from e2e_utils import JFK, JFK_WORDS, REPO, contains_words
 from openai.types.audio import TranscriptionVerbose
+
+from tests.helpers.server import REPO
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

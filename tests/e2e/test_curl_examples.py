@@ -10,7 +10,9 @@ import subprocess
 import pytest
 import srt
 import webvtt
-from e2e_utils import COMMON_ENGLISH, JFK_WORDS, REPO, contains_words, words
+
+from tests.helpers.server import REPO
+from tests.helpers.transcripts import COMMON_ENGLISH, JFK_WORDS, contains_words, words
 
 README_ADDRESS = "http://127.0.0.1:8000"
 FILES = {

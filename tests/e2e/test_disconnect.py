@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from e2e_utils import JFK, JFK_WORDS, abandon, contains_words, metric
+
+from tests.helpers.server import abandon, metric
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 LONG = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # ~230 s: many windows, long enough to abandon
 

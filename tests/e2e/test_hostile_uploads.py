@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_utils import JFK, JFK_WORDS, contains_words
 
-from tests import hostile_media
-from tests.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
+from tests.helpers import hostile_media
+from tests.helpers.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/udp").exists(), reason="watches sockets through Linux /proc")
 

@@ -6,10 +6,10 @@ import asyncio
 
 import httpx
 import openai
-from e2e_utils import JFK, JFK_WORDS, contains_words
 
 from server.app import create_app
 from server.settings import Settings
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 
 def test_real_engine_in_process(tiny_engine, data_dir):

@@ -11,7 +11,9 @@ import time
 import httpx
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, RemoteServer, contains_words
+
+from tests.helpers.server import RemoteServer
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 # A prompt of high latin-1 characters: what a client's invalid UTF-8 becomes in a form field. It sends tiny.en's
 # decoding through temperature fallbacks (about 250 sampled tokens for an 11 s clip instead of 25).

@@ -11,7 +11,8 @@ import av
 import numpy as np
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, contains_words
+
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 SAMPLE_RATE = 16000
 # What the server may grow by to transcribe two hours: its samples (float32, 460 MB) and log-mel (230 MB) are

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 from openai.types.audio import TranscriptionVerbose
-from text_normalize import normalize_text
+
+from tests.helpers.transcripts import normalize_text
 
 CLIP = "g2_en_librivox_shakespeare-sonnets-1-3_concat.mp3"  # 158 s, LibriVox reading, Gutenberg text
 MAX_WER_GAP = 0.02  # two WER points

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from e2e_utils import JFK
+
+from tests.helpers.transcripts import JFK
 
 
 def test_models_list_has_served_name_and_alias(server):

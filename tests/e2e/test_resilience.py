@@ -12,7 +12,9 @@ import time
 import httpx
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, RemoteServer, contains_words, metric
+
+from tests.helpers.server import RemoteServer, metric
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 LONG = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # 230 s of speech: still decoding when a test needs it
 

@@ -8,8 +8,10 @@ import re
 
 import openai
 import pytest
-from e2e_utils import JFK, JFK_WORDS, contains_words, metric
 from openai.types.audio import TranscriptionTextDoneEvent
+
+from tests.helpers.server import metric
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 
 def engine_pid(server) -> int:

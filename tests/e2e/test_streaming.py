@@ -12,8 +12,9 @@ import time
 
 import httpx
 import pytest
-from e2e_utils import JFK
 from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
+
+from tests.helpers.transcripts import JFK
 
 LONG = "g2_en_earnings22_4482311_3-62s.wav"  # ~60 s: two windows or more
 LONGER = "g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"  # ~230 s, to abandon mid-way

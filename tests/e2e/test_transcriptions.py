@@ -9,8 +9,9 @@ import openai
 import pytest
 import srt
 import webvtt
-from e2e_utils import JFK, JFK_WORDS, contains_words, words
 from openai.types.audio import Transcription, TranscriptionVerbose
+
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words, words
 
 TEXT_PLAIN = "text/plain; charset=utf-8"
 

@@ -6,8 +6,9 @@ import json
 
 import openai
 import pytest
-from e2e_utils import COMMON_ENGLISH, JFK, words
 from openai.types.audio import TranslationVerbose
+
+from tests.helpers.transcripts import COMMON_ENGLISH, JFK, words
 
 pytestmark = pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks translations
 

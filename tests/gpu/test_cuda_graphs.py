@@ -218,7 +218,7 @@ def test_engine_graphs_give_eager_tokens(graph_engine, eager_engine, gpu_clips, 
     # a row may be decoded with different neighbours than eagerly, and cuBLAS and the one-row kernels (fused_ops)
     # then sum in another order: at a float16 near-tie of the two best tokens either may win (one of these clips
     # has one). A wrong replay or a wrong token fed back would break every clip, not one, and not by a word.
-    # Overlap's own logic is checked token for token on a CPU (tests/engine/test_stepwise_prompt.py).
+    # Overlap's own logic is checked token for token on a CPU (tests/integration/test_stepwise_prompt.py).
     differ = []
     for path, g, e in zip(gpu_clips, with_graphs, eager):
         if [s.tokens for s in g.segments] != [s.tokens for s in e.segments]:

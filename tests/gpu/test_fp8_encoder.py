@@ -13,7 +13,7 @@ from engine.features import pad_or_trim
 from engine.kernels import fp8
 from engine.kernels.fused_ops import add_norm_fp8, quantize_rows
 from engine.request import DecodeOptions
-from tests.engine.engine_utils import normalize_english
+from tests.helpers.transcripts import normalize_english
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_fp8_encoder_stays_close_to_float16_on_speech(engines, gpu_clips, read_w
     print(f"\nfloat8 encoder: relative error {err:.4f}, frame cosine p1 {cos.quantile(0.01).item():.4f}, "
           f"worst {cos.min().item():.4f}")  # fmt: skip
     # with every block in float8: 8.9% and 0.989 here, a few frames far off (worst -0.14); the first blocks in
-    # float16 (engine/kernels/fp8.py) bring the CPU emulation of these products to ~4% and 0.998 (tests/engine)
+    # float16 (engine/kernels/fp8.py) bring the CPU emulation of these products to ~4% and 0.998 (tests/integration)
     assert err < 0.07 and cos.quantile(0.01).item() > 0.995
     assert eight.graphs.stats.encoder_replays > 0
     assert torch.allclose(replayed, ours, rtol=1e-3, atol=1e-3)

@@ -1,8 +1,5 @@
 """large-v3 with dummy weights: encoder output and teacher-forced logits against transformers, same weights."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -10,9 +7,7 @@ from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
 from engine.model.weights import Checkpoint, dummy_state_dict
 from engine.model.whisper import Whisper
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from weights_export import hf_configs, to_hf_names  # noqa: E402
+from tests.helpers.weights_export import hf_configs, to_hf_names
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

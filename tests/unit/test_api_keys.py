@@ -6,12 +6,12 @@ import asyncio
 
 import httpx
 import pytest
-from fake_engine import FakeEngine
 from starlette.datastructures import Headers
 
 from server.app import create_app
 from server.auth import KeyChecker, bearer_key
 from server.settings import Settings
+from tests.helpers.fake_engine import FakeEngine
 
 
 def test_keys_from_flags_environment_and_file(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ import openai
 import pytest
 import srt
 import webvtt
-from fake_engine import FakeEngine, clients, wav_bytes
 from openai.types.audio import TranscriptionVerbose
 from starlette.requests import Request
 
@@ -19,6 +18,7 @@ from engine.request import DEFAULT_TEMPERATURES, DecodeOptions, Task
 from server.drain import Drain
 from server.errors import ClientDisconnectedError
 from server.streaming import submit, wait_result
+from tests.helpers.fake_engine import FakeEngine, clients, wav_bytes
 
 WAV = wav_bytes(2.0)
 FILE = ("speech.wav", WAV, "audio/wav")

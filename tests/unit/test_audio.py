@@ -15,8 +15,8 @@ import pytest
 import soundfile as sf
 
 from engine.audio import SAMPLE_RATE, AudioDecodeError, AudioTooLongError, decode_audio, duration_s
-from tests import hostile_media
-from tests.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
+from tests.helpers import hostile_media
+from tests.helpers.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 G4_CLIPS = sorted(p for p in DATA_DIR.glob("g4_*") if p.suffix != ".txt")

@@ -6,10 +6,10 @@ import asyncio
 
 import openai
 import pytest
-from fake_engine import FakeEngine, clients, wav_bytes
 
 from engine.request import EngineDeadError, EngineOverloadedError, InvalidRequestError, RequestAbortedError
 from server.errors import APIError, from_engine_error
+from tests.helpers.fake_engine import FakeEngine, clients, wav_bytes
 
 FILE = ("speech.wav", wav_bytes(1.0), "audio/wav")
 ENVELOPE_KEYS = {"message", "type", "param", "code"}

@@ -6,11 +6,11 @@ import asyncio
 import json
 
 import pytest
-from fake_engine import FakeEngine, clients, wav_bytes
 from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
 
 from engine.request import EngineDeadError
 from server.streaming import DeltaText
+from tests.helpers.fake_engine import FakeEngine, clients, wav_bytes
 
 FILE = ("speech.wav", wav_bytes(2.0), "audio/wav")
 

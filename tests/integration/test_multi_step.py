@@ -8,11 +8,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from engine_utils import GREEDY, WAIT_S, scores, settled_steps, submit_all
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.request import DecodeOptions
+from tests.helpers.engine_runs import GREEDY, WAIT_S, scores, settled_steps, submit_all
 
 CLIPS = (
     "g1_en_jfk.flac",

@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 import pytest
-from engine_utils import GREEDY, WAIT_S, scores, submit_all, tokens_of
 
 from engine.request import DecodeOptions, InvalidRequestError
+from tests.helpers.engine_runs import GREEDY, WAIT_S, scores, submit_all, tokens_of
 
 JFK = "g1_en_jfk.flac"
 JFK_DURATION_S = 11.0

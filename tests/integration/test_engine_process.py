@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from engine_utils import WAIT_S, submit_all
 
 from engine.config import EngineConfig
 from engine.engine_process import EngineProcess
 from engine.request import DecodeOptions, EngineDeadError, InvalidRequestError, RequestAbortedError
+from tests.helpers.engine_runs import WAIT_S, submit_all
 
 JFK = "g1_en_jfk.flac"
 OPTIONS = DecodeOptions(temperatures=(0.0,))

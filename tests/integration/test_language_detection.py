@@ -8,10 +8,10 @@ token comes before it, so the rest of the transcript would not change the answer
 from __future__ import annotations
 
 import pytest
-from engine_utils import submit_all
 
 from engine.audio import N_SAMPLES
 from engine.request import DecodeOptions
+from tests.helpers.engine_runs import submit_all
 
 DETECT_ONLY = DecodeOptions(temperatures=(0.0,), without_timestamps=True, fixed_decode_tokens=1)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from engine_utils import faster_whisper_transcribe, first_difference, submit_all, tokens_of
+
+from tests.helpers.engine_runs import faster_whisper_transcribe, first_difference, submit_all, tokens_of
 
 MIN_IDENTICAL = 0.95  # float32 round-off in a different kernel may flip a near-tie argmax on a rare clip
 MIN_LANGUAGE_PROBABILITY = 0.5  # below this faster-whisper itself is unsure, so a different pick is no bug

@@ -11,7 +11,8 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kernels.int8_attention import dequantize, quantize
 from engine.request import DecodeOptions
-from tests.engine.engine_utils import normalize_english, submit_all, tokens_of
+from tests.helpers.engine_runs import submit_all, tokens_of
+from tests.helpers.transcripts import normalize_english
 
 CLIPS = 5  # a spread of the short English clips: enough to see a systematic change, cheap enough for CI
 

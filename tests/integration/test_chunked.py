@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from engine_utils import WAIT_S, normalize_english
 
 from engine.audio import SAMPLE_RATE
 from engine.request import ChunkingOptions, DecodeOptions, TranscriptionResult
+from tests.helpers.engine_runs import WAIT_S
+from tests.helpers.transcripts import normalize_english
 
 MIN_DURATION_S = 600.0
 MAX_WER_GAP = 0.015  # 1.5 WER points

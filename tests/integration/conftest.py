@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
-from engine_utils import faster_whisper_transcribe, submit_all
 
-
-def faster_whisper_model(model_dir):
-    """faster-whisper at float32, the precision our CPU engine runs at."""
-    fw = pytest.importorskip("faster_whisper")
-    # Its default of 4 threads oversubscribes a 2-core CI runner.
-    num_threads = min(4, os.cpu_count() or 1)
-    return fw.WhisperModel(str(model_dir), device="cpu", compute_type="float32", cpu_threads=num_threads)
+from tests.helpers.engine_runs import TranscriptCache, faster_whisper_model, faster_whisper_transcribe, submit_all
 
 
 @pytest.fixture(scope="session")
@@ -49,19 +41,6 @@ def tiny_fw(tiny_en_dir):
 @pytest.fixture(scope="session")
 def base_fw(base_ct2_dir):
     return faster_whisper_model(base_ct2_dir)
-
-
-class TranscriptCache:
-    """name -> transcript, computed on first request for the names still missing (in one batch) and then kept."""
-
-    def __init__(self, compute):
-        self._compute = compute  # list of clip names -> {name: transcript}
-        self._done: dict = {}
-
-    def __call__(self, names) -> dict:
-        if missing := [name for name in names if name not in self._done]:
-            self._done.update(self._compute(missing))
-        return {name: self._done[name] for name in names}
 
 
 @pytest.fixture(scope="session")

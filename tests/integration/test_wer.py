@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import jiwer
-from engine_utils import normalize_english
+
+from tests.helpers.transcripts import normalize_english
 
 MAX_WER_GAP = 0.01  # one percentage point
 MAX_WER = 0.15  # tiny.en's published LibriSpeech WER is ~5.6 % (test-clean) and ~15 % (test-other)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from engine_utils import WAIT_S, scores, settled_steps, submit_all
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.request import DecodeOptions
+from tests.helpers.engine_runs import WAIT_S, scores, settled_steps, submit_all
 
 # Whisper's defaults: timestamps, temperature fallback, previous-text prompts for later windows (those are longer
 # than 8 tokens, so they still go through prefill: both paths run in one request).

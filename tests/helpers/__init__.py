@@ -1,0 +1,16 @@
+"""Helpers shared by the tests (and by benchmarks/http_load.py and benchmarks/soak.py), imported one way:
+`from tests.helpers.<module> import ...`. Fixtures stay in the conftest.py files.
+
+- engine_runs: running the Engine in tests (submit_all, settled_steps, tokens_of, scores, GREEDY, WAIT_S) and
+  faster-whisper as the reference (faster_whisper_model, faster_whisper_transcribe, Reference, TranscriptCache,
+  first_difference).
+- fake_engine: FakeEngine, a stand-in for the Engine so that route tests run without weights, with clients() and
+  wav_bytes() (unit tests only).
+- hostile_media: uploads that point FFmpeg beyond their own bytes (SDP, HLS, DASH, ffconcat), a TCP listener for
+  them to point at, and the UDP sockets a process holds.
+- server: RemoteServer, a real `python -m server serve` on 127.0.0.1 (args, env, port, /health wait, log, stop;
+  a context manager), free_port, REPO, and what tests read from or do to a running server (metric, abandon).
+- transcripts: the JFK clip and its words, loose word matching (words, contains_words, COMMON_ENGLISH) and the
+  WER normalizers (normalize_text, normalize_english).
+- weights_export: a loaded Checkpoint written back out as a Hugging Face directory or an OpenAI .pt file.
+"""

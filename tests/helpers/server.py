@@ -1,0 +1,140 @@
+"""Real servers: `python -m server serve` in a subprocess on 127.0.0.1 (RemoteServer), and what tests read from or
+do to a running one (metric, abandon).
+
+RemoteServer is the one way a real server is started, by the end-to-end tests' fixtures (tests/e2e/conftest.py)
+and by the HTTP benchmarks (benchmarks/http_load.py and benchmarks/soak.py, their --spawn). Nothing here imports
+pytest at module level: the benchmarks import this module where only the server's own dependencies are installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 600  # first start may load weights from a cold disk
+REQUEST_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or did not answer /health with 200 in time; the message ends with its log's tail."""
+
+
+class RemoteServer:
+    """`whisper-server serve ARGS` in a subprocess (vLLM's RemoteOpenAIServer pattern); waits for /health.
+
+    `args` are serve's flags; `--host 127.0.0.1 --port PORT` come after them, so they win over any in `args`.
+    `env` is added to this process's environment; `port` is a free one unless given. The server runs from the
+    repository root with its stdout and stderr in a temporary log file (log_tail()). The constructor returns once
+    GET /health answers 200; when the server exits first or is not healthy within `startup_timeout_s`, it is
+    stopped and ServerStartError raised. stop() ends it (SIGTERM, SIGKILL after 30 s) and removes the log; a
+    `with` block calls it on the way out. `verbose` prints the command and the time to healthy on stderr.
+    """
+
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        verbose: bool = False,
+    ):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.url}/v1"
+        self.cmd = [sys.executable, "-m", "server", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        if verbose:
+            print(f"spawning: {shlex.join(self.cmd)}", file=sys.stderr)
+        # Open for the server's whole life; stop() closes and removes it.
+        self.log = tempfile.NamedTemporaryFile(prefix="whisper-server-", suffix=".log", delete=False)  # noqa: SIM115
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        try:
+            elapsed = self._wait_healthy(startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        if verbose:
+            print(f"server healthy after {elapsed:.1f} s", file=sys.stderr)
+
+    def _wait_healthy(self, timeout_s: float) -> float:
+        """Seconds until /health answered 200; ServerStartError (with the log's tail) if it did not."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ServerStartError(f"server not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, num_chars: int = 6000) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-num_chars:]
+
+    def client(self, **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S, **kwargs
+        )
+
+    def async_client(self, **kwargs) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S, **kwargs
+        )
+
+    def stop(self) -> None:
+        """Ends the server and removes its log; calling it again does nothing."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self.log.closed:
+            self.log.close()
+            os.unlink(self.log.name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def metric(server, name: str, labels: str = "") -> float:
+    """One sample of the server's /metrics (0 when absent)."""
+    text = httpx.get(f"{server.url}/metrics").text
+    match = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def abandon(server, path: Path) -> None:
+    """Upload a long clip for transcription and hang up 3 s into the wait for its answer."""
+    import pytest  # here, not at the top: the benchmarks import this module without pytest installed
+
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{server.url}/v1/audio/transcriptions",
+            files={"file": (path.name, path.read_bytes(), "audio/flac")},
+            data={"model": "whisper-1"},
+            timeout=httpx.Timeout(30, read=3),
+        )
