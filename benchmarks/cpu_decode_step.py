@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    ap.add_argument("--no-cpu-kernels", action="store_true", help="ours in torch alone (KernelOptions.cpu_decode off)")
     ap.add_argument("--only", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is None:
@@ -72,10 +73,13 @@ def main() -> None:
         from engine.engine import Engine
         from engine.request import DecodeOptions
 
-        options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
+        from engine.kernels.options import KernelOptions
+
+        kernels = KernelOptions(cpu_decode=not args.no_cpu_kernels)
+        engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, kernels=kernels))
+        engine.start()
         for n in args.tokens:
-            engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, fixed_decode_tokens=n))
-            engine.start()
+            options = DecodeOptions(without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=n)
 
             def run_ours():
                 handles = [engine.submit(audio, options) for _ in range(args.batch)]
@@ -83,7 +87,7 @@ def main() -> None:
 
             counts.append(len(run_ours()[0].segments[0].tokens))
             ms.append(median_time(run_ours, args.repeats) * 1e3)
-            engine.shutdown()
+        engine.shutdown()
     else:
         import ctranslate2
         from faster_whisper.feature_extractor import FeatureExtractor

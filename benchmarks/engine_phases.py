@@ -14,18 +14,20 @@ from collections.abc import Callable, Iterator
 
 def phase_targets(engine) -> list[tuple[object, str, str]]:
     """(object, method name, phase label) for each engine-loop method worth timing."""
-    runner, decoder = engine.runner, engine.runner.model.decoder
-    targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample", "_rules", "logits_processor")]
-    targets += [(engine, n) for n in ("step", "_add", "_launched", "_complete", "_release")]
+    runner, decoder, backend = engine.runner, engine.runner.model.decoder, engine.runner.backend
+    targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample", "logits_processor")]
+    targets += [(runner.io, n) for n in ("build", "rules", "to_device")]
+    targets += [(engine, n) for n in ("step", "_add", "_admit", "_launch", "_postprocess", "_finish_windows")]
     targets += [(engine.scheduler, "admit"), (decoder, "fill_cross_cache")]
-    targets += [(decoder, "forward"), (decoder, "logits")]  # eager model time (a GPU step with graphs skips them)
+    # eager model time (a GPU step with graphs skips them)
+    targets += [(backend, "eager_step"), (backend, "prompt_pass"), (backend, "logits")]
     if runner.graphs is not None:
         targets += [(runner.graphs, "decode"), (runner.graphs, "encode")]
     # the sampler (a module function), a step's output copy and its read, the small host-to-device copies
     import engine.model_runner as model_runner
+    from engine.step_io import StepOutput
 
-    targets += [(model_runner, "sample"), (model_runner.StepOutput, "__init__"), (model_runner.StepOutput, "result")]
-    targets.append((runner, "_to_device"))
+    targets += [(model_runner, "sample"), (StepOutput, "__init__"), (StepOutput, "result")]
     named = []
     for obj, name in targets:
         owner = obj.__name__.rsplit(".", 1)[-1] if isinstance(obj, type) or hasattr(obj, "__file__") else type(obj).__name__

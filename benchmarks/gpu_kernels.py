@@ -103,16 +103,15 @@ def main() -> None:
     # 1. kernels, eager
     mel = torch.randn(args.encoder_batch, dims.n_mels, 3000, device=dev, dtype=torch.float16)
     top_kernels(lambda: model.encoder(mel), f"{args.model} encoder, batch {args.encoder_batch}", args.rows)
-    dec = model.decoder
+    backend = runner.backend
     for bs in (1, 256):
         tokens = torch.zeros(bs, 1, dtype=torch.long, device=dev)
         positions = torch.full((bs, 1), KV - 28, dtype=torch.long, device=dev)
-        mask = (torch.arange(KV, device=dev) <= positions[:, :, None])[:, None]
-        top_kernels(lambda: dec.logits(dec(tokens, positions, runner.cache, 0, KV, mask)[:, -1]),
+        top_kernels(lambda: backend.logits(backend.decode_step(tokens, positions, runner.cache, KV)[:, -1]),
                     f"{args.model} decoder step, batch {bs}, {KV} positions", args.rows)
 
     # 2. captured graphs
-    graphs = GraphRunner(model, runner.cache, runner.num_slots, 32, runner.dtype)
+    graphs = GraphRunner(backend, runner.cache, runner.num_slots, 32, runner.dtype)
     graphs.decode_sizes, graphs.kv_sizes, graphs.encoder_sizes = list(batches), [KV], [args.encoder_batch, 32]
     graphs.capture()
     graphs.dec.positions.fill_(KV - 28)

@@ -5,7 +5,7 @@
 Large-v3 shapes, float16, GPU microseconds per call inside a CUDA graph (Triton's Python launch path would
 otherwise be what is timed), each weight one of 8 copies used in turn so it is read from HBM, not L2. Prints:
 1. residual add + layer norm + product in one kernel (fused_ops.add_norm_linear) against add_norm and the product
-   (fused_ops.NORM_PRODUCT off), for 2, 4 and 8 output features per program (NORM_PRODUCT_FEATURES);
+   (add_norm_linear(fused=False)), for 2, 4 and 8 output features per program (NORM_PRODUCT_FEATURES);
 2. the vocabulary projection of one row (fused_ops.one_row_logits) against cuBLAS and the float32 cast;
 3. the decode step's self-attention kernel at several (keys per block, warps) settings, by rows and the limit its
    rows' positions are spread below (the engine's choice: decode_attention.MANY_PROGRAMS_SETTINGS, and
@@ -53,7 +53,7 @@ def fused_products(dev: str) -> None:
     features = (2, 4, 8)
     print("| one row | separate kernels us | " + " | ".join(f"fused, {f} per program" for f in features) + " |")
     print("|---|---|" + "---|" * len(features))
-    default = (fused_ops.NORM_PRODUCT, fused_ops.NORM_PRODUCT_FEATURES)
+    default = fused_ops.NORM_PRODUCT_FEATURES
     for name, n, out, gelu in (("add + norm + QKV 1280->3840", 1280, 3840, False),
                                ("add + norm + cross query 1280->1280", 1280, 1280, False),
                                ("add + norm + fc1 + GELU 1280->5120", 1280, 5120, True)):  # fmt: skip
@@ -61,14 +61,11 @@ def fused_products(dev: str) -> None:
         ln = nn.LayerNorm(n, device=dev, dtype=torch.float16)
         params = rotating([(torch.randn(out, n, device=dev, dtype=torch.float16) * 0.03,
                             torch.randn(out, device=dev, dtype=torch.float16)) for _ in range(COPIES)])  # fmt: skip
-        call = lambda: fused_ops.add_norm_linear(x, y, ln, *params(), gelu)  # noqa: E731
-        fused_ops.NORM_PRODUCT = False
-        cells = [time_us(call)]
-        fused_ops.NORM_PRODUCT = True
-        for f in features:
+        cells = [time_us(lambda: fused_ops.add_norm_linear(x, y, ln, *params(), gelu, fused=False))]
+        for f in features:  # the kernel's tiling, a compile-time tuning constant swept here
             fused_ops.NORM_PRODUCT_FEATURES = f
-            cells.append(time_us(call))
-        fused_ops.NORM_PRODUCT, fused_ops.NORM_PRODUCT_FEATURES = default
+            cells.append(time_us(lambda: fused_ops.add_norm_linear(x, y, ln, *params(), gelu)))
+        fused_ops.NORM_PRODUCT_FEATURES = default
         print(f"| {name} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
 
 

@@ -30,7 +30,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.kernels import int8_attention  # noqa: E402
 
 WINDOW_S = 30.0
 # The floor from the card (PERF.md): minimum GPU time per 30 s window at ~100 tokens.
@@ -40,8 +39,9 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
                stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None,
                encoder_precision: str = "model", closed_loop: int = 0, multi_step: int | None = None,
-               timestamps: bool = False):
+               timestamps: bool = False, int8_kernel: str = "cuda"):
     from engine.config import EngineConfig
+    from engine.kernels.options import KernelOptions
     from engine.engine import Engine
     from engine.request import DecodeOptions
 
@@ -49,7 +49,7 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,
                                  cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap,
                                  encoder_precision=encoder_precision, max_waiting=max(256, *concurrency),
-                                 multi_step=multi_step))
+                                 multi_step=multi_step, kernels=KernelOptions(int8_attention=int8_kernel)))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=not timestamps, temperatures=(0.0,),
@@ -171,10 +171,9 @@ def main() -> None:
     ap.add_argument("--timestamps", action="store_true",
                     help="decode with timestamp rules (the server's way) instead of text only")
     ap.add_argument("--int8-kernel", default="cuda", choices=["cuda", "triton"],
-                    help="the int8 cross-attention kernel (engine/kernels/int8_attention.py KERNEL; cuda falls back to triton "
+                    help="the int8 cross-attention kernel (KernelOptions.int8_attention; cuda falls back to triton "
                          "where it does not build)")
     args = ap.parse_args()
-    int8_attention.KERNEL = args.int8_kernel
     overlap = {"auto": None, "on": True, "off": False}[args.overlap_steps]
     if len(args.models) > 1:
         # one process per model: a finished engine's caches and graph pools are then surely returned
@@ -189,7 +188,7 @@ def main() -> None:
         ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
                                                args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
                                                args.encoder_precision, args.closed_loop, args.multi_step,
-                                               args.timestamps)
+                                               args.timestamps, args.int8_kernel)
         print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))

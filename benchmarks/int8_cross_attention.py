@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.kernels import int8_attention  # noqa: E402
+from engine.kernels.options import KernelOptions  # noqa: E402
 
 
 def time_us(fn, calls: int = 20, replays: int = 5) -> float:
@@ -48,14 +49,10 @@ def time_us(fn, calls: int = 20, replays: int = 5) -> float:
 
 
 def time_with(kernel: str, int8_args) -> float:
-    default = int8_attention.KERNEL
-    int8_attention.KERNEL = kernel
-    try:
-        if kernel == "cuda":
-            assert int8_attention._cuda_kernel(int8_args[0]) is not None, "the CUDA kernel did not build"
-        return time_us(lambda: int8_attention.int8_attention(*int8_args))
-    finally:
-        int8_attention.KERNEL = default
+    if kernel == "cuda":
+        assert int8_attention._cuda_kernel(int8_args[0]) is not None, "the CUDA kernel did not build"
+    kernels = KernelOptions(int8_attention=kernel)
+    return time_us(lambda: int8_attention.int8_attention(*int8_args, kernels))
 
 
 def sweep_cuda(int8_args) -> list[str]:

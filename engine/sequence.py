@@ -30,7 +30,6 @@ class WindowJob:
     detect_language: bool  # prompt ends at <|startoftranscript|>; the model picks the language token
     forced_after_language: list[int] = field(default_factory=list)  # task (+ notimestamps) after detection
     with_timestamps: bool = True
-    max_new_tokens: int | None = None
     fixed_decode_tokens: int | None = None
     window_index: int = 0  # which of the request's windows (chunked mode decodes several at once)
     word_timestamps: bool = False
@@ -55,6 +54,23 @@ class Sequence:
     finished: bool = False
     aborted: bool = False
     alignment: AlignmentInput | None = None  # word-timestamp inputs, read from the slot before it is reused
+
+    @property
+    def sampling(self) -> bool:
+        """The next output is a sampled token (not a forced prompt token or a language pick)."""
+        return not self.detecting and not self.forced
+
+    @property
+    def must_not_end(self) -> bool:
+        """A window decoding a fixed number of tokens (DecodeOptions.fixed_decode_tokens) that has not launched
+        them all: its next token may not be <|endoftext|>."""
+        fixed = self.job.fixed_decode_tokens
+        return fixed is not None and self.num_launched < fixed
+
+    def ends_within(self, steps: int) -> bool:
+        """Whether a fixed token count is reached inside the next `steps` steps, but not at their start."""
+        fixed = self.job.fixed_decode_tokens
+        return fixed is not None and self.num_launched < fixed < self.num_launched + steps
 
     def feed_prompt_stepwise(self) -> None:
         """Feed the prompt one token per decode step (riding along with the running batch) instead of a prompt

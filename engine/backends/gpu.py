@@ -15,6 +15,8 @@ fused kernel with one query per row.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -54,14 +56,18 @@ class GpuBackend(DecodeBackend):
         self.output_weight = pad_vocabulary(model.decoder)
         probe = torch.empty(1, 1, 1, 64, dtype=cache_dtype, device=device)
         self.reads_own_prefix = decode_attention.cache_supported(probe)
-        n_state = model.dims.n_text_state
-        row = torch.empty(1, 1, n_state, dtype=cache_dtype, device=device)
-        attn0 = model.decoder.blocks[0].attn
-        # a lone row's fused sub-layers: half precision, widths the kernel tiles, the step kernel for attention
-        self.fused_lone_row = (
-            kernels.norm_product and self.reads_own_prefix and norm_product_applies(row, attn0.qkv_weight)
-        )
+        row = torch.empty(1, 1, model.dims.n_text_state, dtype=cache_dtype, device=device)
+        # a lone row's sub-layers fused: half precision, widths the kernel tiles, the step kernel for attention
+        self.lone_row_fits = self.reads_own_prefix and norm_product_applies(row, model.decoder.blocks[0].attn.qkv_weight)
+        self.fused_lone_row = kernels.norm_product and self.lone_row_fits
         self.name = "gpu (step kernel)" if self.reads_own_prefix else "gpu (masked steps)"
+
+    def with_kernels(self, kernels: KernelOptions) -> GpuBackend:
+        """This backend over the same weights with other kernel choices: an A/B comparison in one process."""
+        other = copy.copy(self)
+        other.kernels = kernels
+        other.fused_lone_row = kernels.norm_product and self.lone_row_fits
+        return other
 
     def decode_step(
         self, tokens: Tensor, positions: Tensor, cache: KVCache, kv_len: int, slot_start: int = 0

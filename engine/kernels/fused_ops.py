@@ -213,12 +213,13 @@ def norm_product_applies(x: Tensor, weight: Tensor) -> bool:
 
 
 def add_norm_linear(
-    x: Tensor, y: Tensor | None, ln: nn.LayerNorm, weight: Tensor, bias: Tensor, gelu: bool = False, pdl: bool = True
+    x: Tensor, y: Tensor | None, ln: nn.LayerNorm, weight: Tensor, bias: Tensor, gelu: bool = False,
+    pdl: bool = True, fused: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(x + y, f(ln(x + y) @ weight.T + bias)) with f GELU's tanh form (as linear_gelu's epilogue) or identity;
-    y None: (x, f(ln(x) @ weight.T + bias)). One kernel where norm_product_applies, else add_norm and a product
-    (the reference the GPU test compares the kernel against)."""
-    if not norm_product_applies(x, weight):
+    y None: (x, f(ln(x) @ weight.T + bias)). One kernel where `fused` and norm_product_applies, else add_norm and a
+    product (the reference the GPU test compares the kernel against)."""
+    if not (fused and norm_product_applies(x, weight)):
         x, h = (x, norm(ln, x)) if y is None else add_norm(x, y, ln)
         return x, (_linear_gelu(h, weight, bias) if gelu else F.linear(h, weight, bias))
     n = x.shape[-1]

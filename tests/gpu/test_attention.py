@@ -1,9 +1,10 @@
-"""The decoder's unfused self-attention (used from UNFUSED_SELF_ATTENTION_ROWS rows on a GPU) equals SDPA."""
+"""The GPU backend's unfused self-attention (used from UNFUSED_SELF_ATTENTION_ROWS rows on a GPU) equals SDPA."""
 
 import torch
 import torch.nn.functional as F
 
-from engine.model.whisper import NEG_INF, UNFUSED_SELF_ATTENTION_ROWS, decode_self_attention
+from engine.backends.gpu import UNFUSED_SELF_ATTENTION_ROWS, decode_self_attention
+from engine.model.whisper import NEG_INF
 
 
 def test_unfused_self_attention_matches_sdpa(cuda):

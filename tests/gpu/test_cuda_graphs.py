@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.kernels import fused_ops
+from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 from engine.sampling import sample
 
@@ -42,7 +42,7 @@ def random_cross_cache(runner, slots: int, seed: int) -> torch.Generator:
 
 def test_every_decoder_bucket_matches_eager(graph_engine):
     runner = graph_engine.runner
-    graphs, model, cache = runner.graphs, runner.model, runner.cache
+    graphs, model, cache, backend = runner.graphs, runner.model, runner.cache, runner.backend
     gen = torch.Generator(runner.device).manual_seed(0)
     with torch.inference_mode():
         feats = torch.randn(cache.num_slots, runner.dims.n_audio_ctx, runner.dims.n_audio_state,
@@ -54,8 +54,7 @@ def test_every_decoder_bucket_matches_eager(graph_engine):
                 positions = torch.randint(0, kv, (bs, 1), device=runner.device, generator=gen)
                 positions[0] = kv - 1  # so this step needs the whole bucket
                 replayed = graphs.decode(tokens, positions, kv).clone()
-                mask = (torch.arange(kv, device=runner.device) <= positions[:, :, None])[:, None]
-                eager = model.decoder.logits(model.decoder(tokens, positions, cache, 0, kv, mask)[:, -1])
+                eager = backend.logits(backend.decode_step(tokens, positions, cache, kv)[:, -1])
                 assert torch.equal(replayed.argmax(-1), eager.argmax(-1)), (bs, kv)
                 assert (replayed - eager).abs().max().item() < 1e-2 * eager.abs().max().item(), (bs, kv)
     assert graphs.stats.decoder_replays >= len(graphs.kv_sizes) * len(graphs.decode_sizes)
@@ -65,7 +64,7 @@ def test_every_prompt_graph_matches_eager(graph_engine):
     """A prompt pass replayed from its graph (batch x prompt length, padded batches included) against the eager
     pass over the same rows: logits at each prompt's last token (the first sampled) and at its first."""
     runner = graph_engine.runner
-    graphs, model, cache = runner.graphs, runner.model, runner.cache
+    graphs, backend, cache = runner.graphs, runner.backend, runner.cache
     replays = graphs.stats.prefill_replays
     with torch.inference_mode():
         gen = random_cross_cache(runner, max(graphs.prefill_sizes), seed=3)
@@ -77,8 +76,8 @@ def test_every_prompt_graph_matches_eager(graph_engine):
                 tokens = torch.randint(0, 50000, (n, width), device=runner.device, generator=gen)
                 tokens[:, 0] = runner.tokenizer.sot
                 last, first = (t.clone() for t in graphs.prefill(tokens))
-                hidden = model.decoder.prompt_pass(tokens, cache, 0)
-                for got, want in ((last, model.decoder.logits(hidden[:, -1])), (first, model.decoder.logits(hidden[:, 0]))):
+                hidden = backend.prompt_pass(tokens, cache, 0)
+                for got, want in ((last, backend.logits(hidden[:, -1])), (first, backend.logits(hidden[:, 0]))):
                     assert torch.equal(got.argmax(-1), want.argmax(-1)), (n, width)
                     assert (got - want).abs().max().item() < 1e-2 * want.abs().max().item(), (n, width)
                 checked += 1
@@ -167,10 +166,11 @@ def test_multi_step_engine_gives_single_step_tokens(graph_engine, cuda, gpu_mode
 
 
 def test_lone_sequence_step_matches_the_separate_kernels(graph_engine, monkeypatch):
-    """A lone sequence's step (TextDecoder._step_gpu_row: add + norm + product fused) against the separate
+    """A lone sequence's step (GpuBackend._lone_row_step: add + norm + product fused) against the separate
     kernels for the same row, over a few positions: same argmax, logits within float16 rounding."""
     runner = graph_engine.runner
-    model, cache = runner.model, runner.cache
+    model, cache, backend = runner.model, runner.cache, runner.backend
+    separate_kernels = backend.with_kernels(KernelOptions(norm_product=False))
     slot, kv = 5, cache.shape.n_text_ctx
     gen = torch.Generator(runner.device).manual_seed(2)
     with torch.inference_mode():
@@ -179,12 +179,9 @@ def test_lone_sequence_step_matches_the_separate_kernels(graph_engine, monkeypat
         for p in range(6):
             tokens = torch.randint(0, 50000, (1, 1), device=runner.device, generator=gen)
             positions = torch.full((1, 1), p, device=runner.device)
-            x = model.decoder.token_embedding(tokens)
-            assert fused_ops.norm_product_applies(x, model.decoder.blocks[0].attn.qkv_weight)
-            fused = model.decoder.logits(model.decoder(tokens, positions, cache, slot, kv, None)[:, -1])
-            monkeypatch.setattr(fused_ops, "NORM_PRODUCT", False)
-            separate = model.decoder.logits(model.decoder(tokens, positions, cache, slot, kv, None)[:, -1])
-            monkeypatch.setattr(fused_ops, "NORM_PRODUCT", True)
+            assert backend.fused_lone_row and not separate_kernels.fused_lone_row
+            fused = backend.logits(backend.decode_step(tokens, positions, cache, kv, slot)[:, -1])
+            separate = separate_kernels.logits(separate_kernels.decode_step(tokens, positions, cache, kv, slot)[:, -1])
             assert torch.equal(fused.argmax(-1), separate.argmax(-1)), p
             assert (fused - separate).abs().max().item() < 1e-2 * separate.abs().max().item(), p
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from engine.kernels import decode_attention, fused_ops, int8_attention
 from engine.kernels.fused_ops import add_norm, linear_gelu
+from engine.kernels.options import KernelOptions
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -84,8 +85,7 @@ def test_add_norm_linear_matches_the_separate_kernels(cuda, monkeypatch, add, n,
     assert fused_ops.norm_product_applies(x, weight)
     with torch.no_grad():
         new_x, out = fused_ops.add_norm_linear(x, y if add else None, ln, weight, bias, gelu)
-        monkeypatch.setattr(fused_ops, "NORM_PRODUCT", False)
-        ref_x, separate = fused_ops.add_norm_linear(x, y if add else None, ln, weight, bias, gelu)
+        ref_x, separate = fused_ops.add_norm_linear(x, y if add else None, ln, weight, bias, gelu, fused=False)
     assert torch.equal(new_x, ref_x)
     s = (x + y) if add else x
     h = F.layer_norm(s, (n,), ln.weight, ln.bias, ln.eps).float()  # the stored float16 row, in float32
@@ -125,10 +125,10 @@ def _decoder_like_chain(gen, n: int, layers: int):
     return rounds
 
 
-def _run_chain(rounds, x):
+def _run_chain(rounds, x, pdl: bool):
     for out, ln, fc1_w, fc1_b, fc2 in rounds:
-        x, f = fused_ops.add_norm_linear(x, fused_ops.linear(out, x), ln, fc1_w, fc1_b, gelu=True)
-        x = x + fused_ops.linear(fc2, f)
+        x, f = fused_ops.add_norm_linear(x, fused_ops.linear(out, x, pdl), ln, fc1_w, fc1_b, gelu=True, pdl=pdl)
+        x = x + fused_ops.linear(fc2, f, pdl)
     return x
 
 
@@ -142,21 +142,19 @@ def test_dependent_launches_compute_what_plain_launches_do(cuda, monkeypatch, gr
     rounds = _decoder_like_chain(gen, 1280, 6)
     x = torch.randn(1, 1, 1280, device=cuda, generator=gen).half()
     with torch.no_grad():
-        monkeypatch.setattr(fused_ops, "PDL", False)
-        plain = _run_chain(rounds, x)
-        monkeypatch.setattr(fused_ops, "PDL", True)
+        plain = _run_chain(rounds, x, pdl=False)
         if not graph:
-            dependent = _run_chain(rounds, x)
+            dependent = _run_chain(rounds, x, pdl=True)
         else:
             static = x.clone()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                _run_chain(rounds, static)  # compiles outside the capture
+                _run_chain(rounds, static, pdl=True)  # compiles outside the capture
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                result = _run_chain(rounds, static)
+                result = _run_chain(rounds, static, pdl=True)
             for _ in range(3):
                 g.replay()
             dependent = result.clone()
@@ -181,17 +179,17 @@ def _attention_layers(gen, n: int, heads: int, layers: int, keys: int):
     return made
 
 
-def _attention_step(layers, x, self_caches, positions):
+def _attention_step(layers, x, self_caches, positions, pdl: bool):
     """One decode step of a lone row through the layers: x (1, 1, n) -> the residual stream after them."""
-    y = None
+    y, kernels = None, KernelOptions(pdl=pdl)
     for layer, (k_cache, v_cache) in zip(layers, self_caches):
         heads = k_cache.shape[1]
-        x, qkv = fused_ops.add_norm_linear(x, y, layer["ln1"], *layer["qkv"])
-        o = decode_attention.self_attention_step(qkv, k_cache, v_cache, positions, 0)
-        x, q = fused_ops.add_norm_linear(x, fused_ops.linear(layer["out1"], o), layer["ln2"], *layer["q"])
+        x, qkv = fused_ops.add_norm_linear(x, y, layer["ln1"], *layer["qkv"], pdl=pdl)
+        o = decode_attention.self_attention_step(qkv, k_cache, v_cache, positions, 0, pdl)
+        x, q = fused_ops.add_norm_linear(x, fused_ops.linear(layer["out1"], o, pdl), layer["ln2"], *layer["q"], pdl=pdl)
         kq, ks, vq, vs = layer["cross"]
-        c = int8_attention.int8_attention(q.view(1, heads, 1, -1), kq, ks, vq, vs)  # the decoder's views
-        y = fused_ops.linear(layer["out2"], c.view(1, 1, -1))
+        c = int8_attention.int8_attention(q.view(1, heads, 1, -1), kq, ks, vq, vs, kernels)  # the decoder's views
+        y = fused_ops.linear(layer["out2"], c.view(1, 1, -1), pdl)
     return x + y
 
 
@@ -208,20 +206,18 @@ def test_lone_row_attention_as_dependents_matches_plain_launches(cuda, monkeypat
     inputs = [torch.randn(1, 1, n, device=cuda, generator=gen).half() for _ in range(5)]
     steps = list(zip([0, 1, 2, 127, 128], inputs))  # the prefetched positions' bound in the self-attention
     with torch.no_grad():
-        monkeypatch.setattr(fused_ops, "PDL", False)
         plain_caches = [tuple(c.clone() for c in pair) for pair in caches]
-        plain = [_attention_step(layers, x, plain_caches, torch.tensor([[p]], device=cuda)) for p, x in steps]
-        monkeypatch.setattr(fused_ops, "PDL", True)
+        plain = [_attention_step(layers, x, plain_caches, torch.tensor([[p]], device=cuda), False) for p, x in steps]
         static_x, static_pos = inputs[0].clone(), torch.zeros(1, 1, dtype=torch.long, device=cuda)
         warm = [tuple(c.clone() for c in pair) for pair in caches]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            _attention_step(layers, static_x, warm, static_pos)  # compiles outside the capture
+            _attention_step(layers, static_x, warm, static_pos, True)  # compiles outside the capture
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            result = _attention_step(layers, static_x, caches, static_pos)
+            result = _attention_step(layers, static_x, caches, static_pos, True)
         dependent = []
         for p, x in steps:
             static_x.copy_(x)

@@ -10,6 +10,7 @@ from engine.engine import Engine
 from engine.kernels import int8_attention
 from engine.kernels.int8_attention import dequantize, quantize
 from engine.kernels.int8_attention import int8_attention as attention
+from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 
 
@@ -21,8 +22,7 @@ from engine.request import DecodeOptions
 )  # fmt: skip
 def test_kernel_matches_dequantized_sdpa(cuda, monkeypatch, kernel, rows, heads, queries, dtype):
     assert int8_attention.triton is not None, "Triton is needed on a GPU"
-    monkeypatch.setattr(int8_attention, "KERNEL", kernel)
-    monkeypatch.setattr(int8_attention, "LONE_ROW", False)  # a lone row takes the kernel under test too
+    kernels = KernelOptions(int8_attention=kernel, int8_lone_row=False)  # a lone row takes the kernel under test too
     dtype = getattr(torch, dtype)
     gen = torch.Generator(cuda).manual_seed(rows)
     slots, n, dim = rows + 3, 1500, 64
@@ -33,7 +33,7 @@ def test_kernel_matches_dequantized_sdpa(cuda, monkeypatch, kernel, rows, heads,
     args = (kq[1, :rows], ks[1, :rows], vq[1, :rows], vs[1, :rows])
     if kernel == "cuda":  # the CUDA kernel must really run here (NVRTC ships with torch's CUDA builds)
         assert int8_attention._cuda_kernel(q) is not None and int8_attention._cuda_layout_fits(q, *args)
-    out = attention(q, *args).float()
+    out = attention(q, *args, kernels).float()
     ref = F.scaled_dot_product_attention(
         q.float(), dequantize(kq[1, :rows], ks[1, :rows], torch.float32), dequantize(vq[1, :rows], vs[1, :rows], torch.float32)
     )
@@ -55,7 +55,7 @@ def test_lone_row_kernel_matches_dequantized_sdpa(cuda, n, dtype):
     (kq, ks), (vq, vs) = quantize(k_cache), quantize(v_cache)
     args = (kq[1, 2:], ks[1, 2:], vq[1, 2:], vs[1, 2:])  # the last slot of layer 1's cache, as a decoder step reads
     q = (torch.randn(1, 1, 20, 64, device=cuda, generator=gen, dtype=dtype) * 3).transpose(1, 2)  # strided heads
-    assert int8_attention._lone_row_applies(q, args[0]) == (n <= 16 * 256)
+    assert int8_attention._lone_row_applies(q, args[0], pdl=True) == (n <= 16 * 256)
     out = attention(q, *args).float()
     ref = F.scaled_dot_product_attention(
         q.float(), dequantize(args[0], args[1], torch.float32), dequantize(args[2], args[3], torch.float32)
@@ -88,7 +88,7 @@ def engines(cuda, gpu_model):
 
 def test_int8_graph_decode_matches_eager(engines):
     runner = engines[1].runner
-    graphs, model, cache = runner.graphs, runner.model, runner.cache
+    graphs, model, cache, backend = runner.graphs, runner.model, runner.cache, runner.backend
     assert cache.cross_k.dtype == torch.int8
     gen = torch.Generator(runner.device).manual_seed(0)
     with torch.inference_mode():
@@ -100,8 +100,7 @@ def test_int8_graph_decode_matches_eager(engines):
             tokens = torch.randint(0, 50000, (bs, 1), device=runner.device, generator=gen)
             positions = torch.randint(0, kv, (bs, 1), device=runner.device, generator=gen)
             replayed = graphs.decode(tokens, positions, kv).clone()
-            mask = (torch.arange(kv, device=runner.device) <= positions[:, :, None])[:, None]
-            eager = model.decoder.logits(model.decoder(tokens, positions, cache, 0, kv, mask)[:, -1])
+            eager = backend.logits(backend.decode_step(tokens, positions, cache, kv)[:, -1])
             assert torch.equal(replayed.argmax(-1), eager.argmax(-1)), bs
             assert (replayed - eager).abs().max().item() < 1e-2 * eager.abs().max().item(), bs
 
