@@ -8,31 +8,24 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 
 import numpy as np
 import torch
 
-from engine.audio import CHUNK_LENGTH, SAMPLE_RATE
 from engine.config import EngineConfig
-from engine.feature_worker import FeatureWorker, features_ready
-from engine.features import LogMelBuilder
+from engine.feature_worker import FeatureWorker
 from engine.frontend import EngineFront, RequestHandle, check_audio
-from engine.longform.chunked_transcription import ChunkedTranscription
-from engine.longform.transcription import Transcription
-from engine.longform.vad import VoiceActivityDetector
 from engine.messages import AbortRequest, AddRequest
 from engine.model_runner import ModelRunner
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
-    EngineError,
     EngineInternalError,
     EngineOverloadedError,
     EngineStats,
-    RequestAbortedError,
     TranscriptionResult,
 )
+from engine.requests import RequestTable
 from engine.scheduler import Scheduler
 from engine.sequence import LaunchedRow, Output, Sequence
 from engine.step_io import StepOutput
@@ -45,16 +38,6 @@ log = logging.getLogger(__name__)
 # windows because the burst was admitted in twice as many encoder batches
 # (`benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8` against 0).
 STEPWISE_MAX_RUNNING = 64
-
-
-@dataclasses.dataclass(slots=True)
-class PendingFeatures:
-    """A request whose log-mel the loop computes piece by piece between steps (no feature worker)."""
-
-    handle: RequestHandle
-    audio: np.ndarray
-    options: DecodeOptions
-    builder: LogMelBuilder
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,9 +83,7 @@ class Engine(EngineFront):
         overlap = config.overlap_steps
         self.overlap_steps = self.runner.on_gpu if overlap is None else overlap
         self._in_flight: Launch | None = None
-        self._transcriptions: dict[str, tuple[Transcription, RequestHandle]] = {}
-        self._features_pending: deque[PendingFeatures] = deque()  # log-mels being computed here, in turn
-        self.vad = VoiceActivityDetector()  # chunked mode's; loads its model on first use
+        self.requests = RequestTable(runner, self.scheduler, self._mark_started)
         self.num_steps = 0
         self.num_tokens = 0
         self.busy_seconds = 0.0  # time spent in step(): busy / wall time is how loaded the engine is
@@ -212,8 +193,8 @@ class Engine(EngineFront):
             while not self._stopped.is_set():
                 self._drain_inbox(block=not self._has_work())
                 start = time.perf_counter()
-                if self._features_pending:
-                    self._advance_features()
+                if self.requests.features_pending:
+                    self.requests.advance_features()
                 if self.scheduler.has_work() or self._in_flight is not None:
                     try:
                         self.step()
@@ -223,12 +204,7 @@ class Engine(EngineFront):
         except BaseException as exc:  # a real fault: fail every request, keep the reason for /health
             log.exception("engine loop died")
             self._error = exc
-            handles = [handle for _, handle in self._transcriptions.values()]
-            handles += [pending.handle for pending in self._features_pending]
-            for handle in handles:
-                handle.emit(EngineDeadError(f"engine failed: {exc!r}"))
-            self._transcriptions.clear()
-            self._features_pending.clear()
+            self.requests.fail_all(exc)
 
     def step(self) -> None:
         """One turn of the loop: admit waiting windows, launch a decode step for every running sequence, read the
@@ -313,22 +289,8 @@ class Engine(EngineFront):
                 language = seq.language or t.language or "en"
                 seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
         for seq in self.scheduler.release_finished(self.runner.cache):
-            if seq.aborted:
-                continue
-            t = seq.job.transcription
-            try:
-                job = t.on_window_done(seq)
-            except Exception as exc:  # a bug in one request's bookkeeping must not take down the others
-                if not isinstance(exc, EngineError):
-                    log.exception("request %s failed", t.request_id)
-                    exc = EngineInternalError("finishing a window failed")
-                t.aborted = True
-                job = None
-                self._transcriptions.pop(t.request_id, (None, None))[1].emit(exc)
-            if job is not None:
+            if not seq.aborted and (job := self.requests.window_done(seq)) is not None:
                 self.scheduler.add(job, continuing=True)
-            elif t.done:
-                self._transcriptions.pop(t.request_id, None)
 
     def _fail_running(self, exc: Exception) -> None:
         log.exception("engine step failed; failing the requests it was decoding")
@@ -337,16 +299,14 @@ class Engine(EngineFront):
         for seq in self.scheduler.running:
             t = seq.job.transcription
             t.aborted = True
-            entry = self._transcriptions.pop(t.request_id, None)
-            if entry is not None:
-                entry[1].emit(EngineInternalError("decoding failed"))
+            self.requests.fail(t.request_id, EngineInternalError("decoding failed"))
         self.scheduler.running = []
         self.scheduler.drop_aborted()
 
     # ---- requests in and out ----------------------------------------------------------------------
 
     def _has_work(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None or bool(self._features_pending)
+        return self.scheduler.has_work() or self._in_flight is not None or bool(self.requests.features_pending)
 
     def _drain_inbox(self, block: bool) -> None:
         while True:
@@ -358,63 +318,9 @@ class Engine(EngineFront):
             if msg is None:
                 return
             if isinstance(msg, AddRequest):
-                self._add(msg)
+                self.requests.add(msg)
             else:
-                self._abort(msg.request_id)
-
-    def _add(self, msg: AddRequest) -> None:
-        """A new request: its log-mel came from the feature worker (GPU), or is computed here piece by piece."""
-        if self._features is None:
-            builder = self.runner.log_mel_builder(torch.from_numpy(msg.audio))
-            self._features_pending.append(PendingFeatures(msg.handle, msg.audio, msg.options, builder))
-        elif isinstance(msg.features, Exception):
-            self._failed_before_decoding(msg.handle, msg.features)
-        else:
-            self._start(msg.handle, msg.audio, msg.options, features_ready(msg.features))
-
-    def _advance_features(self) -> None:
-        """One piece of the log-mel of the request first in line, which then goes to the back of the line: a
-        request arriving beside hours of audio waits for one piece (30 s of audio) per request ahead of it, not
-        for a whole-file STFT, and no more than one piece's intermediates are held."""
-        pending = self._features_pending.popleft()
-        try:
-            done = pending.builder.step()
-        except Exception as exc:  # e.g. out of memory: that request fails, the loop goes on
-            self._failed_before_decoding(pending.handle, exc)
-            return
-        if done:
-            self._start(pending.handle, pending.audio, pending.options, pending.builder.result())
-        else:
-            self._features_pending.append(pending)
-
-    def _start(self, handle: RequestHandle, audio: np.ndarray, options: DecodeOptions, mel: torch.Tensor) -> None:
-        """The request's transcription, its first windows queued for slots."""
-        try:
-            args = (handle.request_id, mel, len(audio) / SAMPLE_RATE, options, self.tokenizer, self.runner.n_text_ctx)
-            if options.chunking is None:
-                t = Transcription(*args, handle.emit)
-            else:
-                spans = self.vad.speech_spans(audio, options.chunking, max_span_s=CHUNK_LENGTH)
-                t = ChunkedTranscription(*args, handle.emit, spans)
-        except Exception as exc:
-            self._failed_before_decoding(handle, exc)
-            return
-        t.submitted_at = handle.submitted_at
-        jobs = t.start_jobs()
-        if not jobs:  # empty audio: nothing to decode
-            self._mark_started(handle.request_id)
-            t.finish()
-            return
-        self._transcriptions[handle.request_id] = (t, handle)
-        for job in jobs:
-            self.scheduler.add(job, continuing=False)
-
-    def _failed_before_decoding(self, handle: RequestHandle, exc: Exception) -> None:
-        self._mark_started(handle.request_id)
-        if not isinstance(exc, EngineError):
-            log.error("request %s failed before decoding: %r", handle.request_id, exc)
-            exc = EngineInternalError("preparing the audio failed")
-        handle.emit(exc)
+                self.requests.abort(msg.request_id)
 
     def _mark_started(self, request_id: str) -> None:
         with self._lock:
@@ -422,18 +328,3 @@ class Engine(EngineFront):
                 return
             self._unstarted.discard(request_id)
         self.on_started(request_id)
-
-    def _abort(self, request_id: str) -> None:
-        for pending in self._features_pending:
-            if pending.handle.request_id == request_id:
-                self._features_pending.remove(pending)
-                self._mark_started(request_id)
-                pending.handle.emit(RequestAbortedError(f"request {request_id} was aborted"))
-                return
-        entry = self._transcriptions.pop(request_id, None)
-        if entry is None:
-            return
-        entry[0].aborted = True
-        self._mark_started(request_id)
-        entry[1].emit(RequestAbortedError(f"request {request_id} was aborted"))
-        self.scheduler.drop_aborted()

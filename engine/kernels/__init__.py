@@ -1,0 +1,12 @@
+"""Kernels: every GPU and CPU kernel, with its sources (csrc/), and KernelOptions (options.py), the one object that
+says which of them run.
+
+- fused_ops.py: residual add + layer norm, bias + GELU in the product, one-row products, float8 quantization.
+- decode_attention.py: a decode step's K/V write and self-attention in one Triton kernel.
+- int8_attention.py (+ csrc/int8_attention.cu): cross-attention over the int8 cache, and its quantization.
+- greedy_pick.py: a greedy step's token and log-probability in one pass.
+- fp8.py: float8 products for the encoder (opt-in).
+- cpu_kernels.py (+ csrc/cpu_decode.c): the native CPU decode kernels, built on first use.
+
+Each function falls back to torch where its kernel cannot run. Imports only torch, Triton and each other.
+"""
