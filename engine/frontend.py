@@ -8,7 +8,7 @@ import dataclasses
 import queue
 import time
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from engine.request import (
 )
 
 
+@runtime_checkable
 class Handle(Protocol):
     """One submitted request, as its caller sees it."""
 
@@ -37,6 +38,7 @@ class Handle(Protocol):
     def abort(self) -> None: ...
 
 
+@runtime_checkable
 class EngineLike(Protocol):
     """What the server needs of an engine: Engine (a loop thread in this process), EngineProcess (a child process)
     and the tests' fake all answer it."""

@@ -177,8 +177,6 @@ class Transcription:
 
     def _needs_fallback(self, r: WindowResult) -> bool:
         o = self.options
-        if o.fixed_decode_tokens is not None:
-            return False
         too_repetitive = o.compression_ratio_threshold is not None and r.compression_ratio > o.compression_ratio_threshold
         too_unlikely = o.log_prob_threshold is not None and r.avg_logprob < o.log_prob_threshold
         silent = o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold and too_unlikely

@@ -118,6 +118,19 @@ class FakeEngine:
     def is_alive(self) -> bool:
         return self.alive
 
+    @property
+    def failure(self) -> str | None:
+        return None if self.alive else "the fake engine is down"
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.alive = False
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
     def stats(self) -> EngineStats:
         return EngineStats(num_waiting=3, num_running=2, num_slots=8)
 

@@ -1,0 +1,51 @@
+"""What both engines do in the caller's thread before a request is queued, and the protocol the server relies on."""
+
+import inspect
+
+import pytest
+
+from engine import DecodeOptions, Engine, EngineConfig, EngineLike, EngineProcess, InvalidRequestError
+from engine.frontend import EngineFront
+from engine.model.dims import DUMMY_DIMS
+from engine.model.tokenizer import Tokenizer
+from engine.model.weights import resolve_model
+from tests.helpers.fake_engine import FakeEngine
+
+
+class Front(EngineFront):
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.tokenizer = Tokenizer.for_model(resolve_model("tiny.en").config_dir / "tokenizer.json", DUMMY_DIMS["tiny.en"])
+        self.n_text_ctx = 448
+
+
+def test_prepare_fills_the_engine_seed_and_budget_unless_the_request_sets_them():
+    front = Front(EngineConfig(seed=7, decode_budget_per_window=100))
+    prepared = front.prepare(DecodeOptions())
+    assert (prepared.seed, prepared.decode_budget_per_window) == (7, 100)
+    own = front.prepare(DecodeOptions(seed=3, decode_budget_per_window=50))
+    assert (own.seed, own.decode_budget_per_window) == (3, 50)
+
+
+def test_a_fixed_token_count_decodes_greedily_without_fallbacks():
+    prepared = Front(EngineConfig()).prepare(DecodeOptions(fixed_decode_tokens=10))
+    assert prepared.temperatures == (0.0,)
+    assert prepared.no_speech_threshold is None and prepared.log_prob_threshold is None
+    assert prepared.compression_ratio_threshold is None
+    with pytest.raises(ValueError):
+        DecodeOptions(fixed_decode_tokens=0)
+
+
+def test_prepare_refuses_what_the_model_cannot_do():
+    with pytest.raises(InvalidRequestError):
+        Front(EngineConfig()).prepare(DecodeOptions(language="de"))  # tiny.en is English-only
+
+
+@pytest.mark.parametrize("cls", [Engine, EngineProcess, FakeEngine])
+def test_engines_and_the_fake_implement_the_protocol(cls):
+    members = [name for name in dir(EngineLike) if not name.startswith("_")]
+    missing = [name for name in members if not hasattr(cls, name) and name not in inspect.get_annotations(cls)]
+    if cls is FakeEngine:
+        assert isinstance(FakeEngine(), EngineLike)
+        missing = []
+    assert not missing, missing
