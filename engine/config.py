@@ -26,7 +26,8 @@ class EngineConfig:
     # and a full retry, while a prompt that derails every window through the whole temperature ladder (six
     # attempts to the context limit) is stopped after about two.
     decode_budget_per_window: int = 448
-    max_encoder_batch: int | None = None  # windows encoded per step (bounds the stall of running decodes); None = 4 on CPU, 32 on GPU
+    # windows encoded per step (bounds the stall of running decodes); None = 4 on CPU, 32 on GPU
+    max_encoder_batch: int | None = None
     max_audio_ctx: int | None = None  # cross-attention cache length; None = the encoder's own (1500)
     max_text_ctx: int | None = None  # self-attention cache length; None = the decoder's own (448)
     gpu_memory_fraction: float = 0.9
@@ -37,15 +38,17 @@ class EngineConfig:
     seed: int = 0
     # A new window whose prompt has at most this many tokens gets it one token per decode step, riding along with
     # the running batch (in its CUDA graph), instead of an eager prefill pass of its own, while the batch is small
-    # (engine.STEPWISE_MAX_RUNNING). None = 8 on a GPU, where that pass launches ~600 kernels one by one
-    # (large-v3: ~21 ms, against ~2.6 ms per graph-replayed step); 0 (always prefill) on a CPU, where a prefill
-    # costs about two steps and matches faster-whisper's numbers.
+    # (engine.STEPWISE_MAX_RUNNING). None = 8 on a GPU, where that pass launches hundreds of kernels one by one, the
+    # time of several graph-replayed steps (`benchmarks/gpu_throughput.py --stepwise-prompt-tokens 0` against the
+    # default); 0 (always prefill) on a CPU, where a prefill costs about two steps and matches faster-whisper's
+    # numbers.
     stepwise_prompt_tokens: int | None = None
     # The cross-attention cache's element type: "model" (the weights' dtype), or "int8" with a bfloat16 scale per
-    # vector (engine/kernels/int8_attention.py: half the bytes a decode step reads). auto = model_runner.default_int8_cross.
+    # vector (engine/kernels/int8_attention.py: about half the bytes a decode step reads).
+    # auto = model_runner.default_int8_cross.
     cross_cache_dtype: str = "auto"
-    # The encoder's products: in the model's dtype, or "float8" (e4m3 with a scale per row; engine/kernels/fp8.py): faster
-    # on GPUs with FP8 tensor cores, at some cost in precision, so opt-in.
+    # The encoder's products: in the model's dtype, or "float8" (e4m3 with a scale per row; engine/kernels/fp8.py):
+    # faster on GPUs with FP8 tensor cores, at some cost in precision, so opt-in.
     encoder_precision: str = "model"
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None

@@ -21,9 +21,10 @@ DECODE_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 2
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while padding stays under this share
 # Prompt passes with a graph: windows admitted when none is running (slots 0..n-1), every prompt the same length and
-# starting with <|startoftranscript|>: [sot] [lang task] [notimestamps] is 2-4 tokens. Eagerly such a pass is ~600
-# kernel launches (large-v3: ~21 ms); fed one token per graph-replayed step it costs a step per token; replayed, it
-# is one pass for the whole prompt (BENCHMARKS.md, fourteenth session).
+# starting with <|startoftranscript|>: [sot] [lang task] [notimestamps] is 2-4 tokens. Eagerly such a pass launches
+# hundreds of kernels one by one, the time of several graph-replayed steps; fed one token per graph-replayed step it
+# costs a step per token; replayed, it is one pass for the whole prompt, which shortens a lone window's time to
+# first token (the TTFT column of `benchmarks/gpu_throughput.py --concurrency 1`).
 PREFILL_TOKENS = (2, 3, 4)
 PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
 MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8)  # batches with a multi-step graph: a few windows, where the host bounds a step

@@ -1,11 +1,11 @@
 """EngineProcess: the engine in a child process of its own, behind the Engine's interface.
 
 Why: in one process the HTTP side (the event loop, multipart parsing, audio decoding, responses) and the engine's
-loop thread share one GIL, and the loop's host work between GPU steps then waits for it. On an H200 (large-v3, 256
-HTTP clients) steps took 29.3 ms against ~26 ms at the engine level, which capped the HTTP figure near 2,300 RTFx
-however fast the GPU kernels got (BENCHMARKS.md). In its own process the loop has a GIL to itself. What crosses
-the process boundary: each request's float32 samples (one pipe write of their bytes, no pickling) and small
-pickled messages: options, segment events, results, errors, stats.
+loop thread share one GIL, and the loop's host work between GPU steps then waits for it: under HTTP load its steps
+take longer than at the engine level, which caps the HTTP throughput however fast the GPU kernels are. In its own
+process the loop has a GIL to itself (`benchmarks/http_load.py --spawn "... --engine-process on"` against `off`).
+What crosses the process boundary: each request's float32 samples (one pipe write of their bytes, no pickling) and
+small pickled messages: options, segment events, results, errors, stats.
 
 Protocol: two one-way pipes of the typed messages in engine/messages.py; the parent writes from one sender thread,
 so a full pipe never blocks its caller.

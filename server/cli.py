@@ -89,8 +89,8 @@ def serve(settings: Settings) -> int:
     from .logs import log_config
 
     # The engine loop thread gives up the GIL at every GPU sync and must get it back quickly to launch the
-    # next step while the event loop parses uploads; with Python's 5 ms default it waits a whole interval.
-    # Measured on an H200, large-v3, 256 HTTP clients: RTFx 462 -> 533 at 0.5 ms.
+    # next step while the event loop parses uploads; with Python's 5 ms default it waits a whole interval
+    # (`benchmarks/http_load.py --spawn "... --switch-interval-ms 5"` against the default).
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
 
     app = create_app(settings)

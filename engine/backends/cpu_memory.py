@@ -18,10 +18,10 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = (1 <
 
     An encoder pass allocates tens of activation tensors of several MiB each. By default glibc serves each
     with its own mmap and unmaps it on free, so the next pass takes a page fault on every 4 KiB page again:
-    measured on tiny.en with 2 cores, 5,600-20,000 faults and 8-49 ms of kernel time per 280 ms encoder pass;
-    0 faults and 2 ms with these settings. The cost is that the process keeps its peak heap. The same
-    effect is what the usual advice of preloading jemalloc or tcmalloc for PyTorch on CPUs buys; this needs
-    no preload. Returns False where the C library is not glibc (nothing is changed there).
+    thousands of faults per pass and a large share of the pass spent in the kernel, where these settings leave
+    almost none (`python benchmarks/cpu_components.py`, against `--default-heap`). The cost is that the process
+    keeps its peak heap. The same effect is what the usual advice of preloading jemalloc or tcmalloc for PyTorch
+    on CPUs buys; this needs no preload. Returns False where the C library is not glibc (nothing is changed there).
     """
     name = ctypes.util.find_library("c")
     if name is None:

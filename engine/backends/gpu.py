@@ -5,7 +5,7 @@ A decode step on a GPU is hundreds of small kernels. With Triton:
 - every row's K/V write and self-attention run in one kernel (engine/kernels/decode_attention.py) that reads the
   row's own prefix, so a step needs no mask and one CUDA graph per batch size serves every context length;
 - a lone sequence (one row) is bound by kernel count, not bytes: each sub-layer's residual add, layer norm and
-  first product run in one kernel (kernels/fused_ops.py add_norm_linear), 9 kernels per layer instead of 12,
+  first product run in one kernel (kernels/fused_ops.py add_norm_linear), one kernel fewer per sub-layer,
   and the one-row kernels start as programmatic dependents of the kernel before them (KernelOptions.pdl);
 - its vocabulary projection is one kernel with a float32 output (one_row_logits).
 Without Triton a step attends over a bucket of positions under a mask, as the model is written; from

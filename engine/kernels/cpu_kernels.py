@@ -3,9 +3,9 @@
 Why: on a CPU, a decode step is a chain of few-row products and two attentions, bound by memory bandwidth, and
 torch runs them on one core (MKL's single-row products) or well below the bandwidth (SDPA over the cross-attention
 cache). The kernels split every product and every head over both cores (tiny.en on the 2-core test machine:
-BENCHMARKS.md). With several sequences in a step only the attentions run here, one task per (row, head): MKL's
-products of several rows already share each weight read. Whatever they cannot do (other dtypes, odd shapes) stays
-in torch.
+`python benchmarks/cpu_decode_step.py`, against the same with `--no-cpu-kernels`). With several sequences in a
+step only the attentions run here, one task per (row, head): MKL's products of several rows already share each
+weight read. Whatever they cannot do (other dtypes, odd shapes) stays in torch.
 
 The library is compiled once with the system C compiler into a per-user cache (`$WHISPER_KERNEL_CACHE`, else
 ~/.cache/whisper-server; a content hash in the file name, so a changed source builds anew) and linked against the

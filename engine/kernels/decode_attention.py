@@ -29,20 +29,19 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-# (keys per block, warps) of a program. With many programs (a batch of rows x heads) each one's prefix is short
-# work and the step is bound by how many programs are resident: 16-key blocks on 4 warps (H200, large-v3 shapes,
-# `benchmarks/gpu_one_row.py --only self-attention`; positions spread below 60 / 104 / 441: 256 rows 25.4 / 34.0 /
-# 93.8 us per layer against 27.2 / 36.3 / 95.0 with 32-key blocks, 64 rows 7.3 / 9.2 / 31.5 against 7.9 / 9.6 /
-# 31.5). 2 warps were faster at short contexts (256 rows: 19.1 / 32.1) and slower at long ones, which prompts of
-# earlier text reach (100.9; 64 rows 44.3). Below ~2 programs per SM of an H100/H200 (a few rows), each program
-# streams its prefix nearly alone and is bound by how many of its loads are in flight: 32-key blocks on 8 warps
-# (one row at position 440: 11.3 -> 7.7 us against 4 warps; 8 rows 12.2 -> 8.8; BENCHMARKS.md ninth session).
+# (keys per block, warps) of a program, swept by `python benchmarks/gpu_one_row.py --only self-attention` (H200,
+# large-v3 shapes, rows with positions spread below 60 / 104 / 441). With many programs (a batch of rows x heads)
+# each one's prefix is short work and the step is bound by how many programs are resident: 16-key blocks on 4 warps
+# were the fastest at 64 and 256 rows, a little ahead of 32-key blocks; 2 warps were faster at short contexts and
+# slower at long ones, which prompts of earlier text reach. Below ~2 programs per SM of an H100/H200 (a few rows),
+# each program streams its prefix nearly alone and is bound by how many of its loads are in flight: 32-key blocks
+# on 8 warps, well ahead of 4 warps at 1 and 8 rows.
 MANY_PROGRAMS_SETTINGS = (16, 4)
 FEW_PROGRAMS = 256
 FEW_PROGRAMS_SETTINGS = (32, 8)
-# A lone sequence's step, launched as a programmatic dependent (engine/kernels/fused_ops.py): its first positions' keys and
-# values (written by earlier steps, not by the kernel before it) are read while the q/k/v product still runs.
-# 128 covers the prompt and ~100 tokens of a typical window; later positions stream in blocks as above.
+# A lone sequence's step, launched as a programmatic dependent (engine/kernels/fused_ops.py): its first positions'
+# keys and values (written by earlier steps, not by the kernel before it) are read while the q/k/v product still
+# runs. 128 covers the prompt and ~100 tokens of a typical window; later positions stream in blocks as above.
 LONE_ROW_PREFETCH = 128
 
 

@@ -1,16 +1,17 @@
 """Float8 products for the encoder (opt-in: `EngineConfig.encoder_precision = "float8"`).
 
-At high concurrency the encoder is ~40% of a GPU's time (large-v3, 256 windows on an H200) and ~80% of it is four
-products per layer over 1,500 rows per window, which cuBLAS runs at ~680 TFLOP/s in float16. The same products in
-float8 e4m3 (`torch._scaled_mm`, Hopper's and Ada's FP8 tensor cores) take 0.5-0.6x the time (48,000 rows:
-873 -> 519 us for 1,280 -> 5,120 with its bias, 917 -> 467 us for 5,120 -> 1,280; H200, BENCHMARKS.md).
+At high concurrency the encoder is ~40% of a GPU's time (large-v3, 256 windows on an H200:
+`benchmarks/gpu_profile.py`) and ~80% of it is four products per layer over 1,500 rows per window, which cuBLAS
+runs at ~680 TFLOP/s in float16. The same products in float8 e4m3 (`torch._scaled_mm`, Hopper's and Ada's FP8
+tensor cores) take 0.5-0.6x the time (H200, 48,000 rows, both of the MLP's shapes; `benchmarks/gpu_encoder.py`
+times the whole encoder in float16 and in float8).
 
 Scaling: each weight's output feature (row) and each activation row (a time step of one window) gets its own
 scale, amax / 448 (e4m3's largest value), so one loud frame does not flatten the others. The activation side is
-quantized where it is produced (engine/kernels/fused_ops.py): by the residual add + layer norm before the attention and
-the MLP, by the GELU after the MLP's first product, and while reading the attention output in place; the products
-write float16 with the bias added. Attention itself, the convolutions, the norms, the decoder and the first blocks
-(below) stay in the model's precision.
+quantized where it is produced (engine/kernels/fused_ops.py): by the residual add + layer norm before the attention
+and the MLP, by the GELU after the MLP's first product, and while reading the attention output in place; the
+products write float16 with the bias added. Attention itself, the convolutions, the norms, the decoder and the
+first blocks (below) stay in the model's precision.
 
 The cost is precision: a product's relative error is ~3.7% on Gaussian data (against ~0.1% in float16); what that
 does to transcripts is measured on real weights (tests/gpu/test_fp8_encoder.py, BENCHMARKS.md). It stays opt-in.
@@ -20,10 +21,11 @@ units act as a switch, far off on most frames and strongly on for some (padding,
 attend to those frames. The error of float8 early on flips that switch on a few frames per window, which then come
 out unrelated to their float16 selves (cosine ~-0.2). With every block in float8, a CPU emulation of these products
 on the test clips gave 39 such frames (cosine < 0.9) of 39,000 for tiny.en and 874 for base, whose sinks form in
-four of six blocks; with the first two blocks in float32, 4 and 7, and base's first-percentile frame cosine went
-from 0.61 to 0.996 (BENCHMARKS.md); on the GPU, tiny.en's output on a real clip moved 4.2% from float16 instead
-of 8.9%. Word error rates did not move measurably either way; the encoder output did. On large-v3 two blocks are
-1/16 of the products.
+four of six blocks; with the first two blocks in float32, 4 and 7, and base's first-percentile frame cosine is
+0.996 where it is 0.61 with every block in float8; on the GPU, tiny.en's output on a real clip is 4.2% from float16
+instead of 8.9% (tests/gpu/test_fp8_encoder.py; `benchmarks/gpu_encoder.py --model-dtype-blocks N` prints the
+error on random input). Word error rates did not move measurably either way; the encoder output did. On large-v3
+two blocks are 1/16 of the products.
 """
 
 from __future__ import annotations

@@ -1,41 +1,41 @@
 """GPU kernels for a transformer block's small pieces: residual add + layer norm in one kernel, bias + GELU in the
-GEMM, and a one-row product for a lone sequence's decode step.
+GEMM, and one-row products for a lone sequence's decode step.
 
 Between two sub-layers a block adds the sub-layer's output to the residual stream and normalizes the sum for the
 next one. Done by torch these are two kernels that pass the sum through memory; on a GPU `add_norm` does both in
 one Triton kernel (one program per row) that writes the new residual stream and its normalized copy. `linear_gelu`
 runs the MLP's first product with its bias and GELU in cuBLASLt's epilogue instead of a separate GELU kernel.
 
-Why it matters: a decode step is hundreds of small kernels, each costing a few microseconds whatever its size
-(large-v3, one sequence on an H200: 586 kernels, ~4.4 us each), and these fusions remove 4 of ~18 per decoder
-layer; in the encoder the GELU alone was ~9% of the GEMM time it follows (H200, 48,000 rows x 1,280 -> 5,120:
-1,156 us with a separate GELU against 913 us in the epilogue).
+Why it matters: a decode step is hundreds of small kernels, each costing a few microseconds whatever its size, so
+each kernel fused away is time saved; in the encoder a separate GELU is one more pass over the MLP's widest
+activations, a noticeable share of the GEMM it follows (`benchmarks/gpu_kernels.py` lists the kernels of an
+encoder batch and of a decoder step).
 
 cuBLASLt's epilogue computes GELU's tanh form, which differs from the exact (erf) one Whisper was trained with by at
 most 4.7e-4, at outputs near 2.7, where a float16 step is 2e-3: the epilogue is only used in half precision, where
 that difference is below the result's own rounding. float32 models and CPUs keep the exact form, and on a CPU
-`add_norm` runs the two torch operations as before (bitwise the same results).
+`add_norm` is the two torch operations it stands for (bitwise the same results).
 
 `linear` with a single row (one sequence decoding) and a weight of at most ONE_ROW_MAX_WEIGHT elements runs a Triton
-matrix-vector product: cuBLAS takes ~4.9 us for large-v3's 1,280 x 1,280 products at one row, a kernel that gives
-each program 4 output features took 2.9 us (H200, each weight read from HBM, not L2; BENCHMARKS.md, seventh
-session). Two or more rows stay with cuBLAS.
+matrix-vector product, a few output features per program (one for the MLP's 5,120-wide second product): at one row
+it beats cuBLAS on large-v3's products (H200, each weight read from HBM, not L2; workbench). Two or more rows stay
+with cuBLAS.
 
 On Hopper and later the one-row kernels are launched as programmatic dependents (PDL): a kernel may start while the
 one before it in the stream still runs, reads its whole weight tile into registers (it does not depend on that
 kernel), and only then waits for it (`wait_for_previous`) before reading its input row and writing anything. The
 kernels before them say when that may start (`let_next_launch`, at their first instruction). A lone step's
 self-attention, cross-attention and split combiner are dependents in the same way (`dependent_launch`; they read
-their caches before waiting: engine/kernels/decode_attention.py, engine/kernels/int8_attention.py). A lone decode step is a chain
-of ~10 small kernels per layer whose time was mostly each one's start and first loads; overlapped, a chain of
-1,280 x 1,280 products went from 3.6 to 1.9 us each (workbench), and with it the MLP's second product (5,120 wide,
-one feature per program) joined the one-row path: large-v3, one window 0.173 -> 0.132 s (BENCHMARKS.md, twelfth
-session); with the attention kernels as dependents and the greedy pick, 0.115 s (thirteenth).
+their caches before waiting: engine/kernels/decode_attention.py, engine/kernels/int8_attention.py). A lone decode
+step is a chain of small dependent kernels whose time is mostly each one's start and first loads, not its bytes;
+overlapping those with the kernel before roughly halves a one-row product's time in such a chain (workbench;
+tests/gpu/test_fused_ops_cuda.py checks that the dependent chain computes what the plain one does).
 
 A lone sequence's decode step also runs each sub-layer's residual add, layer norm and first product in one
 kernel (`add_norm_linear`, one row, half precision): every program recomputes the row's sum and norm statistics
 (1,280 values, cheap against its share of the weight) and program 0 writes the new residual stream, so the
-three kernels between two sub-layers (product, add + norm, product) become two, and the MLP's GELU rides along.
+three kernels between two sub-layers (product, add + norm, product) become two, and the MLP's GELU rides along
+(`python benchmarks/gpu_one_row.py --only products`).
 
 For the float8 encoder (engine/kernels/fp8.py) the products' inputs are quantized by the kernels that make them:
 `add_norm_fp8` writes the normalized rows in e4m3 with a float32 scale per row, and `quantize_rows` does the same
@@ -55,14 +55,16 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs: the torch operations below are used
     triton = None
-# Triton's grid dependency control (3.3 on): without it the kernels launch one after the other as before
+# Triton's grid dependency control (3.3 on): without it the kernels launch one after the other, without PDL
 _GDC = triton is not None and hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 ONE_ROW_MAX_WEIGHT = 2**23  # elements: large-v3's 1,280 x 1,280 products and its MLP's second (5,120 wide) qualify
 ONE_ROW_FEATURES = 4  # output features per program of the one-row product
 ONE_ROW_WIDE_K = 2048  # from this width one output feature per program (its tile in registers: see _tile)
-NORM_PRODUCT_FEATURES = 8  # output features per program of add_norm_linear (H200, PDL: 8 beat 2 and 4 on 3 shapes)
+# output features per program of add_norm_linear (H200, PDL: 8 beat 2 and 4 on each of large-v3's three shapes;
+# `python benchmarks/gpu_one_row.py --only products` sweeps them)
+NORM_PRODUCT_FEATURES = 8
 
 
 def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
@@ -184,8 +186,9 @@ def linear(proj: nn.Linear, x: Tensor, pdl: bool = True) -> Tensor:
 
 def one_row_logits(x: Tensor, weight: Tensor, pdl: bool = True) -> Tensor | None:
     """x (1, n) @ weight.T as float32 for a lone sequence's vocabulary projection on a GPU, or None where the
-    kernel does not apply. Against cuBLAS's matrix-vector product and the cast after it: 48 -> 32 us per step for
-    large-v3's 51,866 x 1,280 (H200; 2 outputs and 2 warps per program were the fastest of 27 configurations).
+    kernel does not apply. Faster than cuBLAS's matrix-vector product and the cast after it for large-v3's 51,866 x
+    1,280 (`python benchmarks/gpu_one_row.py --only vocabulary`; H200: 2 outputs and 2 warps per program were the
+    fastest of 27 configurations).
     The sums are rounded to x's dtype before the float32 store, as cuBLAS's half-precision output is, so a row's
     greedy pick does not depend on whether it decodes alone (near-ties are common at float16's step)."""
     v, k = weight.shape
@@ -235,7 +238,8 @@ def add_norm_linear(
 
 
 def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
-    """ln(x) without nn.Module.__call__, whose dispatch the decode step would pay ~40 times (see TextDecoder)."""
+    """ln(x) without nn.Module.__call__, whose dispatch the decode step would pay for every layer norm (see
+    TextDecoder.forward)."""
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 

@@ -1,8 +1,8 @@
 """A greedy step's token and its log-probability in one pass over the logits on a GPU.
 
 torch computes them as argmax, then log_softmax (which writes the whole row back) and a gather: three kernels, of
-which the first two reduce a 51,866-wide row with one block each for a lone sequence (H200, large-v3's vocabulary:
-argmax ~14 us and log_softmax ~11 us per step, BENCHMARKS.md thirteenth session, ~2% of a lone window's time).
+which the first two reduce a 51,866-wide row with one block each for a lone sequence, so a single multiprocessor
+does all the work, every step (`benchmarks/gpu_profile.py --concurrency 1 --top N` lists a run's kernels by time).
 Here each program reduces a block of the row to its max, the max's first index and the sum of exp(x - max); a
 second kernel merges a row's blocks: the token is the first index of the row's max, as torch's argmax picks, and its
 log-probability is x[token] - logsumexp(x) = -log(sum of exp(x - max)). The same float32 arithmetic as log_softmax

@@ -1,11 +1,11 @@
 """Cross-attention over an int8 cache: per-vector quantization and a Triton kernel that reads the int8 bytes.
 
 A decode step at high concurrency is bound by reading every running sequence's cross-attention keys and values
-(large-v3: 246 MB per sequence per step in float16, ~75% of a 256-row step on an H200). Stored as int8 with one
-bfloat16 scale per (position, head) vector, the same cache is ~52% of the bytes. Per-vector absmax scaling keeps
-the transcripts: tiny.en gave the same tokens on every English clip of the evaluation set with it, where a
-float8 (e4m3) cache with the same scaling changed 4 of 43 (a workbench comparison; tests/integration/test_int8_cross_cache.py
-checks a set of clips on every run).
+(large-v3: 246 MB per sequence per step in float16; at 256 rows on an H200, most of the step's GPU time).
+Stored as int8 with one bfloat16 scale per (position, head) vector, the same cache is ~52% of the bytes. Per-vector
+absmax scaling keeps the transcripts: tiny.en gave the same tokens on every English clip of the evaluation set with
+it, where a float8 (e4m3) cache with the same scaling changed 4 of 43 (a workbench comparison;
+tests/integration/test_int8_cross_cache.py checks a set of clips on every run).
 
 The kernels are flash-decoding: each (batch, head, query) row streams its keys and values in blocks with an
 online softmax; when there are few rows, the keys are split over several programs and a second kernel combines
@@ -13,17 +13,18 @@ them. Scales fold into the arithmetic: score_j = (q . k_j) * sk_j and out = sum_
 values are never expanded in memory. Two kernels compute this: a CUDA C++ one (csrc/int8_attention.cu, compiled
 at first use with NVRTC through torch), which computes q . k in integer dp4a instructions instead of converting
 every key byte to float, and the Triton one below, used where NVRTC is unavailable or the layout does not suit the
-CUDA kernel's 16-byte loads. H200, large-v3 shapes, GPU time in a CUDA graph (benchmarks/int8_cross_attention.py):
-256 rows ~240 us (CUDA) / ~295 us (Triton) against cuDNN's ~440 us on the float16 cache. Without a GPU (or
-without Triton) the same function dequantizes and calls SDPA: correct, not fast, and the reference the GPU tests
-compare both kernels against.
+CUDA kernel's 16-byte loads. At 256 rows of large-v3 shapes the CUDA kernel takes a little over half of cuDNN's
+time on the float16 cache and the Triton one about two thirds (H200, `python benchmarks/int8_cross_attention.py`,
+GPU time in a CUDA graph). Without a GPU (or without Triton) the same function dequantizes and calls SDPA:
+correct, not fast, and the reference the GPU tests compare both kernels against.
 
 A lone sequence's step (one query row per head) on Hopper and later takes a third, Triton kernel launched as a
 programmatic dependent (engine/kernels/fused_ops.py): the slot's keys and values never change while it decodes, so each
 program reads its split's whole share of them into registers while the kernel that makes the query still runs,
-and the split combiner is launched the same way. A 32-layer chain of the cross-attention alone, in a CUDA graph:
-7.3 us per layer with the CUDA kernel, 5.2 through this path (H200, workbench); one large-v3 window with this and
-the self-attention's counterpart (engine/kernels/decode_attention.py): 0.132 -> 0.118 s (BENCHMARKS.md, thirteenth session).
+and the split combiner is launched the same way. In a chain of lone steps (a CUDA graph of 32 layers of the
+cross-attention alone) this path takes about a quarter less time per layer than the CUDA kernel (H200, workbench);
+with the self-attention's counterpart (engine/kernels/decode_attention.py) it shortens a lone window
+(`benchmarks/gpu_throughput.py --concurrency 1`).
 """
 
 from __future__ import annotations
@@ -53,13 +54,14 @@ NUM_STAGES = 3  # Triton's default software pipelining depth of the key loop
 MAX_SPLITS = 16
 QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
-LONE_ROW_MAX_KEYS = 256  # keys per split the lone-row kernel holds in registers (Whisper's 1,500 / 16: 94 -> 128)
+LONE_ROW_MAX_KEYS = 256  # keys per split the lone-row kernel holds in registers (Whisper's 1,500 / 16 = 94, as 128)
 
 log = logging.getLogger(__name__)
 
 CUDA_SOURCE = Path(__file__).with_name("csrc") / "int8_attention.cu"
 # H200, 256 rows (benchmarks/int8_cross_attention.py --sweep-cuda): 128 threads, 4 threads per key, 2 keys per
-# group loaded ahead, registers capped for 8 blocks per SM, loads that skip L1 (read once). 237 us; 4.27 TB/s.
+# group loaded ahead, registers capped for 8 blocks per SM, loads that skip L1 (read once): the sweep's fastest,
+# close to the card's memory bandwidth.
 CUDA_SETTINGS = {"THREADS": 128, "TPK": 4, "UNROLL": 2, "MIN_BLOCKS": 8, "LOAD_HINT": 1, "K_DP4A": 1, "V_PRMT": 1}
 CUDA_TARGET_BLOCKS = 640  # split keys until this many blocks (H200, 1-256 rows: 5 per SM was the fastest)
 _cuda_kernels: dict[tuple[int, torch.dtype], object] = {}

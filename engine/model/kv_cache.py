@@ -123,7 +123,7 @@ def _runs(moves: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:
 
 def _copy_bytes(dst: Tensor, src: Tensor) -> None:
     """dst.copy_(src) for views of one layout, through the widest integer elements that tile their bytes: a copy
-    of a non-contiguous view runs element by element, and with 1-byte (int8 cache) or 2-byte elements that reached
+    of a non-contiguous view runs element by element, and with 1-byte (int8 cache) or 2-byte elements that reaches
     a fraction of the memory bandwidth (H200, large-v3's int8 cross cache: ~150 us per slot, ~2% of a 256-window
     run spent in moves)."""
     dst_words, src_words = _as_words(dst), _as_words(src)

@@ -6,8 +6,8 @@
  * 2-core AMD machine we measure on, MKL's single-row products run on one core (its two-thread and one-thread
  * times are equal) at ~10 GB/s from memory, and torch's SDPA reads the cross-attention cache at ~12 GB/s, while
  * both cores together stream ~23 GB/s. These kernels split every product and every head over the caller's
- * OpenMP threads. Built by engine/cpu_kernels.py against the OpenMP runtime torch has already loaded, so they
- * share torch's thread team instead of competing with it for the cores.
+ * OpenMP threads. Built by engine/kernels/cpu_kernels.py against the OpenMP runtime torch has already loaded, so
+ * they share torch's thread team instead of competing with it for the cores.
  *
  * Only float32, contiguous rows; the Python side checks shapes and falls back to torch otherwise. `threads` is
  * torch's intra-op thread count, passed in because OpenMP's own default counts logical CPUs.

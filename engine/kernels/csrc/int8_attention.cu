@@ -1,6 +1,7 @@
 /*
- * Cross-attention of decode steps over the int8 cache (engine/int8_attention.py), for NVIDIA GPUs, compiled at
- * run time with NVRTC. One block per (batch, head, query) row and key split; head_dim 64 (every Whisper size).
+ * Cross-attention of decode steps over the int8 cache (engine/kernels/int8_attention.py), for NVIDIA GPUs,
+ * compiled at run time with NVRTC. One block per (batch, head, query) row and key split; head_dim 64 (every
+ * Whisper size).
  *
  * Why not only Triton: the Triton kernel streams the cache at ~3.4 TB/s on an H200 whatever its block shape,
  * pipelining or scale layout; it converts every int8 byte to float32 with the conversion instruction, which
@@ -19,10 +20,11 @@
  * weighted values; groups merge once at the end through shared memory. With NUM_SPLITS > 1 a block writes its
  * partial max (natural log units), sum and unnormalized output, combined by a second kernel.
  *
- * Compile-time settings (-D; engine/int8_attention.py CUDA_SETTINGS, swept by benchmarks/int8_cross_attention.py
- * --sweep-cuda): THREADS, TPK, UNROLL; MIN_BLOCKS (blocks per multiprocessor the registers are capped for);
- * LOAD_HINT (0 plain read-only loads, 1 skipping L1, 2 also prefetching 256 bytes into L2); OUT_BF16 (query and
- * output in bfloat16, else float16); K_DP4A and V_PRMT (1: the integer forms above; 0: converting instructions).
+ * Compile-time settings (-D; engine/kernels/int8_attention.py CUDA_SETTINGS, swept by
+ * benchmarks/int8_cross_attention.py --sweep-cuda): THREADS, TPK, UNROLL; MIN_BLOCKS (blocks per multiprocessor
+ * the registers are capped for); LOAD_HINT (0 plain read-only loads, 1 skipping L1, 2 also prefetching 256 bytes
+ * into L2); OUT_BF16 (query and output in bfloat16, else float16); K_DP4A and V_PRMT (1: the integer forms above;
+ * 0: converting instructions).
  */
 
 #define HEAD_DIM 64
