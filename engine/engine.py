@@ -231,8 +231,8 @@ class Engine(EngineFront):
             self._mark_started(seq.job.transcription.request_id)
         runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
         short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
-        running_before = len(sched.running) - len(new)
-        if short and not runner.prompt_graph_fits(new) and running_before < STEPWISE_MAX_RUNNING and not sched.num_waiting:
+        small_batch = len(sched.running) - len(new) < STEPWISE_MAX_RUNNING and not sched.num_waiting
+        if short and small_batch and not runner.prompt_graph_fits(new):
             for seq in new:
                 seq.feed_prompt_stepwise()
         else:

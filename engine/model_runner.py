@@ -54,10 +54,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def default_int8_cross(device: torch.device) -> bool:
     """The cross cache's type when the config says auto: int8 on a GPU, where its kernel makes a decode step read
-    about half the bytes (H200, large-v3, 256 windows: +13% throughput, 641 slots instead of 402) and transcripts
-    stayed the same (tests/integration/test_int8_cross_cache.py, tests/gpu/test_int8_cross_attention.py); the model's
-    dtype on a CPU, which has no such kernel and would dequantize each layer's cache at every step, and on GPUs
-    older than Ampere."""
+    about half the bytes and more slots fit (`benchmarks/gpu_throughput.py --cross-cache-dtype model|int8`), and
+    transcripts stayed the same (tests/integration/test_int8_cross_cache.py, tests/gpu/test_int8_cross_attention.py);
+    the model's dtype on a CPU, which has no such kernel and would dequantize each layer's cache at every step, and
+    on GPUs older than Ampere."""
     if device.type != "cuda" or int8_attention.triton is None:
         return False
     return torch.cuda.get_device_capability(device) >= (8, 0)  # the kernels read bfloat16 scales
@@ -305,7 +305,8 @@ class ModelRunner:
             greedy = ([0.0] * len(seqs), [None] * len(seqs))
             for j in range(k):
                 logits = self._eager_logits(seqs, tokens[:, None], positions + j, ahead=j)
-                tokens, logprobs = sample(processor.plain(logits, no_eot, state), *greedy, self.config.kernels.greedy_pick)
+                logits = processor.plain(logits, no_eot, state)
+                tokens, logprobs = sample(logits, *greedy, self.config.kernels.greedy_pick)
                 state = None if state is None else processor.next_state(state, tokens)
                 step_tokens.append(tokens)
                 step_logprobs.append(logprobs)

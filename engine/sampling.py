@@ -53,8 +53,8 @@ class LogitsProcessor:
         self.begin_suppress_ids = torch.tensor(sorted(set(begin_suppress_tokens)), device=device)
         self.not_language = ~self._mask(list(tokenizer.language_ids.values()), n_vocab, device)
         # `logits[rows, cols] = float("-inf")` copies the scalar to the GPU from pageable memory, which waits for
-        # every queued kernel: the host then sat idle until the decoder step finished (large-v3, one window:
-        # 2.6 ms per step) instead of queueing the rules and the sampling behind it. A device value does not.
+        # every queued kernel: the host would sit idle until the decoder step finished instead of queueing the rules
+        # and the sampling behind it. A device value does not.
         self.neg_inf = torch.tensor(NEG_INF, device=device)
 
     @staticmethod

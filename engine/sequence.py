@@ -115,7 +115,9 @@ class Sequence:
         if self.pending[0] == ON_DEVICE:
             self.pending = [token]
 
-    def append(self, token: int, logprob: float, num_cached: int, eot: int, timestamp_begin: int, n_text_ctx: int) -> bool:
+    def append(
+        self, token: int, logprob: float, num_cached: int, eot: int, timestamp_begin: int, n_text_ctx: int
+    ) -> bool:
         """A sampled token, `num_cached` positions cached when it was sampled: <|endoftext|> ends the window (unless
         a fixed count is decoded), any other token joins it, and the context limit ends it cleanly. Returns whether
         the token joined."""

@@ -43,7 +43,9 @@ class StepInputs:
             return torch.tensor(values)
         return torch.tensor(values, pin_memory=True).to(self.device, non_blocking=True)
 
-    def build(self, seqs: list[Sequence], extra: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    def build(
+        self, seqs: list[Sequence], extra: list[int] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """A launch's inputs: each row's first token (from the last launch's output on the device where the host
         does not know it yet), its position (n, 1), the timestamp rules' state (rule_state) and the host rows
         (host_row, then `extra`'s value) as copied to the device in one copy."""

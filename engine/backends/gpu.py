@@ -58,7 +58,8 @@ class GpuBackend(DecodeBackend):
         self.reads_own_prefix = decode_attention.cache_supported(probe)
         row = torch.empty(1, 1, model.dims.n_text_state, dtype=cache_dtype, device=device)
         # a lone row's sub-layers fused: half precision, widths the kernel tiles, the step kernel for attention
-        self.lone_row_fits = self.reads_own_prefix and norm_product_applies(row, model.decoder.blocks[0].attn.qkv_weight)
+        qkv_weight = model.decoder.blocks[0].attn.qkv_weight
+        self.lone_row_fits = self.reads_own_prefix and norm_product_applies(row, qkv_weight)
         self.fused_lone_row = kernels.norm_product and self.lone_row_fits
         self.name = "gpu (step kernel)" if self.reads_own_prefix else "gpu (masked steps)"
 
