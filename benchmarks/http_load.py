@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import io
 import multiprocessing
-import shlex
 import sys
 import time
 import wave
@@ -38,7 +37,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.helpers.server import RemoteServer, ServerStartError  # noqa: E402
+from tests.helpers.server import spawn_or_exit  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 DEFAULT_FILE = DATA / "g1_en_librispeech-dev-clean_2412-153948-0000.flac"  # 11.66 s of read speech
@@ -245,15 +244,6 @@ def print_engine_load(before: dict[str, float], after: dict[str, float], wall_s:
               f"{delta['ttft_count']:.0f} requests")
 
 
-def spawn(flags: str) -> RemoteServer:
-    """--spawn: `python -m server serve FLAGS` on a free local port, healthy; if it does not get there, the script
-    ends with the server's log tail."""
-    try:
-        return RemoteServer(*shlex.split(flags), verbose=True)
-    except ServerStartError as exc:
-        raise SystemExit(str(exc)) from None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (ignored with --spawn)")
@@ -281,7 +271,7 @@ def main() -> int:
     uploads = load_uploads(args.files, args.synthetic_seconds)
     names = ", ".join(f"{u.name} ({u.seconds:.2f} s)" for u in uploads)
 
-    spawned = spawn(args.spawn) if args.spawn is not None else None
+    spawned = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = spawned.url if spawned else args.url
     try:
         results = []

@@ -85,7 +85,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.helpers.server import RemoteServer, ServerStartError  # noqa: E402
+from tests.helpers.server import RemoteServer, spawn_or_exit  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 MIB = 1024 * 1024
@@ -652,15 +652,6 @@ def served_model(url: str, headers: dict[str, str]) -> str:
         return ""
 
 
-def spawn(flags: str) -> RemoteServer:
-    """--spawn: `python -m server serve FLAGS` on a free local port, healthy; if it does not get there, the script
-    ends with the server's log tail."""
-    try:
-        return RemoteServer(*shlex.split(flags), verbose=True)
-    except ServerStartError as exc:
-        raise SystemExit(str(exc)) from None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (ignored with --spawn)")
@@ -694,7 +685,7 @@ def main() -> int:
     clips, long_clip, left_out = load_clips(args.data_dir.resolve(), max_upload_bytes)
     api_key = args.api_key or spawn_flag(args.spawn, "--api-key") or os.environ.get("OPENAI_API_KEY") or "unused"
     headers = {"Authorization": f"Bearer {api_key}"}  # what the SDK sends; ignored by a server without keys
-    spawned = spawn(args.spawn) if args.spawn is not None else None
+    spawned = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = spawned.url if spawned else args.url.rstrip("/")
     try:
         model = served_model(url, headers)

@@ -120,6 +120,15 @@ class RemoteServer:
         self.stop()
 
 
+def spawn_or_exit(flags: str) -> RemoteServer:
+    """A benchmark's --spawn: `python -m server serve FLAGS` on a free local port, healthy; if it does not get there,
+    the script ends with the server's log tail."""
+    try:
+        return RemoteServer(*shlex.split(flags), verbose=True)
+    except ServerStartError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def metric(server, name: str, labels: str = "") -> float:
     """One sample of the server's /metrics (0 when absent)."""
     text = httpx.get(f"{server.url}/metrics").text
