@@ -25,7 +25,7 @@ from engine.request import (
     EngineStats,
     TranscriptionResult,
 )
-from engine.requests import RequestTable
+from engine.request_table import RequestTable
 from engine.scheduler import Scheduler
 from engine.sequence import LaunchedRow, Output, Sequence
 from engine.step_io import StepOutput
