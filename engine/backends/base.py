@@ -30,7 +30,6 @@ class DecodeBackend:
         self.model = model
         self.decoder = model.decoder
         self.kernels = kernels
-        self.n_text_ctx = model.dims.n_text_ctx
 
     def encode(self, mel: Tensor) -> Tensor:
         """mel (batch, n_mels, 3000) -> audio features (batch, n_audio_ctx, n_audio_state)"""
@@ -48,10 +47,8 @@ class DecodeBackend:
         self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0
     ) -> Tensor:
         """decode_step outside a graph; `host_positions` are the same positions as known to the host."""
-        return self.decode_step(tokens, positions, cache, self.kv_bucket(max(host_positions) + 1), slot_start)
-
-    def kv_bucket(self, kv_len: int) -> int:
-        return min(-(-kv_len // KV_BUCKET) * KV_BUCKET, self.n_text_ctx)
+        kv_len = min(-(-(max(host_positions) + 1) // KV_BUCKET) * KV_BUCKET, cache.shape.n_text_ctx)
+        return self.decode_step(tokens, positions, cache, kv_len, slot_start)
 
     def prompt_pass(self, tokens: Tensor, cache: KVCache, slot_start: int) -> Tensor:
         """Prompts (batch, width) from position 0 into slots slot_start..: hidden states (batch, width, n_state)."""

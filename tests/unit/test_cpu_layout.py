@@ -61,3 +61,17 @@ def test_cpu_layout_matches_plain_model(size):
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_heap_settings_accepted_by_glibc():
     assert keep_freed_memory() is True
+
+
+def test_a_masked_step_attends_within_a_shortened_self_cache():
+    # rows at different positions take the masked step; its bucket of positions must stop at the cache's length
+    # (--max-text-ctx below the decoder's 448), not at the model's
+    dims = DUMMY_DIMS["tiny"]
+    model = _model(dims)
+    model.decoder.fuse_qkv(input_major=True)
+    backend = CpuTorchBackend(model, KernelOptions(), lay_out_for_cpu(model.decoder, native=False))
+    cache = KVCache(CacheShape.for_model(dims, None, 224), 2, torch.float32, torch.device("cpu"))
+    with torch.inference_mode():
+        model.decoder.fill_cross_cache(model.encoder(torch.randn(2, dims.n_mels, 3000)), cache, 0)
+        hidden = backend.eager_step(torch.tensor([[50257], [440]]), torch.tensor([[3], [200]]), cache, [3, 200])
+    assert hidden.shape == (2, 1, dims.n_text_state) and torch.isfinite(hidden).all()
