@@ -141,7 +141,8 @@ def lay_out_for_cpu(decoder: TextDecoder, native: bool, vocab_chunks: int = VOCA
 def native_kernels_fit(decoder: TextDecoder, native: CpuKernels, cache_dtype: torch.dtype, int8_cross: bool) -> bool:
     """Whether the native kernels can run this decoder's steps: float32 caches (an int8 cross cache is not) and
     every projection in a layout they read."""
-    probe = torch.empty(1, 1, 1, 64, dtype=cache_dtype)
+    head_dim = decoder.token_embedding.weight.shape[1] // decoder.blocks[0].attn.n_head
+    probe = torch.empty(1, 1, 1, head_dim, dtype=cache_dtype)  # a cache's layout: (..., positions, head_dim)
     if int8_cross or not native.supports_attention(probe, probe):
         return False
     weights = []

@@ -54,7 +54,8 @@ class GpuBackend(DecodeBackend):
             torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
         model.encoder.fuse_qkv()
         self.output_weight = pad_vocabulary(model.decoder)
-        probe = torch.empty(1, 1, 1, 64, dtype=cache_dtype, device=device)
+        dims = model.dims
+        probe = torch.empty(1, 1, 1, dims.n_text_state // dims.n_text_head, dtype=cache_dtype, device=device)
         self.reads_own_prefix = decode_attention.cache_supported(probe)
         row = torch.empty(1, 1, model.dims.n_text_state, dtype=cache_dtype, device=device)
         # a lone row's sub-layers fused: half precision, widths the kernel tiles, the step kernel for attention
