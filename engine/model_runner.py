@@ -158,7 +158,7 @@ class ModelRunner:
 
     def _build_model(self, ckpt: Checkpoint) -> Whisper:
         with torch.device("meta"):
-            model = Whisper(ckpt.dims, self.config.kernels)
+            model = Whisper(ckpt.dims)
         model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
         return model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
 

@@ -159,7 +159,7 @@ class AudioEncoder(nn.Module):
 class TextDecoder(nn.Module):
     """Decoder over a contiguous range of cache slots: batch row i uses slot `slot_start + i`."""
 
-    def __init__(self, dims: ModelDimensions, kernels: KernelOptions = DEFAULT_KERNELS):
+    def __init__(self, dims: ModelDimensions):
         super().__init__()
         self.token_embedding = nn.Embedding(dims.n_vocab, dims.n_text_state)
         self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, dims.n_text_state))
@@ -168,7 +168,7 @@ class TextDecoder(nn.Module):
             for _ in range(dims.n_text_layer)
         )
         self.ln = nn.LayerNorm(dims.n_text_state)
-        self.kernels = kernels
+        self.kernels: KernelOptions = DEFAULT_KERNELS  # for its own passes; select_backend sets the engine's
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """tokens, positions (batch, q) -> the residual stream entering the first block (batch, q, n_text_state)"""
@@ -290,8 +290,8 @@ class TextDecoder(nn.Module):
 
 
 class Whisper(nn.Module):
-    def __init__(self, dims: ModelDimensions, kernels: KernelOptions = DEFAULT_KERNELS):
+    def __init__(self, dims: ModelDimensions):
         super().__init__()
         self.dims = dims
         self.encoder = AudioEncoder(dims)
-        self.decoder = TextDecoder(dims, kernels)
+        self.decoder = TextDecoder(dims)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
-import wave
 from collections.abc import Callable
 from typing import Any
 
@@ -25,19 +23,7 @@ from server.parsing import (
 )
 from server.protocol import ResponseFormat
 from server.settings import Settings
-
-
-def wav_bytes(seconds: float = 1.0, sample_rate: int = 16000) -> bytes:
-    t = np.arange(int(seconds * sample_rate)) / sample_rate
-    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(pcm.tobytes())
-    return buf.getvalue()
-
+from tests.helpers.fake_engine import wav_bytes
 
 WAV = wav_bytes()
 
