@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import DecodeOptions, Engine, EngineConfig  # noqa: E402
+from engine import DecodeOptions, Engine, EngineConfig, KernelOptions  # noqa: E402
 
 
 def read_clips(data: Path) -> dict[str, np.ndarray]:
@@ -43,10 +43,12 @@ def tokens(result) -> list[int]:
 
 def transcripts(args) -> None:
     clips = read_clips(Path(args.data))
-    engine = Engine(EngineConfig(model=args.model, device="cuda", dtype=args.dtype, max_num_seqs=512, max_waiting=4096))
+    engine = Engine(EngineConfig(model=args.model, device="cuda", dtype=args.dtype, max_num_seqs=512, max_waiting=4096,
+                                 kernels=KernelOptions(batch_invariant=args.batch_invariant)))
     engine.start()
     names = list(clips)
-    print(f"{args.model}, {args.dtype}, {len(names)} clips; differing = tokens unlike the clip's lone decode")
+    mode = "batch-invariant kernels" if args.batch_invariant else "default kernels"
+    print(f"{args.model}, {args.dtype}, {mode}, {len(names)} clips; differing = tokens unlike the clip's lone decode")
     print("| timestamps | fillers (besides the clips) | clips differing | tokens differing (of all) |")
     print("|---|---|---|---|")
     for timestamps in (True, False):
@@ -71,7 +73,8 @@ def transcripts(args) -> None:
 
 def steps(args) -> None:
     engine = Engine(EngineConfig(model=args.step_model, dummy_weights=True, device="cuda", dtype=args.dtype,
-                                 tokenizer=args.tokenizer, max_num_seqs=max(args.batches)))  # fmt: skip
+                                 tokenizer=args.tokenizer, max_num_seqs=max(args.batches),
+                                 kernels=KernelOptions(batch_invariant=args.batch_invariant)))  # fmt: skip
     runner = engine.runner
     graphs, cache, dims = runner.graphs, runner.cache, runner.dims
     gen = torch.Generator("cuda").manual_seed(0)
@@ -79,7 +82,8 @@ def steps(args) -> None:
         feats = torch.randn(cache.num_slots, dims.n_audio_ctx, dims.n_audio_state, device="cuda", generator=gen)
         runner.model.decoder.fill_cross_cache(feats.to(runner.dtype), cache, 0)
         kv = graphs.kv_sizes[-1]
-        print(f"{args.step_model} (dummy), {args.dtype}, decode step graphs; probe = row 0, slot 0, position 40")
+        mode = "batch-invariant kernels" if args.batch_invariant else "default kernels"
+        print(f"{args.step_model} (dummy), {args.dtype}, {mode}, decode step graphs; probe = row 0, slot 0, position 40")
         print("| rows in the step | logits bitwise equal | argmax equal | max abs difference | max abs logit |")
         print("|---|---|---|---|---|")
         for trial in range(args.trials):
@@ -109,6 +113,7 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[2, 8, 64, 256])
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--batch-invariant", action="store_true", help="the batch-invariant kernels (KernelOptions)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")

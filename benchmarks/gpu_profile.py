@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_phases import print_engine_phases, wrapped_phases  # noqa: E402
 
 from engine.config import EngineConfig  # noqa: E402
+from engine.kernels.options import KernelOptions  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.request import DecodeOptions  # noqa: E402
 
@@ -57,11 +58,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=0, help="also list the N kernels with the most GPU time")
     ap.add_argument("--gaps", action="store_true", help="also split the GPU's idle time by the host's engine phase")
     ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"])
+    ap.add_argument("--batch-invariant", action="store_true", help="the batch-invariant kernels (KernelOptions)")
     args = ap.parse_args()
 
     engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=args.tokenizer, encoder_precision=args.encoder_precision,
-                                 max_waiting=max(256, *args.concurrency)))
+                                 max_waiting=max(256, *args.concurrency),
+                                 kernels=KernelOptions(batch_invariant=args.batch_invariant)))
     engine.start()
     options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=args.tokens,
                             no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)

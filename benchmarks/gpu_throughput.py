@@ -39,7 +39,7 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
                stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None,
                encoder_precision: str = "model", closed_loop: int = 0, multi_step: int | None = None,
-               timestamps: bool = False, int8_kernel: str = "cuda"):
+               timestamps: bool = False, int8_kernel: str = "cuda", batch_invariant: bool = False):
     from engine.config import EngineConfig
     from engine.kernels.options import KernelOptions
     from engine.engine import Engine
@@ -49,7 +49,8 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,
                                  cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap,
                                  encoder_precision=encoder_precision, max_waiting=max(256, *concurrency),
-                                 multi_step=multi_step, kernels=KernelOptions(int8_attention=int8_kernel)))
+                                 multi_step=multi_step,
+                                 kernels=KernelOptions(int8_attention=int8_kernel, batch_invariant=batch_invariant)))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=not timestamps, temperatures=(0.0,),
@@ -173,6 +174,9 @@ def main() -> None:
     ap.add_argument("--int8-kernel", default="cuda", choices=["cuda", "triton"],
                     help="the int8 cross-attention kernel (KernelOptions.int8_attention; cuda falls back to triton "
                          "where it does not build)")
+    ap.add_argument("--batch-invariant", default="off", choices=["off", "on", "both"],
+                    help="the batch-invariant kernels (KernelOptions.batch_invariant); both: today's kernels, then the "
+                         "invariant ones, in one process, and a table of their ratio")
     args = ap.parse_args()
     overlap = {"auto": None, "on": True, "off": False}[args.overlap_steps]
     if len(args.models) > 1:
@@ -184,12 +188,17 @@ def main() -> None:
         return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float16, {args.tokens} tokens per window")
     rows = []
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.batch_invariant]
     for model in args.models:
-        ours, ttfts, stats, slots = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
-                                               args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
-                                               args.encoder_precision, args.closed_loop, args.multi_step,
-                                               args.timestamps, args.int8_kernel)
-        print(f"{model}: {slots} slots; graph stats {stats}", flush=True)
+        runs = {}
+        for invariant in modes:
+            runs[invariant] = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
+                                         args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
+                                         args.encoder_precision, args.closed_loop, args.multi_step,
+                                         args.timestamps, args.int8_kernel, invariant)
+            print(f"{model} (batch-invariant {invariant}): {runs[invariant][3]} slots; graph stats {runs[invariant][2]}",
+                  flush=True)
+        ours, ttfts, _, _ = runs[modes[-1]]
         peer = {} if args.no_peer else run_transformers(model, args.peer_concurrency or args.concurrency,
                                                          args.tokens, max(1, args.repeats - 1))
         for c in args.concurrency:
@@ -197,6 +206,14 @@ def main() -> None:
             p = peer.get(c)
             rows.append((model, c, ours[c], rtfx, p, c * WINDOW_S / p if p else None, *ttfts[c]))
             print(rows[-1], flush=True)
+        if len(runs) == 2:
+            print(f"\n{model}: batch-invariant kernels against today's, same process")
+            print("| concurrency | today s | invariant s | throughput ratio | TTFT p50 today / invariant s |")
+            print("|---|---|---|---|---|")
+            (base, base_ttft, _, _), (inv, inv_ttft, _, _) = runs[False], runs[True]
+            for c in args.concurrency:
+                print(f"| {c} | {base[c]:.3f} | {inv[c]:.3f} | {base[c] / inv[c]:.2f} | "
+                      f"{base_ttft[c][0]:.3f} / {inv_ttft[c][0]:.3f} |")
     # time to first token: from submission (all c requests at once) to each request's first decoded token
     print("\n| model | concurrency | engine s | engine RTFx | TTFT p50 / p90 s | transformers s | transformers RTFx | ratio | floor RTFx | of floor |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -121,6 +121,8 @@ class Engine(EngineFront):
 
     def _totals(self) -> dict[str, float]:
         totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds}
+        # a mode, not a count: 1 where the batch-invariant GPU kernels run (/metrics: whisper_batch_invariant)
+        totals["batch_invariant"] = float(self.runner.backend.batch_invariant)
         graphs = self.runner.graphs
         if graphs is not None:
             s = graphs.stats

@@ -196,8 +196,12 @@ class ModelRunner:
         """Run the encoder on a batch of windows and write their cross-attention K/V into consecutive slots."""
         batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
         assert batch.shape[-1] == N_FRAMES
-        audio_features = self.graphs.encode(batch) if self.graphs else self.backend.encode(batch)
-        self.model.decoder.fill_cross_cache(audio_features, self.cache, slot_start)
+        encode = self.graphs.encode if self.graphs else self.backend.encode
+        if self.backend.encodes_alone:  # one window per pass: the same shapes, so the same kernels, for each
+            for i in range(len(mels)):
+                self.model.decoder.fill_cross_cache(encode(batch[i : i + 1]), self.cache, slot_start + i)
+            return
+        self.model.decoder.fill_cross_cache(encode(batch), self.cache, slot_start)
 
     def admissible_encoder_batch(self, n: int) -> int:
         return self.graphs.admissible_encoder_batch(n) if self.graphs else n
@@ -343,7 +347,7 @@ class ModelRunner:
         rules = self.io.rules(seqs, state)
         logits = self.logits_processor(logits, rules)
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
-        gens = [s.job.transcription.generator if t > 0 else None for s, t in zip(seqs, temps)]
+        gens = [s.job.transcription.generator_for(s.job) if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens, self.config.kernels.greedy_pick)
         if keep:
             sampled = [i for i, s in enumerate(seqs) if s.sampling]  # rows whose token joins the sequence

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.kernels import greedy_pick
+from engine.kernels import greedy_pick, row_logsumexp
 from engine.model.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
@@ -124,8 +124,9 @@ class LogitsProcessor:
         x[:, : self.ts_begin].masked_fill_(first, NEG_INF)
         ts.masked_fill_(first & (self.ts_offsets > self.max_initial_offset), NEG_INF)
         # if all timestamps together are likelier than any single text token, sample a timestamp
-        logprobs = torch.log_softmax(x, dim=-1)
-        ts_logprob = logprobs[:, self.ts_begin :].logsumexp(dim=-1)
+        logprobs = torch.log_softmax(x, dim=-1)  # one block per row, whatever the rows: row-invariant
+        ts = logprobs[:, self.ts_begin :]
+        ts_logprob = row_logsumexp.logsumexp_rows(ts) if row_logsumexp.applies(ts) else ts.logsumexp(dim=-1)
         text_max = logprobs[:, : self.ts_begin].amax(dim=-1)
         x[:, : self.ts_begin].masked_fill_((ts_logprob > text_max)[:, None], NEG_INF)
         logits[rows] = x
@@ -136,14 +137,18 @@ def sample(
 ) -> tuple[Tensor, Tensor]:
     """Greedy where temperature is 0, else seeded sampling; returns (tokens, their log-probabilities).
     `greedy_kernel` (KernelOptions.greedy_pick): an all-greedy step on a GPU in one pass (kernels/greedy_pick.py)."""
-    if logits.device.type == "cpu":
+    kernel = logits.device.type != "cpu" and greedy_kernel and greedy_pick.applies(logits)
+    if kernel:
+        # every row's pick and normalizer from rows reduced one by one: a greedy row's log-probability (which the
+        # temperature fallback compares with a threshold) does not depend on whether another row samples
+        tokens, logprobs, row_max, log_sum = greedy_pick.greedy_pick(logits)
+    elif logits.device.type == "cpu":
         # torch's CPU argmax over a 51,864-wide row runs a scalar loop (60-110 us, 2-cores x86), numpy's is
         # vectorized (~6 us); both return the first of equal maxima, so the pick is the same
         tokens = torch.from_numpy(logits.numpy().argmax(axis=-1))
-    elif greedy_kernel and greedy_pick.applies(logits) and not any(t > 0 for t in temperatures):
-        return greedy_pick.greedy_pick(logits)
     else:
         tokens = logits.argmax(dim=-1)
+    drawn = []
     for i, (t, gen) in enumerate(zip(temperatures, generators)):
         # Few rows ever sample (temperature fallback), so a per-row draw with the request's own
         # generator keeps results reproducible whatever else shares the batch.
@@ -151,5 +156,10 @@ def sample(
             probs = torch.softmax(logits[i] / t, dim=-1).cpu()
             if torch.isfinite(probs).all():  # else keep the greedy pick rather than fail the draw
                 tokens[i] = torch.multinomial(probs, 1, generator=gen).to(tokens.device)[0]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+                drawn.append(i)
+    if not kernel:
+        return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    if drawn:
+        rows = torch.tensor(drawn, device=logits.device)
+        logprobs[rows] = (logits[rows, tokens[rows]] - row_max[rows]) - log_sum[rows]
     return tokens, logprobs

@@ -52,6 +52,11 @@ class Metrics:
         self.engine_restarts = Counter(
             "whisper_engine_restarts", "Times the engine was restarted after it died.", registry=self.registry
         )
+        self.batch_invariant = Gauge(
+            "whisper_batch_invariant",
+            "1 when the engine runs the batch-invariant GPU kernels (a request's tokens do not depend on the batch).",
+            registry=self.registry,
+        )
         self.engine_totals = Gauge(
             "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry
         )
@@ -68,7 +73,10 @@ class Metrics:
             self.running.set(stats.num_running)
             self.slots.set(stats.num_slots)
             for name, value in stats.extra.items():
-                self.engine_totals.labels(name).set(value)
+                if name == "batch_invariant":
+                    self.batch_invariant.set(value)
+                else:
+                    self.engine_totals.labels(name).set(value)
         return generate_latest(self.registry)
 
 

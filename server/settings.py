@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     seed: int = 0
     """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
     only on it and the request's own audio, never on what else the engine decodes."""
+    batch_invariant: bool = False
+    """GPU kernels whose results for a request do not depend on what else the batch holds: the same tokens for
+    the same audio, options and configuration whatever the load (README: batch invariance). Slower; see
+    BENCHMARKS.md. A CPU's decoding does not need it."""
     kernels: KernelOptions = KernelOptions()
     """Which kernels the engine runs, as JSON (e.g. '{"cpu_decode": false}': torch alone on a CPU, without the native
     decode kernels); the defaults are the fastest measured. For A/B runs: engine/kernels/options.py."""
@@ -166,7 +170,10 @@ class Settings(BaseSettings):
     def engine_config(self) -> EngineConfig:
         """The engine's config: every EngineConfig field from the setting of the same name."""
         names = {f.name for f in dataclasses.fields(EngineConfig)} & set(type(self).model_fields)
-        return EngineConfig(**{name: getattr(self, name) for name in names})
+        config = EngineConfig(**{name: getattr(self, name) for name in names})
+        if self.batch_invariant:  # the flag is a kernel choice: --kernels '{"batch_invariant": true}' says the same
+            config = dataclasses.replace(config, kernels=dataclasses.replace(config.kernels, batch_invariant=True))
+        return config
 
 
 def public_model_name(model: str) -> str:

@@ -3,6 +3,7 @@
 - base.py: DecodeBackend, the model as written (masked steps over a bucket of positions).
 - cpu.py: CpuTorchBackend (weight layouts a CPU streams fast) and CpuNativeBackend (the native decode kernels).
 - gpu.py: GpuBackend (one-kernel self-attention, a lone row's fused sub-layers, an aligned output projection).
+- gpu_invariant.py: BatchInvariantGpuBackend (every row computed the same way whatever the batch).
 - cpu_memory.py: glibc heap settings for large CPU tensors.
 
 May import engine.model and engine.kernels; nothing here knows about requests, sequences or the scheduler.
@@ -17,6 +18,7 @@ import torch
 from engine.backends.base import KV_BUCKET, DecodeBackend
 from engine.backends.cpu import CpuNativeBackend, CpuTorchBackend, lay_out_for_cpu, native_kernels_fit
 from engine.backends.gpu import GpuBackend
+from engine.backends.gpu_invariant import BatchInvariantGpuBackend
 from engine.kernels import cpu_kernels, fp8
 from engine.kernels.options import KernelOptions
 from engine.model.whisper import Whisper
@@ -40,7 +42,8 @@ def select_backend(
     model.decoder.kernels = kernels
     model.decoder.fuse_qkv(input_major=on_cpu)
     if not on_cpu:
-        backend: DecodeBackend = GpuBackend(model, kernels, dtype, device, encoder_fp8)
+        gpu = BatchInvariantGpuBackend if kernels.batch_invariant else GpuBackend
+        backend: DecodeBackend = gpu(model, kernels, dtype, device, encoder_fp8)
     else:
         native = cpu_kernels.load() if kernels.cpu_decode and dtype == torch.float32 else None
         chunks = lay_out_for_cpu(model.decoder, native is not None)

@@ -43,6 +43,9 @@ FEW_PROGRAMS_SETTINGS = (32, 8)
 # keys and values (written by earlier steps, not by the kernel before it) are read while the q/k/v product still
 # runs. 128 covers the prompt and ~100 tokens of a typical window; later positions stream in blocks as above.
 LONE_ROW_PREFETCH = 128
+# The batch-invariant backend's one setting for every batch (the many-programs one: its loss at few rows is what
+# `benchmarks/gpu_throughput.py --batch-invariant --concurrency 1` measures with the rest).
+INVARIANT_SETTINGS = MANY_PROGRAMS_SETTINGS
 
 
 def cache_supported(cache_k: Tensor) -> bool:
@@ -57,13 +60,18 @@ def applies(x: Tensor, cache_k: Tensor) -> bool:
 
 
 def self_attention_step(
-    qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor, slot_start: int, pdl: bool = True
+    qkv: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor, slot_start: int, pdl: bool = True,
+    invariant: bool = False, rows_per_slot: int = 1,
 ) -> Tensor:
     """
     qkv : (batch, 1, 3 * n_state), this step's fused q/k/v projection (q, k, v each heads x head_dim)
     cache_k, cache_v : (slots, heads, n_text_ctx, head_dim), one layer's self cache
     positions : (batch, 1) int64, each row's position; the row attends over positions 0..p of its slot
     pdl : a lone row's kernel may be launched as a programmatic dependent (KernelOptions.pdl)
+    invariant : one block shape and no prefetch whatever the batch, so a row's sums run in the same order
+        (INVARIANT_SETTINGS; the batch-invariant backend)
+    rows_per_slot : consecutive rows sharing a slot: a prompt's tokens as rows, each attending its own prefix
+        (their K/V written before the call, as their earlier steps would have)
     returns the attention output (batch, 1, n_state), heads merged
     """
     b = qkv.shape[0]
@@ -71,12 +79,15 @@ def self_attention_step(
     assert qkv.shape == (b, 1, 3 * h * d) and qkv.is_contiguous()
     assert positions.shape == (b, 1) and cache_v.stride() == cache_k.stride()
     out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
-    block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
-    launch = dependent_launch(qkv.device, pdl) if b == 1 else dict(PDL=False)  # more rows: cuBLAS makes q/k/v
+    if invariant:
+        (block_n, warps), launch = INVARIANT_SETTINGS, {"PDL": False}
+    else:
+        block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
+        launch = dependent_launch(qkv.device, pdl) if b == 1 else dict(PDL=False)  # more rows: cuBLAS makes q/k/v
     _write_and_attend[(b * h,)](
-        qkv, cache_k, cache_v, positions, out, slot_start, positions.stride(0), *cache_k.stride()[:3], h,
-        cache_k.shape[2], d**-0.5, HEAD_DIM=d, BLOCK_N=block_n, PREFETCH=LONE_ROW_PREFETCH if launch["PDL"] else 0,
-        num_warps=warps, **launch,
+        qkv, cache_k, cache_v, positions, out, slot_start, rows_per_slot, positions.stride(0),
+        *cache_k.stride()[:3], h, cache_k.shape[2], d**-0.5, HEAD_DIM=d, BLOCK_N=block_n,
+        PREFETCH=LONE_ROW_PREFETCH if launch["PDL"] else 0, num_warps=warps, **launch,
     )  # fmt: skip
     return out
 
@@ -85,17 +96,18 @@ if triton is not None:
 
     # slot_start changes with the batch's place in the cache (and s_row between the graphs' buffer and eager steps):
     # not specializing on them avoids a compile per value class while requests wait
-    @triton.jit(do_not_specialize=["slot_start", "s_row"])
+    @triton.jit(do_not_specialize=["slot_start", "rows_per_slot", "s_row"])
     def _write_and_attend(
-        QKV, KC, VC, POS, O, slot_start, s_row, s_slot, s_head, s_pos, H, N_CTX, sm_scale,
+        QKV, KC, VC, POS, O, slot_start, rows_per_slot, s_row, s_slot, s_head, s_pos, H, N_CTX, sm_scale,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         let_next_launch(PDL)  # a lone row's next product reads its weight meanwhile (fused_ops.linear)
         row = tl.program_id(0) // H
         h = tl.program_id(0) % H
         dim = tl.arange(0, HEAD_DIM)
-        kc = KC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
-        vc = VC + (slot_start + row).to(tl.int64) * s_slot + h * s_head
+        slot = (slot_start + row // rows_per_slot).to(tl.int64)
+        kc = KC + slot * s_slot + h * s_head
+        vc = VC + slot * s_slot + h * s_head
         if PREFETCH > 0:  # the first positions, whatever the row's position (the ones at or past it are unused)
             first = tl.arange(0, PREFETCH)
             k0 = tl.load(kc + first[:, None] * s_pos + dim[None, :], mask=(first < N_CTX)[:, None], other=0.0)

@@ -84,7 +84,8 @@ def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:
     out_x, out_h = torch.empty_like(x), torch.empty_like(x)
     block = triton.next_power_of_2(n)
     _add_layer_norm[(rows,)](
-        x, y, ln.weight, ln.bias, out_x, out_h, out_h, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False
+        x, y, ln.weight, ln.bias, out_x, out_h, out_h, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False,
+        ADD=True,
     )
     return out_x, out_h
 
@@ -102,7 +103,8 @@ def add_norm_fp8(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor
     scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(n)
     _add_layer_norm[(rows,)](
-        x, y, ln.weight, ln.bias, out_x, out_h, scale, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=True
+        x, y, ln.weight, ln.bias, out_x, out_h, scale, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=True,
+        ADD=True,
     )
     return out_x, out_h, scale
 
@@ -243,6 +245,21 @@ def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
+def norm_rows(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    """ln(x) with one program per row on a GPU (add_norm's kernel without the add): each row's statistics are
+    summed in the same order whatever the number of rows, which torch's kernel does not promise (the
+    batch-invariant backend, engine/backends/gpu_invariant.py). Elsewhere `norm`."""
+    if not _fused_norm_applies(x, x):
+        return norm(ln, x)
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(n)
+    _add_layer_norm[(x.numel() // n,)](
+        x, x, ln.weight, ln.bias, out, out, out, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False, ADD=False
+    )
+    return out
+
+
 def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
     """gelu(proj(x)); on a GPU in half precision, one cuBLASLt product with the bias and GELU in its epilogue."""
     return _linear_gelu(x, proj.weight, proj.bias)
@@ -266,7 +283,7 @@ if triton is not None:
         tl.store(SCALE + row, amax / 448.0)
 
     @triton.jit
-    def _gelu_tanh(v):
+    def gelu_tanh(v):
         # GELU's tanh form, x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3)), as cuBLASLt's epilogue computes it
         return v / (1.0 + tl.exp(-1.5957691216057308 * (v + 0.044715 * v * v * v)))
 
@@ -300,15 +317,18 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()
 
     @triton.jit
-    def _add_layer_norm(X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr):
+    def _add_layer_norm(
+        X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr, ADD: tl.constexpr
+    ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         valid = cols < N
-        x = tl.load(X + row * N + cols, mask=valid, other=0.0).to(tl.float32)
-        y = tl.load(Y + row * N + cols, mask=valid, other=0.0).to(tl.float32)
-        # the sum is rounded to the stream's dtype first, as torch's add would, and normalized from that value
-        s = (x + y).to(OUT_X.dtype.element_ty)
-        tl.store(OUT_X + row * N + cols, s, mask=valid)
+        s = tl.load(X + row * N + cols, mask=valid, other=0.0)
+        if ADD:
+            y = tl.load(Y + row * N + cols, mask=valid, other=0.0).to(tl.float32)
+            # the sum is rounded to the stream's dtype first, as torch's add would, and normalized from that value
+            s = (s.to(tl.float32) + y).to(OUT_X.dtype.element_ty)
+            tl.store(OUT_X + row * N + cols, s, mask=valid)
         s = s.to(tl.float32)
         mean, rstd = _mean_rstd(s, valid, N, eps)
         w = tl.load(W + cols, mask=valid, other=0.0).to(tl.float32)
@@ -332,7 +352,7 @@ if triton is not None:
         v = tl.load(X + base + (cols // head_dim) * stride_head + cols % head_dim, mask=valid, other=0.0)
         v = v.to(tl.float32)
         if GELU:  # tanh form, as cuBLASLt's epilogue in the float16 path: erf made this kernel 1.9x slower
-            v = _gelu_tanh(v)
+            v = gelu_tanh(v)
         _store_fp8_row(OUT + row * N, SCALE, row, cols, v, valid)
 
     @triton.jit
@@ -369,7 +389,7 @@ if triton is not None:
         h = ((v - mean) * rstd * ln_w + ln_b).to(W.dtype.element_ty).to(tl.float32)
         acc = tl.sum(tl.sum(w.to(tl.float32) * h[None, :, :], axis=2), axis=1) + bias
         if GELU:  # tanh form, as linear_gelu's cuBLASLt epilogue
-            acc = _gelu_tanh(acc)
+            acc = gelu_tanh(acc)
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty))
 
     @triton.jit

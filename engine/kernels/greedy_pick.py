@@ -32,8 +32,11 @@ def applies(logits: Tensor) -> bool:
     )  # fmt: skip
 
 
-def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """(tokens (rows,) int64, their log-probabilities (rows,) float32) of the rows' argmax."""
+def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(tokens (rows,) int64, their log-probabilities (rows,) float32) of the rows' argmax, and each row's max and
+    log of its sum of exp(x - max) (rows,) float32: another token's log-probability is (x - max) - that log, which
+    for the argmax is exactly the log-probability returned. Every row is reduced alone, in the same order whatever
+    the number of rows."""
     rows, vocab = logits.shape
     blocks = triton.cdiv(vocab, BLOCK)
     part_max = torch.empty(rows, blocks, dtype=torch.float32, device=logits.device)
@@ -43,11 +46,12 @@ def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor]:
         logits, part_max, part_index, part_sum, logits.stride(0), vocab, blocks, BLOCK=BLOCK, num_warps=NUM_WARPS
     )
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    stats = torch.empty(3, rows, dtype=torch.float32, device=logits.device)  # log-probability, max, log of sum
     _merge_blocks[(rows,)](
-        part_max, part_index, part_sum, tokens, logprobs, blocks, BLOCKS=triton.next_power_of_2(blocks), num_warps=1
-    )
-    return tokens, logprobs
+        part_max, part_index, part_sum, tokens, stats[0], stats[1], stats[2], blocks,
+        BLOCKS=triton.next_power_of_2(blocks), num_warps=1,
+    )  # fmt: skip
+    return tokens, stats[0], stats[1], stats[2]
 
 
 if triton is not None:
@@ -65,7 +69,7 @@ if triton is not None:
         tl.store(SUM + row * blocks + block, total)
 
     @triton.jit
-    def _merge_blocks(MAX, INDEX, SUM, TOKENS, LOGPROBS, blocks, BLOCKS: tl.constexpr):
+    def _merge_blocks(MAX, INDEX, SUM, TOKENS, LOGPROBS, ROW_MAX, LOG_SUM, blocks, BLOCKS: tl.constexpr):
         row = tl.program_id(0)
         parts = tl.arange(0, BLOCKS)
         valid = parts < blocks
@@ -76,5 +80,8 @@ if triton is not None:
         token = tl.load(INDEX + row * blocks + first)
         sums = tl.load(SUM + row * blocks + parts, mask=valid, other=0.0)
         total = tl.sum(tl.where(m == float("-inf"), 0.0, sums * tl.exp(m - best)), axis=0)  # a block all suppressed
+        log_total = tl.log(total)
         tl.store(TOKENS + row, token.to(tl.int64))
-        tl.store(LOGPROBS + row, -tl.log(total))
+        tl.store(LOGPROBS + row, 0.0 - log_total)  # (x[token] - max) - log(total), x[token] being the max
+        tl.store(ROW_MAX + row, best)
+        tl.store(LOG_SUM + row, log_total)

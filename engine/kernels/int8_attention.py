@@ -54,6 +54,7 @@ NUM_STAGES = 3  # Triton's default software pipelining depth of the key loop
 MAX_SPLITS = 16
 QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
+INVARIANT_SPLITS = 8  # the batch-invariant cross-attention's key splits, for every batch (fixed_split_attention)
 LONE_ROW_MAX_KEYS = 256  # keys per split the lone-row kernel holds in registers (Whisper's 1,500 / 16 = 94, as 128)
 
 log = logging.getLogger(__name__)
@@ -165,13 +166,15 @@ def _cuda_layout_fits(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
     return q.shape[-1] == 64 and q.dtype in (torch.float16, torch.bfloat16) and aligned and small
 
 
-def _cuda_attention(kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool) -> Tensor:
+def _cuda_attention(
+    kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool, splits: int | None = None
+) -> Tensor:
     b, h, t, d = q.shape
     n = k.shape[2]
     assert k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
     out = torch.empty_like(q)
     rows = b * h * t
-    splits = _cuda_splits(rows)
+    splits = _cuda_splits(rows) if splits is None else splits
     keys_per_split = -(-n // splits)
     m, lse, acc = _split_buffers(rows, splits, d, out)
     kernel(
@@ -229,21 +232,49 @@ def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int, pdl
     return out
 
 
-def _triton_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool) -> Tensor:
+def fixed_split_attention(
+    q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor | None, v_scale: Tensor | None, kernels: KernelOptions
+) -> Tensor:
+    """Cross-attention whose sums for a (row, head, query) run in one order whatever the batch: the keys split
+    INVARIANT_SPLITS ways for every batch size (the kernels above choose the split from the row count), each split
+    by the same kernel, the splits combined in order. The int8 cache through the CUDA kernel where it builds (else
+    Triton's); a float16 or bfloat16 cache through the Triton kernel without scales. The batch-invariant backend's
+    cross-attention (engine/backends/gpu_invariant.py)."""
+    if k_scale is None:
+        return _triton_attention(q, k, None, v, None, pdl=False, splits=INVARIANT_SPLITS)
+    use_cuda = kernels.int8_attention == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale)
+    kernel = _cuda_kernel(q) if use_cuda else None
+    if kernel is not None:
+        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, pdl=False, splits=INVARIANT_SPLITS)
+    return _triton_attention(q, k, k_scale, v, v_scale, pdl=False, splits=INVARIANT_SPLITS)
+
+
+def _triton_attention(
+    q: Tensor, k: Tensor, k_scale: Tensor | None, v: Tensor, v_scale: Tensor | None, pdl: bool,
+    splits: int | None = None,
+) -> Tensor:
+    """k_scale/v_scale None: a float16 or bfloat16 cache (the same kernel without the scales)."""
     b, h, t, d = q.shape
     n = k.shape[2]
-    assert k.stride(-1) == v.stride(-1) == k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
+    scaled = k_scale is not None
+    if scaled:
+        assert k_scale.stride(-1) == v_scale.stride(-1) == 1
+        scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
+    else:
+        k_scale = v_scale = k  # unread (SCALED=False)
+        scale_strides = (0, 0, 0, 0)
+    assert k.stride(-1) == v.stride(-1) == 1 and q.stride(-1) == 1
     out = torch.empty_like(q)
     rows = b * h * t
-    splits = _triton_splits(rows, n)
+    splits = _triton_splits(rows, n) if splits is None else splits
     keys_per_split = -(-n // (splits * BLOCK_N)) * BLOCK_N
     m, lse, acc = _split_buffers(rows, splits, d, out)
     _attention_blocks[(rows, splits)](
         q, k, k_scale, v, v_scale, out, m, lse, acc,
-        *q.stride()[:3], *k.stride()[:3], *k_scale.stride()[:2], *v.stride()[:3], *v_scale.stride()[:2],
+        *q.stride()[:3], *k.stride()[:3], *scale_strides[:2], *v.stride()[:3], *scale_strides[2:],
         *out.stride()[:3],
         h, t, n, keys_per_split, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, SCALED=scaled, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return _combined(m, lse, acc, out, splits, pdl)
 
@@ -258,8 +289,9 @@ if triton is not None:
         Q, K, KS, V, VS, O, M, L, ACC,
         sqb, sqh, sqt, skb, skh, skn, sksb, sksh, svb, svh, svn, svsb, svsh, sob, soh, sot,
         H, T, N, keys_per_split, sm_scale,
-        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SCALED: tl.constexpr,
     ):  # fmt: skip
+        # SCALED: an int8 cache with a scale per vector; else keys and values in the model's dtype, KS/VS unread
         row = tl.program_id(0)
         split = tl.program_id(1)
         t = row % T
@@ -279,15 +311,20 @@ if triton is not None:
             keys = n0 + tl.arange(0, BLOCK_N)
             valid = keys < end
             k = tl.load(K + b * skb + h * skh + keys[:, None] * skn + dim[None, :], mask=valid[:, None], other=0)
-            ks = tl.load(KS + b * sksb + h * sksh + keys, mask=valid, other=0).to(tl.float32)
             v = tl.load(V + b * svb + h * svh + keys[:, None] * svn + dim[None, :], mask=valid[:, None], other=0)
-            vs = tl.load(VS + b * svsb + h * svsh + keys, mask=valid, other=0).to(tl.float32)
-            s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * ks, float("-inf"))
+            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+            if SCALED:
+                s = s * tl.load(KS + b * sksb + h * sksh + keys, mask=valid, other=0).to(tl.float32)
+            s = tl.where(valid, s, float("-inf"))
             m_new = tl.maximum(m, s)
             alpha = tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new))
             p = tl.where(valid, tl.exp(s - m_new), 0.0)
             l = l * alpha + p
-            acc = acc * alpha[:, None] + v.to(tl.float32) * (p * vs)[:, None]
+            if SCALED:
+                p_v = p * tl.load(VS + b * svsb + h * svsh + keys, mask=valid, other=0).to(tl.float32)
+            else:
+                p_v = p
+            acc = acc * alpha[:, None] + v.to(tl.float32) * p_v[:, None]
             m = m_new
         m_max = tl.max(m, axis=0)
         weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))

@@ -28,6 +28,10 @@ class KernelOptions:
     greedy_pick: bool = True
     # The native CPU decode kernels (kernels/cpu_kernels.py) where they build; off: torch alone.
     cpu_decode: bool = True
+    # On a GPU, kernels whose results for a row do not depend on the batch (engine/backends/gpu_invariant.py):
+    # a request's tokens are the same whatever else runs. Its cost is in BENCHMARKS.md; the switches above that
+    # concern a lone row's GPU kernels (pdl, norm_product, int8_lone_row) do not apply with it.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.int8_attention not in INT8_ATTENTION_KERNELS:

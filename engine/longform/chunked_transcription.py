@@ -25,8 +25,9 @@ class ChunkedTranscription(Transcription):
     `Transcription` of its own (Whisper's algorithm: temperature fallback, and a second decode of what a first
     one left unfinished), so no window is conditioned on another's text, only on the request's prompt; with no
     language given, each window detects its own. Segments go out in time order, their times mapped back to the
-    original audio. The engine sees only this object: every window's job names it and carries its window index,
-    so sampling at temperature > 0 draws from the request's one generator in the order windows happen to run.
+    original audio. The engine sees only this object: every window's job names it and carries its window index.
+    Sampling at temperature > 0 draws from the window's own generator (seeded from the request's seed and the
+    window's index), so the draws do not depend on the order in which the windows happen to run.
     """
 
     def __init__(
@@ -60,7 +61,12 @@ class ChunkedTranscription(Transcription):
         mel = torch.cat([*slices, slices[-1][:, -1:]], dim=-1)
         duration = window.length * FRAME_SECONDS
         args = (self.request_id, mel, duration, self.options, self.tokenizer, self.n_text_ctx)
-        return Transcription(*args, emit=lambda item: self._on_part_output(index, item))
+        part = Transcription(*args, emit=lambda item: self._on_part_output(index, item))
+        part.seed = window_seed(self.options.seed, index)
+        return part
+
+    def generator_for(self, job: WindowJob) -> torch.Generator:
+        return self.parts[job.window_index].generator
 
     def _own(self, index: int, job: WindowJob) -> WindowJob:
         """A part's job, addressed to this request (which the engine tracks and aborts) and to its window."""
@@ -130,3 +136,9 @@ class ChunkedTranscription(Transcription):
         if self.language is None:  # like Whisper: the language of the first speech
             self.language = next((part.language for part in self.parts if part.language is not None), None)
         super().finish()
+
+
+def window_seed(seed: int | None, index: int) -> int:
+    """A window's sampling seed: distinct per window (their draws are not copies of each other) and fixed by the
+    request's seed, whatever order the windows run in."""
+    return ((seed or 0) * 1_000_003 + index) % 2**63

@@ -66,6 +66,7 @@ class Transcription:
         self.submitted_at = time.perf_counter()  # the engine sets the time its caller submitted the request
         self.first_token_at: float | None = None
         self._generator: torch.Generator | None = None
+        self.seed = options.seed  # the sampling generator's (a chunked request's windows each get their own)
         per_window = options.decode_budget_per_window
         self.token_budget = None if per_window is None else per_window * max(1, math.ceil(duration / CHUNK_LENGTH))
         self.tokens_sampled = 0  # every attempt's, EOT included
@@ -74,8 +75,13 @@ class Transcription:
     def generator(self) -> torch.Generator:
         """Per-request sampling generator, seeded so a fallback decode can be reproduced."""
         if self._generator is None:
-            self._generator = torch.Generator().manual_seed(self.options.seed)
+            self._generator = torch.Generator().manual_seed(self.seed)
         return self._generator
+
+    def generator_for(self, job: WindowJob) -> torch.Generator:
+        """The generator a window's sampling draws from: the request's (its windows decode one after another,
+        so the draws come in one order)."""
+        return self.generator
 
     @property
     def segment_size(self) -> int:

@@ -68,6 +68,9 @@ def test_engine_totals_count_steps_tokens_and_busy_time(server, data_dir):
     assert after["tokens"] - before["tokens"] >= 10
     busy = after["busy_seconds"] - before["busy_seconds"]
     assert 0 < busy <= wall
+    # the decode mode is a gauge of its own, not a total: 0 on a CPU, which runs no batch-invariant GPU kernels
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+    assert "whisper_batch_invariant 0.0" in lines and "batch_invariant" not in totals()
 
 
 def test_time_to_first_token_histogram(server, data_dir):

@@ -344,6 +344,9 @@ def test_settings_from_env_flags_and_engine_config(monkeypatch):
     assert set(Settings.model_fields) <= serve_flags
     with pytest.raises(SystemExit):
         settings_from_args(parser, parser.parse_args(["serve", "--max-upload-mb", "-1"]))
+    assert not config.kernels.batch_invariant
+    invariant = settings_from_args(parser, parser.parse_args(["serve", "--batch-invariant"])).engine_config()
+    assert invariant.kernels.batch_invariant and invariant.kernels.pdl  # the other kernel choices kept
 
 
 def test_every_engine_config_field_is_a_setting():

@@ -1,0 +1,125 @@
+"""The batch-invariant GPU backend: a request's tokens do not depend on what else the GPU decodes.
+
+With the default GPU backend a row's float16 logits change in their last bits with the batch: cuBLAS picks
+another kernel (another summation order) per row count, a lone row takes one-row kernels, the attention kernels
+split their keys by the number of rows, torch's reductions lay their threads out by the tensor's shape. A greedy
+decode that meets a near-tie then follows another path (BENCHMARKS.md, batch dependence). Here every operation
+of a step computes a row by the same arithmetic in the same order whatever the batch, the graph bucket, the slot
+or the other rows:
+
+- every product (the lone row's too) is kernels/invariant_ops.linear: one tile shape per weight, K never split;
+- layer norms and residual adds are one program per row (fused_ops.add_norm, norm_rows);
+- self-attention is the step kernel with one block shape (decode_attention, invariant=True); a prompt pass runs
+  its tokens as rows of that same kernel, each attending its own prefix, so a prompt fed in one pass gives
+  bitwise the state that feeding it a token per step would;
+- cross-attention splits the keys the same number of ways for every batch (int8_attention.fixed_split_attention);
+- the encoder runs one window at a time (ModelRunner.encode_into_slots, `encodes_alone`): cuBLAS and cuDNN pick
+  their kernels by shape, and one window is always the same shape, so its features and cross K/V are the same
+  whatever was admitted with it.
+
+The greedy pick and its log-probability (kernels/greedy_pick.py), the timestamp rules' logsumexp
+(kernels/row_logsumexp.py) and each request's own sampling generator make the step after the logits row-invariant
+too; those serve both backends.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine.backends.gpu import GpuBackend
+from engine.kernels import decode_attention, invariant_ops
+from engine.kernels.fused_ops import add_norm, norm_rows
+from engine.kernels.int8_attention import fixed_split_attention
+from engine.kernels.options import KernelOptions
+from engine.model.kv_cache import KVCache
+from engine.model.whisper import Whisper
+
+
+def unsupported_reason(model: Whisper, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the batch-invariant kernels cannot run this model here, or None."""
+    if device.type != "cuda":
+        return "it is a GPU mode (a CPU's decode is already batch-invariant)"
+    if decode_attention.triton is None:
+        return "it needs Triton"
+    dims = model.dims
+    head_dim = dims.n_text_state // dims.n_text_head
+    probe = torch.empty(1, 1, 1, head_dim, dtype=dtype, device=device)
+    if not decode_attention.cache_supported(probe):
+        return f"the self-attention kernel does not support heads of {head_dim}"
+    w = model.decoder.blocks[0].mlp[0].weight
+    if not (invariant_ops.applies(w.new_empty(1, w.shape[1]), w)):
+        return f"widths of {dims.n_text_state} do not tile"
+    return None
+
+
+class BatchInvariantGpuBackend(GpuBackend):
+    batch_invariant = True
+    encodes_alone = True
+
+    def __init__(
+        self, model: Whisper, kernels: KernelOptions, cache_dtype: torch.dtype, device: torch.device, fp8: bool
+    ):
+        super().__init__(model, kernels, cache_dtype, device, fp8)
+        why = unsupported_reason(model, cache_dtype, device)
+        if why is not None:
+            raise ValueError(f"batch-invariant decoding: {why}")
+        self.fused_lone_row = False  # a lone row takes the same kernels as a batch's rows
+        self.name = "gpu (batch-invariant)"
+
+    def with_kernels(self, kernels: KernelOptions) -> GpuBackend:
+        other = super().with_kernels(kernels)
+        other.fused_lone_row = False
+        return other
+
+    def decode_step(
+        self, tokens: Tensor, positions: Tensor, cache: KVCache, kv_len: int, slot_start: int = 0
+    ) -> Tensor:
+        return self._layers(self.decoder.embed(tokens, positions), cache, positions, slot_start, 1)
+
+    def prompt_pass(self, tokens: Tensor, cache: KVCache, slot_start: int) -> Tensor:
+        """The prompts' tokens as rows of a step, each attending its own prefix: (batch, width, n_state), every
+        position bitwise what a step at that position computes (engine.Sequence.feed_prompt_stepwise's result)."""
+        b, width = tokens.shape
+        positions = torch.arange(width, device=tokens.device).expand(b, width)
+        x = self.decoder.embed(tokens, positions).reshape(b * width, 1, -1)
+        h = self._layers(x, cache, positions.reshape(b * width, 1), slot_start, width)
+        return h.view(b, width, -1)
+
+    def _layers(self, x: Tensor, cache: KVCache, positions: Tensor, slot_start: int, per_slot: int) -> Tensor:
+        """x (rows, 1, n_state) at `positions` (rows, 1); `per_slot` consecutive rows share a slot (a prompt's
+        tokens, their K/V written before they attend) -> hidden (rows, 1, n_state) after the final norm."""
+        dec, kernels, linear = self.decoder, self.kernels, invariant_ops.linear
+        rows = x.shape[0]
+        slots = slice(slot_start, slot_start + rows // per_slot)
+        h = norm_rows(dec.blocks[0].attn_ln, x)
+        next_norms = [block.attn_ln for block in list(dec.blocks)[1:]] + [dec.ln]
+        for i, (block, next_norm) in enumerate(zip(dec.blocks, next_norms)):
+            attn, cross, fc1, fc2 = block.attn, block.cross_attn, block.mlp[0], block.mlp[2]
+            qkv = linear(h, attn.qkv_weight, attn.qkv_bias)
+            if per_slot > 1:  # every token's K/V in place before any token attends
+                kv = qkv.view(rows // per_slot, per_slot, 3, attn.n_head, cache.head_dim)[:, :, 1:]
+                cache.self_kv_layers[i][:, slots, :, :per_slot] = kv.permute(2, 0, 3, 1, 4)
+            o = decode_attention.self_attention_step(
+                qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start, invariant=True,
+                rows_per_slot=per_slot,
+            )  # fmt: skip
+            x, h = add_norm(x, linear(o, attn.out.weight, attn.out.bias), block.cross_attn_ln)
+            q = linear(h, cross.query.weight, cross.query.bias)
+            q = q.view(rows // per_slot, per_slot, cross.n_head, -1).transpose(1, 2)  # (slots, heads, t, dim)
+            k, v, k_scale, v_scale = cache.cross_layer(i, slots)
+            o = fixed_split_attention(q, k, v, k_scale, v_scale, kernels)
+            o = o.transpose(1, 2).reshape(rows, 1, -1)
+            x, h = add_norm(x, linear(o, cross.out.weight, cross.out.bias), block.mlp_ln)
+            f = linear(h, fc1.weight, fc1.bias, gelu=True)
+            x, h = add_norm(x, linear(f, fc2.weight, fc2.bias), next_norm)
+        return h
+
+    def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
+        n_vocab = self.decoder.token_embedding.weight.shape[0]
+        if out is None:
+            out = torch.empty(*hidden.shape[:-1], n_vocab, dtype=torch.float32, device=hidden.device)
+        return invariant_ops.linear(hidden, self.output_weight, out=out, n_valid=n_vocab)
+
+    def projection(self, hidden: Tensor) -> Tensor:
+        return self.logits(hidden)

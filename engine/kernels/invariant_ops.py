@@ -1,0 +1,189 @@
+"""Batch-invariant GPU kernels: each output row is computed by the same arithmetic in the same order whatever the
+number of rows, which rows they are, and what the other rows hold.
+
+cuBLAS picks a kernel per problem shape: at 1 row a matrix-vector product, at 8 rows a split-K kernel whose
+partial sums are added in another order, at 256 rows a large tile. Each sums a row's K products in a different
+order, so a request's float16 logits change in their last bits with the number of other requests in the step,
+and a greedy decode that meets a near-tie follows another path from there (BENCHMARKS.md, batch dependence).
+
+`linear` here is one Triton kernel with one tile shape per weight, chosen from the weight's shape alone: a program
+computes a BLOCK_M x BLOCK_N tile of the output, walking K from 0 up in BLOCK_K steps with the tensor cores
+accumulating into float32, never split. A row's result is therefore the same whether it is the only row (the
+others of its tile are masked zeros) or one of 512, and whatever tile it falls in: the arithmetic of an output
+element depends only on its row of x and its column of the weight. Bias, GELU (tanh form, as the default path's
+cuBLASLt epilogue) and the rounding of a float32 output to the input's precision (as a half-precision cuBLAS
+output is rounded) are applied per element after the sum.
+
+A lone row still needs many programs: a K loop of 10-40 dependent steps on a few dozen programs is bound by each
+step's latency. So K is split too, but in a way fixed by the weight's shape (`splits`), never by the rows: each
+split's partial sums go to a float32 buffer and a second kernel adds them in split order before the epilogue. The
+price is that buffer's traffic at many rows and the masked rows of a lone row's tile
+(`benchmarks/gpu_throughput.py --batch-invariant both` measures what it costs a whole decode).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+
+    from engine.kernels.fused_ops import gelu_tanh
+except ImportError:  # CPU-only installs: no GPU, nothing to make invariant (a CPU's products already are)
+    triton = None
+
+# One tile shape for every row count. 64 rows: Hopper's warpgroup MMA (m64); a lone row pays for a masked tile,
+# which costs no extra bytes from memory (the weight tile is read once either way).
+BLOCK_M = 64
+BLOCK_K = 128
+NUM_WARPS = 4
+NUM_STAGES = 3
+MAX_SPLITS = 8
+SPLIT_MIN_K = 256  # each split sums at least this many of K
+ENOUGH_PROGRAMS = 256  # a weight with this many output tiles needs no split to keep a lone row's product busy
+SUM_BLOCK = 1024  # outputs per program of the split-summing kernel
+
+
+def block_n(n: int) -> int:
+    """Output features per program, from the weight's width alone: narrow tiles for narrow weights, so a lone row's
+    product still spreads over several dozen programs."""
+    return 32 if n <= 2048 else 64
+
+
+def splits(n: int, k: int) -> int:
+    """How many ways K is split, from the weight's shape alone (never from the rows): enough programs for a lone
+    row (a K loop of 10-40 dependent steps on a few dozen programs is latency-bound), each split a whole number of
+    BLOCK_K and at least SPLIT_MIN_K wide; none where the output alone has ENOUGH_PROGRAMS tiles (the vocabulary)."""
+    if n // block_n(n) >= ENOUGH_PROGRAMS:
+        return 1
+    best = 1
+    for s in range(1, MAX_SPLITS + 1):
+        if k % (s * BLOCK_K) == 0 and k // s >= SPLIT_MIN_K:
+            best = s
+    return best
+
+
+def applies(x: Tensor, weight: Tensor) -> bool:
+    """x (..., K) on a GPU against a contiguous (N, K) weight of its dtype, K a multiple of BLOCK_K and N of the
+    tile width (Whisper's widths are multiples of 128; the vocabulary is padded to 64: backends/gpu.py)."""
+    n, k = weight.shape
+    return (
+        triton is not None and x.is_cuda and x.dtype == weight.dtype and weight.is_contiguous()
+        and k % BLOCK_K == 0 and n % block_n(n) == 0 and x.shape[-1] == k
+    )  # fmt: skip
+
+
+def linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    gelu: bool = False,
+    out: Tensor | None = None,
+    n_valid: int | None = None,
+) -> Tensor:
+    """f(x @ weight.T + bias), f GELU's tanh form or identity, each row computed alone (see above).
+
+    out: a float32 (rows, >= n_valid) buffer to write into (a row stride of its own, e.g. a graph's logits): the
+    sums are rounded to x's precision first, as a half-precision product's output is, then stored as float32.
+    n_valid: store only the first n_valid features (the vocabulary inside its padded weight)."""
+    n, k = weight.shape
+    assert applies(x, weight), (x.shape, x.dtype, weight.shape, weight.dtype)
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    n_valid = n if n_valid is None else n_valid
+    if out is None:
+        result = torch.empty(*x.shape[:-1], n_valid, dtype=x.dtype, device=x.device)
+        out2d = result.view(m, n_valid)
+    else:
+        assert out.dtype == torch.float32 and out.stride(-1) == 1 and out.shape[-1] >= n_valid
+        result = out
+        out2d = out.view(-1, out.shape[-1]) if out.dim() != 2 else out
+        assert out2d.shape[0] == m
+    if m == 0:
+        return result
+    bn, s = block_n(n), splits(n, k)
+    epilogue = {"HAS_BIAS": bias is not None, "GELU": gelu, "ROUND": out is not None}
+    bias = bias if bias is not None else weight  # unread without HAS_BIAS
+    # each split's partial sums, float32, summed in split order by the second kernel (none with one split)
+    partial = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out2d
+    _fixed_tile_matmul[(n // bn, triton.cdiv(m, BLOCK_M), s)](
+        rows, weight, bias, partial if s > 1 else out2d, m, n_valid, rows.stride(0), out2d.stride(0) if s == 1 else n,
+        K=k, K_SPLIT=k // s, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT=s > 1,
+        IEEE=x.dtype == torch.float32, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **epilogue,
+    )  # fmt: skip
+    if s > 1:
+        _sum_splits[(triton.cdiv(m * n, SUM_BLOCK),)](
+            partial, bias, rows, out2d, m, n, n_valid, out2d.stride(0), SPLITS=s, BLOCK=SUM_BLOCK,
+            num_warps=4, **epilogue,
+        )  # fmt: skip
+    return result
+
+
+if triton is not None:
+
+    @triton.jit
+    def _epilogue(acc, B, rn, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr, DTYPE: tl.constexpr):
+        # per element, after the whole sum: bias, GELU's tanh form, a float32 output rounded to the input's precision
+        # (as cuBLAS's half-precision output is)
+        if HAS_BIAS:
+            acc += tl.load(B + rn).to(tl.float32)
+        if GELU:
+            acc = gelu_tanh(acc)
+        if ROUND:
+            acc = acc.to(DTYPE).to(tl.float32)
+        return acc
+
+    # M and the row strides change with the batch: specializing on them (e.g. M == 1) would compile other code
+    # for other batches, and nothing may differ between batch sizes but the grid
+    @triton.jit(do_not_specialize=["M", "n_valid", "s_xm", "s_om"])
+    def _fixed_tile_matmul(
+        X, W, B, OUT, M, n_valid, s_xm, s_om, K: tl.constexpr, K_SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr,
+    ):  # fmt: skip
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        split = tl.program_id(2)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = split * K_SPLIT + tl.arange(0, BLOCK_K)
+        row_ok = rm < M
+        x_ptr = X + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]
+        w_ptr = W + rn.to(tl.int64)[None, :] * K + rk[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, K_SPLIT, BLOCK_K):  # the split's K from its start up, one accumulator
+            a = tl.load(x_ptr, mask=row_ok[:, None], other=0.0)
+            w = tl.load(w_ptr)
+            if IEEE:  # a float32 model keeps float32 products (tensor cores would round the inputs to tf32)
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
+            x_ptr += BLOCK_K
+            w_ptr += BLOCK_K
+        if SPLIT:  # the split's partial sums, (split, M, N) float32
+            o_ptr = OUT + (split * M + rm.to(tl.int64))[:, None] * s_om + rn[None, :]
+            tl.store(o_ptr, acc, mask=row_ok[:, None])
+        else:
+            acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
+            o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
+            tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])
+
+    @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
+    def _sum_splits(
+        P, B, X, OUT, M, N, n_valid, s_om, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr,
+    ):  # fmt: skip
+        # each output's partial sums added in split order, 0 first, then the epilogue: per element, whatever M
+        # (X, the product's input, is not read: its type is the one a float32 output is rounded to)
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        valid = idx < M * N
+        rm, rn = idx // N, idx % N
+        acc = tl.load(P + idx, mask=valid, other=0.0)
+        for s in tl.static_range(1, SPLITS):
+            acc += tl.load(P + s * M * N + idx, mask=valid, other=0.0)
+        acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
+        tl.store(OUT + rm * s_om + rn, acc.to(OUT.dtype.element_ty), mask=valid & (rn < n_valid))

@@ -1,0 +1,247 @@
+"""Batch-invariant decoding on a GPU (KernelOptions.batch_invariant): a request's tokens do not depend on what else
+runs. Kernels first (a row alone against the same row among others, bitwise), then the backend's step and prompt
+pass on real weights, then whole transcripts of real clips decoded alone and among fillers: identical, no
+tolerance."""
+
+import pytest
+import torch
+
+from engine.backends.gpu_invariant import BatchInvariantGpuBackend
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.engine_process import EngineProcess
+from engine.kernels import invariant_ops, row_logsumexp
+from engine.kernels.fused_ops import norm_rows
+from engine.kernels.int8_attention import fixed_split_attention, quantize
+from engine.kernels.options import KernelOptions
+from engine.model_runner import ModelRunner
+from engine.request import ChunkingOptions, DecodeOptions
+
+INVARIANT = KernelOptions(batch_invariant=True)
+ROW_COUNTS = (1, 2, 3, 7, 16, 63, 64, 65, 130, 200)
+
+
+def _rows_alone_and_together(fn, x: torch.Tensor) -> None:
+    """fn over every prefix, suffix and middle slice of x's rows gives bitwise the rows fn gives over all of x."""
+    full = fn(x)
+    for n in ROW_COUNTS:
+        for start in {0, len(x) - n, (len(x) - n) // 2}:
+            part = fn(x[start : start + n].contiguous())
+            assert torch.equal(part, full[start : start + n]), (n, start)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("k", "n", "gelu"),
+    [(1280, 3840, False), (1280, 1280, False), (1280, 5120, True), (5120, 1280, False), (384, 1152, False)],
+)
+def test_linear_rows_do_not_depend_on_the_batch(cuda, dtype, k, n, gelu):
+    g = torch.Generator(device=cuda).manual_seed(0)
+    x = torch.randn(200, k, device=cuda, generator=g).to(dtype)
+    w = (torch.randn(n, k, device=cuda, generator=g) * k**-0.5).to(dtype)
+    b = torch.randn(n, device=cuda, generator=g).to(dtype)
+    _rows_alone_and_together(lambda rows: invariant_ops.linear(rows, w, b, gelu=gelu), x)
+    ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    ref = torch.nn.functional.gelu(ref, approximate="tanh") if gelu else ref
+    got = invariant_ops.linear(x, w, b, gelu=gelu).float()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, ref, atol=tol * 10, rtol=tol)  # and it is the product
+
+
+def test_vocabulary_projection_rows_into_a_float32_buffer(cuda):
+    g = torch.Generator(device=cuda).manual_seed(1)
+    v, k = 51904, 1280  # large-v3's vocabulary padded to 64
+    x = torch.randn(200, k, device=cuda, generator=g).half()
+    w = (torch.randn(v, k, device=cuda, generator=g) * k**-0.5).half()
+
+    def logits(rows):
+        out = torch.full((len(rows), 51866), float("nan"), device=cuda)
+        return invariant_ops.linear(rows, w, out=out, n_valid=51866)
+
+    _rows_alone_and_together(logits, x)
+    # rounded to float16 first, as a half-precision product's output is
+    expected = torch.nn.functional.linear(x.float(), w.float())[:, :51866].half().float()
+    torch.testing.assert_close(logits(x), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_norm_and_logsumexp_rows_do_not_depend_on_the_batch(cuda):
+    g = torch.Generator(device=cuda).manual_seed(2)
+    ln = torch.nn.LayerNorm(1280, device=cuda, dtype=torch.float16)
+    x = torch.randn(200, 1, 1280, device=cuda, generator=g).half()
+    _rows_alone_and_together(lambda rows: norm_rows(ln, rows), x)
+    torch.testing.assert_close(norm_rows(ln, x), ln(x), atol=2e-3, rtol=2e-3)
+    logits = torch.randn(200, 1501, device=cuda, generator=g) * 5
+    logits[3, :] = float("-inf")
+    logits[5, ::2] = float("-inf")
+    _rows_alone_and_together(row_logsumexp.logsumexp_rows, logits)
+    torch.testing.assert_close(row_logsumexp.logsumexp_rows(logits), logits.logsumexp(-1))
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_cross_attention_rows_do_not_depend_on_the_batch(cuda, int8):
+    g = torch.Generator(device=cuda).manual_seed(3)
+    b, h, n, d = 130, 20, 1500, 64
+    q = torch.randn(b, h, 1, d, device=cuda, generator=g).half()
+    k = torch.randn(b, h, n, d, device=cuda, generator=g).half()
+    v = torch.randn(b, h, n, d, device=cuda, generator=g).half()
+    if int8:
+        (k, ks), (v, vs) = quantize(k), quantize(v)
+    else:
+        ks = vs = None
+
+    def attend(lo: int, hi: int) -> torch.Tensor:
+        sl = slice(lo, hi)
+        scales = (ks[sl], vs[sl]) if int8 else (None, None)
+        return fixed_split_attention(q[sl], k[sl], v[sl], scales[0], scales[1], INVARIANT)
+
+    full = attend(0, b)
+    for n_rows in (1, 2, 7, 64):
+        for start in (0, b - n_rows):
+            assert torch.equal(attend(start, start + n_rows), full[start : start + n_rows]), (n_rows, start)
+
+
+@pytest.fixture(scope="module")
+def invariant_runner(cuda, gpu_model):
+    runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=64, kernels=INVARIANT))
+    assert isinstance(runner.backend, BatchInvariantGpuBackend)
+    return runner
+
+
+def test_a_step_row_alone_equals_the_row_among_others(invariant_runner):
+    """A probe row's logits alone (a graph of batch 1) and among random rows, in every slot it may land in."""
+    r = invariant_runner
+    torch.manual_seed(4)
+    cache, pos = r.cache, 37
+    cache.self_kv.normal_()
+    if cache.int8_cross:
+        cache.cross_k.random_(-100, 100), cache.cross_v.random_(-100, 100)
+        cache.cross_k_scale.uniform_(1e-3, 1e-2), cache.cross_v_scale.uniform_(1e-3, 1e-2)
+    else:
+        cache.cross_k.normal_(), cache.cross_v.normal_()
+    probe = [cache.self_kv[:, :, 63].clone(), cache.cross_k[:, 63].clone(), cache.cross_v[:, 63].clone()]
+    scales = [t[:, 63].clone() for t in (cache.cross_k_scale, cache.cross_v_scale)] if cache.int8_cross else []
+
+    def probe_logits(slot: int, others: int) -> torch.Tensor:
+        cache.self_kv[:, :, slot] = probe[0]
+        cache.cross_k[:, slot], cache.cross_v[:, slot] = probe[1], probe[2]
+        if scales:
+            cache.cross_k_scale[:, slot], cache.cross_v_scale[:, slot] = scales
+        rows = max(slot + 1, others + 1)
+        tokens = torch.randint(0, r.dims.n_vocab, (rows, 1), device="cuda")
+        positions = torch.randint(0, 200, (rows, 1), device="cuda")
+        tokens[slot, 0], positions[slot, 0] = 220, pos
+        return r.graphs.decode(tokens, positions, 448)[slot].clone()
+
+    alone = probe_logits(0, 0)
+    assert torch.isfinite(alone).all()
+    for slot, others in [(0, 1), (0, 7), (5, 7), (30, 40), (0, 62), (62, 62)]:
+        assert torch.equal(probe_logits(slot, others), alone), (slot, others)
+
+
+def test_a_prompt_pass_equals_feeding_the_prompt_step_by_step(invariant_runner):
+    r = invariant_runner
+    tok = r.tokenizer
+    prompt = [
+        tok.sot_prev,
+        *tok.encode(" Earlier text of the recording, as context."),
+        *tok.sot_sequence("en", "transcribe"),
+    ]
+    tokens = torch.tensor([prompt, prompt], device="cuda")
+    cache = r.cache
+    cache.self_kv.zero_()
+    for slot in (3, 10):  # the same audio in slots 2, 3 and 10
+        for t in [t for t in (cache.cross_k, cache.cross_v, cache.cross_k_scale, cache.cross_v_scale) if t is not None]:
+            t[:, slot] = t[:, 2]
+    one_pass = r.backend.prompt_pass(tokens, r.cache, 2)  # slots 2 and 3
+    kv_pass = r.cache.self_kv[:, :, 2].clone()
+    steps = []
+    for p, t in enumerate(prompt):  # slot 10, alone, one token per step
+        x = r.backend.decode_step(
+            torch.tensor([[t]], device="cuda"), torch.tensor([[p]], device="cuda"), r.cache, 448, 10
+        )
+        steps.append(x[0, 0])
+    assert torch.equal(one_pass[0], torch.stack(steps))
+    assert torch.equal(one_pass[1], one_pass[0])
+    assert torch.equal(r.cache.self_kv[:, :, 10, :, : len(prompt)], kv_pass[:, :, :, : len(prompt)])
+
+
+def _tokens(result) -> list[int]:
+    return [t for s in result.segments for t in s.tokens]
+
+
+def _alone_and_among_fillers(engine, audios, options, filler_counts=(1, 7, 64, 200)) -> None:
+    alone = [_tokens(engine.submit(a, options).wait(timeout=300)) for a in audios]
+    for n in filler_counts:
+        others = [audios[j % len(audios)] for j in range(n)]
+        fillers = [engine.submit(a, options) for a in others[: n // 2]]
+        probes = [engine.submit(a, options) for a in audios]
+        fillers += [engine.submit(a, options) for a in others[n // 2 :]]
+        got = [_tokens(h.wait(timeout=600)) for h in probes]
+        for h in fillers:
+            h.wait(timeout=600)
+        differ = [i for i, (a, b) in enumerate(zip(alone, got)) if a != b]
+        assert not differ, f"{len(differ)} of {len(audios)} clips differ among {n} fillers ({options})"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cross"), [("float16", "int8"), ("float16", "model"), ("bfloat16", "int8"), ("bfloat16", "model")]
+)
+def test_transcripts_alone_equal_transcripts_among_fillers(cuda, gpu_model, gpu_clips, read_wav, dtype, cross):
+    config = EngineConfig(
+        model=gpu_model, device="cuda", dtype=dtype, cross_cache_dtype=cross, max_num_seqs=256, max_waiting=4096,
+        kernels=INVARIANT,
+    )  # fmt: skip
+    engine = Engine(config)
+    engine.start()
+    try:
+        audios = [read_wav(p) for p in gpu_clips]
+        for timestamps in (True, False):
+            options = DecodeOptions(temperatures=(0.0,), without_timestamps=not timestamps)
+            _alone_and_among_fillers(engine, audios, options)
+        stats = engine.stats().extra
+        assert stats["decoder_graph_replays"] > 0 and stats["multi_step_graph_replays"] > 0
+    finally:
+        engine.shutdown()
+
+
+def test_word_timestamps_sampling_and_chunked_mode_do_not_depend_on_the_batch(cuda, gpu_model, gpu_clips, read_wav):
+    engine = Engine(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=256, max_waiting=4096, kernels=INVARIANT))
+    engine.start()
+    try:
+        audios = [read_wav(p) for p in gpu_clips]
+        long_audio = torch.cat([torch.from_numpy(a) for a in audios]).numpy()  # several windows
+        cases = [
+            DecodeOptions(temperatures=(0.0,), word_timestamps=True),
+            DecodeOptions(temperatures=(0.8,), seed=7),  # every token drawn, from the request's own generator
+            DecodeOptions(temperatures=(0.0, 0.4, 0.8), compression_ratio_threshold=1.0, seed=3),  # fallbacks
+        ]
+        for options in cases:
+            _alone_and_among_fillers(engine, audios, options, filler_counts=(7, 64))
+        for options in (
+            DecodeOptions(temperatures=(0.0,), chunking=ChunkingOptions()),
+            DecodeOptions(temperatures=(0.8,), chunking=ChunkingOptions(), seed=5),
+        ):
+            alone = _tokens(engine.submit(long_audio, options).wait(timeout=300))
+            fillers = [engine.submit(a, options) for a in audios * 4]
+            again = _tokens(engine.submit(long_audio, options).wait(timeout=300))
+            for h in fillers:
+                h.wait(timeout=300)
+            assert again == alone, options
+    finally:
+        engine.shutdown()
+
+
+def test_the_engine_process_gives_the_in_process_tokens(cuda, gpu_model, gpu_clips, read_wav):
+    """The child process forms its batches from pipe messages, another order than the in-process engine's."""
+    config = EngineConfig(model=gpu_model, device="cuda", max_num_seqs=16, kernels=INVARIANT)
+    audios = [read_wav(p) for p in gpu_clips]
+    options = DecodeOptions(temperatures=(0.0,))
+
+    def run(engine):
+        engine.start()
+        try:
+            return [_tokens(h.wait(timeout=300)) for h in [engine.submit(a, options) for a in audios]]
+        finally:
+            engine.shutdown()
+
+    assert run(EngineProcess(config)) == run(Engine(config))
