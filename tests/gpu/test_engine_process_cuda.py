@@ -24,7 +24,8 @@ def test_engine_process_gives_the_in_process_transcripts(cuda, gpu_model, gpu_cl
 
     (ours, stats), (reference, _) = run(EngineProcess(config)), run(Engine(config))
     # Requests reach the child one pipe message at a time, so its batches may form differently; a float16 near-tie
-    # may then flip one token in one clip (tests/gpu/test_cuda_graphs.py says why). More would be a real fault.
+    # may then flip one token in one clip with the default kernels (tests/gpu/test_cuda_graphs.py says why). More
+    # would be a real fault. With the batch-invariant kernels the tokens are identical (test_batch_invariance.py).
     differ = [p.name for p, a, b in zip(gpu_clips, ours, reference) if a.text != b.text]
     for p, a, b in zip(gpu_clips, ours, reference):
         if a.text != b.text:
