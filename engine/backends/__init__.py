@@ -45,6 +45,8 @@ def select_backend(
         gpu = BatchInvariantGpuBackend if kernels.batch_invariant else GpuBackend
         backend: DecodeBackend = gpu(model, kernels, dtype, device, encoder_fp8)
     else:
+        if kernels.batch_invariant:
+            log.info("batch_invariant: a GPU mode; the CPU backends have none of the batch-dependent GPU kernels")
         native = cpu_kernels.load() if kernels.cpu_decode and dtype == torch.float32 else None
         chunks = lay_out_for_cpu(model.decoder, native is not None)
         if native is not None and native_kernels_fit(model.decoder, native, dtype, int8_cross):
