@@ -10,6 +10,7 @@ from engine.engine import Engine
 from engine.engine_process import EngineProcess
 from engine.frontend import EngineLike, Handle, RequestHandle
 from engine.kernels.options import KernelOptions
+from engine.longform.vad import VoiceActivityDetector
 from engine.model.tokenizer import LANGUAGES
 from engine.model_runner import resolve_device
 from engine.request import (
@@ -59,6 +60,7 @@ __all__ = [
     "Handle",
     "InvalidRequestError",
     "KernelOptions",
+    "VoiceActivityDetector",
     "RequestAbortedError",
     "RequestHandle",
     "Segment",

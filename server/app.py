@@ -18,7 +18,7 @@ from .drain import Drain
 from .errors import install_error_handlers
 from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
-from .routes import audio, chat, health, models
+from .routes import audio, chat, health, models, realtime
 from .settings import Settings
 from .supervisor import EngineSupervisor
 
@@ -81,6 +81,6 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)
-    for module in (audio, chat, models, health):
+    for module in (audio, chat, models, health, realtime):
         app.include_router(module.router)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -89,7 +90,16 @@ class APIKeyMiddleware:
         error = missing_key() if key is None else None if self.checker.accepts(key) else invalid_key(key)
         if error is None:
             await self.app(scope, receive, send)
-        elif scope["type"] == "websocket":
+        elif scope["type"] == "websocket" and "websocket.http.response" in scope.get("extensions", {}):
+            # refuse the upgrade with OpenAI's 401 and error body, as the HTTP routes answer (ASGI's denial response)
+            body = json.dumps(error.body()).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                *((k.lower().encode(), v.encode()) for k, v in (error.headers or {}).items()),
+            ]
+            await send({"type": "websocket.http.response.start", "status": error.status_code, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        elif scope["type"] == "websocket":  # a server without the denial extension: a plain refusal
             await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
         else:
             await error.response()(scope, receive, send)

@@ -52,6 +52,12 @@ class Metrics:
         self.engine_restarts = Counter(
             "whisper_engine_restarts", "Times the engine was restarted after it died.", registry=self.registry
         )
+        self.realtime_sessions = Gauge(
+            "whisper_realtime_sessions", "Realtime WebSocket sessions open.", registry=self.registry
+        )
+        self.realtime_audio_seconds = Counter(
+            "whisper_realtime_audio_seconds", "Seconds of audio received by realtime sessions.", registry=self.registry
+        )
         self.batch_invariant = Gauge(
             "whisper_batch_invariant",
             "1 when the engine runs the batch-invariant GPU kernels (a request's tokens do not depend on the batch).",

@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     seed: int = 0
     """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
     only on it and the request's own audio, never on what else the engine decodes."""
+    realtime_max_sessions: int = Field(default=100, ge=0)
+    """Realtime WebSocket sessions open at once (/v1/realtime); past this a new one gets an error and is closed."""
+    realtime_max_buffer_s: float = Field(default=900.0, gt=0)
+    """Seconds of uncommitted audio a realtime session may hold (manual commits; server VAD commits by itself)."""
     batch_invariant: bool = False
     """GPU kernels whose results for a request do not depend on what else the batch holds: the same tokens for
     the same audio, options and configuration whatever the load (README: batch invariance). Slower; see

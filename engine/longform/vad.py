@@ -70,13 +70,20 @@ class SileroVAD(nn.Module):
         x = F.relu(self.conv3(x))
         return F.relu(self.conv4(x)).squeeze(-1)
 
-    def forward(self, frames: Tensor) -> Tensor:
+    def forward(self, frames: Tensor, state: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Speech probability of each frame, in order: (num_frames, 576) -> (num_frames,)"""
+        return self.stream(frames, state)[0]
+
+    def stream(
+        self, frames: Tensor, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """forward() continuing from the LSTM `state` an earlier call returned: a stream in pieces gets the
+        probabilities the whole stream would."""
         features = torch.cat([self.encode(block) for block in frames.split(ENCODE_BLOCK_FRAMES)])
         with _one_thread():  # one 128-wide step after another: fanning each out to threads costs more than it saves
-            hidden, _ = self.lstm(features.unsqueeze(0))
+            hidden, state = self.lstm(features.unsqueeze(0), state)
         out = self.final_conv(F.relu(hidden[0]).unsqueeze(-1))
-        return torch.sigmoid(out).flatten()
+        return torch.sigmoid(out).flatten(), state
 
 
 def frame_audio(audio: Tensor) -> Tensor:
@@ -111,6 +118,10 @@ class VoiceActivityDetector:
         frames = frame_audio(torch.as_tensor(audio, dtype=torch.float32).cpu())
         return self.model(frames).tolist()
 
+    def stream(self) -> SpeechStream:
+        """Probabilities of a live stream, frame by frame as its audio arrives (realtime turn detection)."""
+        return SpeechStream(self.model)
+
     def speech_spans(
         self, audio: np.ndarray, options: ChunkingOptions, max_span_s: float = float("inf")
     ) -> list[tuple[int, int]]:
@@ -130,6 +141,34 @@ class VoiceActivityDetector:
             audio_length_samples=len(audio),
         )
         return [(int(s["start"]), int(s["end"])) for s in spans if s["end"] > s["start"]]
+
+
+class SpeechStream:
+    """Silero over audio that arrives in pieces: push() returns the probabilities of the 32 ms frames the new
+    samples complete, each frame led by the previous one's tail and the LSTM carried over, as frame_audio and
+    one forward pass over the whole stream would have it."""
+
+    def __init__(self, model: SileroVAD):
+        self.model = model
+        self.tail = torch.zeros(CONTEXT_SAMPLES)
+        self.pending = torch.zeros(0)
+        self.state: tuple[Tensor, Tensor] | None = None
+        self.frames_done = 0
+
+    @torch.inference_mode()
+    def push(self, audio: np.ndarray) -> list[float]:
+        samples = torch.cat([self.pending, torch.as_tensor(audio, dtype=torch.float32)])
+        n = samples.shape[0] // FRAME_SAMPLES
+        if n == 0:
+            self.pending = samples
+            return []
+        whole = torch.cat([self.tail, samples[: n * FRAME_SAMPLES]])
+        frames = whole.unfold(0, CONTEXT_SAMPLES + FRAME_SAMPLES, FRAME_SAMPLES)
+        probs, self.state = self.model.stream(frames, self.state)
+        self.tail = samples[n * FRAME_SAMPLES - CONTEXT_SAMPLES : n * FRAME_SAMPLES].clone()
+        self.pending = samples[n * FRAME_SAMPLES :].clone()
+        self.frames_done += n
+        return probs.tolist()
 
 
 @contextlib.contextmanager

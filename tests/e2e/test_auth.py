@@ -56,9 +56,7 @@ def every_v1_call(client: openai.OpenAI, data_dir: Path) -> list:
         lambda: client.models.retrieve("whisper-1"),
         lambda: client.audio.transcriptions.create(file=(JFK, audio), model="whisper-1"),
         lambda: client.audio.translations.create(file=(JFK, audio), model="whisper-1"),
-        lambda: client.chat.completions.create(
-            model="whisper-1", messages=[{"role": "user", "content": [chat_audio]}]
-        ),
+        lambda: client.chat.completions.create(model="whisper-1", messages=[{"role": "user", "content": [chat_audio]}]),
     ]
 
 
@@ -140,8 +138,11 @@ def test_no_answer_shows_the_model_path(keyed_server, model_dir, data_dir):
         httpx.get(f"{keyed_server.base_url}/models/{model_dir.name}", headers=headers),
         httpx.get(f"{keyed_server.base_url}/models/not-a-model", headers=headers),
         httpx.post(
-            f"{keyed_server.base_url}/audio/transcriptions", headers=headers,
-            files={"file": (JFK, (data_dir / JFK).read_bytes())}, data={"model": "not-a-model"}, timeout=120,
+            f"{keyed_server.base_url}/audio/transcriptions",
+            headers=headers,
+            files={"file": (JFK, (data_dir / JFK).read_bytes())},
+            data={"model": "not-a-model"},
+            timeout=120,
         ),  # fmt: skip
         httpx.post(f"{keyed_server.base_url}/chat/completions", headers=headers, json={"model": "x", "messages": []}),
         httpx.get(f"{keyed_server.url}/openapi.json"),
@@ -179,3 +180,18 @@ def test_json_logs_carry_the_request_id(data_dir):
         assert {"time", "level", "logger", "request_id", "message"} <= set(entries[0])
     finally:
         remote.stop()
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong-key-0123456789"])
+def test_realtime_keys_are_checked_before_the_websocket_upgrade(keyed_server, header):
+    import json
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = keyed_server.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    with pytest.raises(InvalidStatus) as info:
+        connect(url, additional_headers={"Authorization": header} if header else {}, open_timeout=30)
+    assert info.value.response.status_code == 401
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"

@@ -60,3 +60,17 @@ def test_long_speech_is_cut_under_the_limit(vad, audio):
 def test_silence_and_empty_audio_have_no_speech(vad):
     assert vad.speech_spans(np.zeros(16000 * 5, dtype=np.float32), ChunkingOptions()) == []
     assert vad.speech_spans(np.zeros(0, dtype=np.float32), ChunkingOptions()) == []
+
+
+def test_a_stream_in_pieces_gets_the_whole_audios_probabilities(audio, vad):
+    """Realtime turn detection runs Silero on audio as it arrives: pieces of any size, the LSTM state carried."""
+    whole = vad.speech_probs(audio[: len(audio) // 512 * 512])
+    stream, got = vad.stream(), []
+    rng = np.random.default_rng(0)
+    start = 0
+    while start < len(audio):
+        size = int(rng.integers(1, 4000))
+        got += stream.push(audio[start : start + size])
+        start += size
+    assert len(got) == len(whole) == stream.frames_done
+    assert np.abs(np.array(got) - np.array(whole)).max() < 1e-5

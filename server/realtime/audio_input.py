@@ -1,0 +1,78 @@
+"""A realtime session's input audio: base64 chunks in the session's format -> 16 kHz float32 for the engine.
+
+OpenAI's formats are 24 kHz 16-bit little-endian mono PCM (`audio/pcm`) and G.711 at 8 kHz (`audio/pcmu`,
+`audio/pcma`). FFmpeg's decoders and resampler (PyAV) do the work, fed chunk by chunk: the resampler keeps its
+filter state between chunks, so a stream appended in pieces becomes the samples the whole stream would.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import av
+import numpy as np
+
+from engine import SAMPLE_RATE
+
+# (FFmpeg decoder, sample rate, bytes per sample) of each format OpenAI defines
+FORMATS = {
+    "audio/pcm": ("pcm_s16le", 24000, 2),
+    "audio/pcmu": ("pcm_mulaw", 8000, 1),
+    "audio/pcma": ("pcm_alaw", 8000, 1),
+}
+
+
+class AudioFormatError(ValueError):
+    pass
+
+
+def decode_base64(data: str) -> bytes:
+    """Strict base64 (RFC 4648 alphabet, padding checked): garbage is an error, not silently skipped bytes."""
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise AudioFormatError(f"audio is not valid base64: {exc}") from exc
+
+
+class InputAudio:
+    """One stream of input audio: append() returns the 16 kHz samples its bytes complete, flush() the rest at the
+    end of a turn (the resampler then starts afresh)."""
+
+    def __init__(self, format_type: str):
+        if format_type not in FORMATS:
+            raise AudioFormatError(f"unsupported audio format {format_type!r}; supported: {sorted(FORMATS)}")
+        self.codec, self.rate, self.sample_bytes = FORMATS[format_type]
+        self._pending = b""  # a PCM16 chunk may end inside a sample
+        self._open()
+
+    def _open(self) -> None:
+        self._decoder = av.CodecContext.create(self.codec, "r")
+        self._decoder.sample_rate = self.rate
+        self._decoder.layout = "mono"
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+
+    def seconds(self, num_bytes: int) -> float:
+        return num_bytes / (self.sample_bytes * self.rate)
+
+    def append(self, data: bytes) -> np.ndarray:
+        data = self._pending + data
+        whole = len(data) - len(data) % self.sample_bytes
+        self._pending = data[whole:]
+        if whole == 0:
+            return np.zeros(0, dtype=np.float32)
+        frames = self._decoder.decode(av.Packet(data[:whole]))
+        return self._resampled([f for frame in frames for f in self._resampler.resample(frame)])
+
+    def flush(self) -> np.ndarray:
+        """The samples the resampler still holds; the stream starts over (a new turn)."""
+        out = self._resampled(self._resampler.resample(None))
+        self._pending = b""
+        self._open()
+        return out
+
+    @staticmethod
+    def _resampled(frames: list[av.AudioFrame]) -> np.ndarray:
+        if not frames:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)

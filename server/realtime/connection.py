@@ -1,0 +1,273 @@
+"""One realtime transcription connection: client events in, turns transcribed by the engine, server events out.
+
+The input audio is one stream per connection, kept at 16 kHz. A turn ends by the client's
+`input_audio_buffer.commit` or, with server VAD, when Silero (run on the stream as it arrives) has heard
+`silence_duration_ms` of silence after speech; the turn's audio (from `prefix_padding_ms` before the speech) is
+then an ordinary request in the engine's shared batch, decoded greedily with Whisper's fallback exactly as
+`/v1/audio/transcriptions` decodes a file, so a turn's transcript is the HTTP transcript of the same audio.
+
+Server events go out through a bounded queue drained by one task: a client that does not read them fills it, gets
+an `error` and is closed; it never holds up the engine or another connection. A connection that goes away aborts
+its turns still decoding, freeing their slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from engine import SAMPLE_RATE, EngineError, EngineLike
+
+from ..parsing import decode_options
+from .audio_input import AudioFormatError, InputAudio, decode_base64
+from .events import error, event, new_id, user_item
+from .session import SessionConfig, SessionError
+
+log = logging.getLogger(__name__)
+
+MAX_APPEND_BASE64 = 15 * 2**20  # OpenAI's limit on one append's audio field
+MAX_QUEUED_EVENTS = 1024  # server events a client may leave unread before it is closed as too slow
+MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is an error
+FRAME_MS = 32  # Silero's frame at 16 kHz
+NEG_THRESHOLD_GAP = 0.15  # silero's hysteresis: speech ends below threshold - 0.15
+
+
+class ClientTooSlow(Exception):
+    pass
+
+
+class Connection:
+    def __init__(self, websocket: WebSocket, engine: EngineLike, settings, vad, metrics=None):
+        self.ws = websocket
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.session = SessionConfig(settings.model_id)
+        self.audio = InputAudio(self.session.format_type)
+        self.vad = vad  # engine's VoiceActivityDetector: a stream per connection
+        self.outbox: asyncio.Queue[dict | None] = asyncio.Queue(MAX_QUEUED_EVENTS)
+        self.turns: set[asyncio.Task] = set()
+        self.handles: set = set()
+        self.previous_item_id: str | None = None
+        self._reset_stream()
+
+    # ---- the stream and its turns ------------------------------------------------------------------------------
+
+    def _reset_stream(self) -> None:
+        self.samples: list[np.ndarray] = []  # the uncommitted audio, 16 kHz
+        self.num_samples = 0
+        self.offset = 0  # stream position (samples) of samples[0]
+        self.speech = self.vad.stream() if self.session.turn_detection is not None else None
+        self.stream_pos = 0  # samples pushed to the VAD since the stream started
+        self.speech_start: int | None = None  # frame index where the current speech began
+        self.silent_since: int | None = None
+        self.item_id: str | None = None
+
+    def _buffered(self, start: int, end: int) -> np.ndarray:
+        """Stream samples [start, end) still in the buffer."""
+        audio = np.concatenate(self.samples) if self.samples else np.zeros(0, dtype=np.float32)
+        return audio[max(0, start - self.offset) : max(0, end - self.offset)]
+
+    def _drop_before(self, position: int) -> None:
+        audio = np.concatenate(self.samples) if self.samples else np.zeros(0, dtype=np.float32)
+        keep = audio[max(0, position - self.offset) :]
+        self.samples, self.num_samples = [keep], len(keep)
+        self.offset = max(self.offset, position)
+
+    # ---- the connection ----------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        sender = asyncio.ensure_future(self._send_loop())
+        try:
+            self.send(event("session.created", session=self.session.body()))
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    self.send(error("binary frames are not part of the protocol; send JSON text events"))
+                    continue
+                await self._handle(text)
+        except (WebSocketDisconnect, ClientTooSlow):
+            pass
+        finally:
+            for handle in self.handles:
+                handle.abort()  # a vanished client's turns free their slots now
+            for task in self.turns:
+                task.cancel()
+            with contextlib.suppress(asyncio.QueueFull):
+                self.outbox.put_nowait(None)
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+
+    def send(self, item: dict) -> None:
+        try:
+            self.outbox.put_nowait(item)
+        except asyncio.QueueFull:
+            raise ClientTooSlow() from None
+
+    async def _send_loop(self) -> None:
+        while (item := await self.outbox.get()) is not None:
+            await self.ws.send_text(json.dumps(item))
+
+    async def _handle(self, text: str) -> None:
+        try:
+            message = json.loads(text)
+        except (ValueError, RecursionError):
+            self.send(error("the event is not valid JSON", code="invalid_json"))
+            return
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            self.send(error("an event is a JSON object with a string 'type'", code="invalid_event", param="type"))
+            return
+        kind, event_id = message["type"], message.get("event_id")
+        event_id = event_id if isinstance(event_id, str) else None
+        handler = {
+            "session.update": self._session_update,
+            "input_audio_buffer.append": self._append,
+            "input_audio_buffer.commit": self._commit,
+            "input_audio_buffer.clear": self._clear,
+        }.get(kind)
+        if handler is None:
+            supported = "session.update, input_audio_buffer.append, input_audio_buffer.commit, input_audio_buffer.clear"
+            self.send(error(f"unsupported event type {kind!r} in a transcription session; supported: {supported}",
+                            code="invalid_event", param="type", event_id=event_id))  # fmt: skip
+            return
+        try:
+            handler(message)
+        except (SessionError, AudioFormatError) as exc:
+            self.send(error(str(exc), code="invalid_value", param=getattr(exc, "param", None), event_id=event_id))
+
+    def _session_update(self, message: dict) -> None:
+        old_format, old_vad = self.session.format_type, self.session.turn_detection
+        self.session.update(message.get("session"))
+        if self.session.format_type != old_format:
+            self.audio = InputAudio(self.session.format_type)
+        if (self.session.turn_detection is None) != (old_vad is None):
+            self._reset_stream()
+        self.send(event("session.updated", session=self.session.body()))
+
+    def _append(self, message: dict) -> None:
+        data = message.get("audio")
+        if not isinstance(data, str):
+            raise AudioFormatError("input_audio_buffer.append needs 'audio', a base64 string")
+        if len(data) > MAX_APPEND_BASE64:
+            raise AudioFormatError(f"an append carries at most {MAX_APPEND_BASE64} base64 characters")
+        raw = decode_base64(data)
+        limit = self.settings.realtime_max_buffer_s * SAMPLE_RATE
+        samples = self.audio.append(raw)
+        if self.num_samples + len(samples) > limit:
+            raise AudioFormatError(
+                f"the input audio buffer holds at most {self.settings.realtime_max_buffer_s:g} s; commit or clear it"
+            )
+        if self.metrics is not None:
+            self.metrics.realtime_audio_seconds.inc(len(samples) / SAMPLE_RATE)
+        self.samples.append(samples)
+        self.num_samples += len(samples)
+        if self.speech is not None:
+            self._detect_turns(samples)
+
+    def _commit(self, message: dict) -> None:
+        tail = self.audio.flush()
+        self.samples.append(tail)
+        self.num_samples += len(tail)
+        if self.num_samples < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
+            self.send(error(f"buffer too small: a commit needs at least {MIN_COMMIT_MS} ms of audio",
+                            code="input_audio_buffer_commit_empty", event_id=message.get("event_id")))  # fmt: skip
+            return
+        audio = self._buffered(self.offset, self.offset + self.num_samples)
+        self._start_turn(self.item_id or new_id("item"), audio)
+        self._reset_stream()
+
+    def _clear(self, message: dict) -> None:
+        self.audio.flush()
+        self._reset_stream()
+        self.send(event("input_audio_buffer.cleared"))
+
+    # ---- server VAD ---------------------------------------------------------------------------------------------
+
+    def _detect_turns(self, samples: np.ndarray) -> None:
+        td = self.session.turn_detection
+        first = self.speech.frames_done
+        for i, prob in enumerate(self.speech.push(samples), start=first):
+            if self.speech_start is None:
+                if prob >= td.threshold:
+                    self.speech_start, self.silent_since = i, None
+                    self.item_id = new_id("item")
+                    start_ms = max(0, i * FRAME_MS - td.prefix_padding_ms, self.offset * 1000 // SAMPLE_RATE)
+                    self.send(event("input_audio_buffer.speech_started", audio_start_ms=start_ms, item_id=self.item_id))
+                continue
+            if prob >= td.threshold - NEG_THRESHOLD_GAP:
+                self.silent_since = None
+                continue
+            if self.silent_since is None:
+                self.silent_since = i
+            if (i + 1 - self.silent_since) * FRAME_MS >= td.silence_duration_ms:
+                self._end_speech(self.silent_since, i + 1)
+        if self.speech_start is None:  # keep only the padding a next turn may start with
+            keep_from = self.speech.frames_done * FRAME_MS - td.prefix_padding_ms
+            self._drop_before(max(0, keep_from) * SAMPLE_RATE // 1000)
+
+    def _end_speech(self, silent_frame: int, end_frame: int) -> None:
+        td = self.session.turn_detection
+        end_ms = silent_frame * FRAME_MS
+        self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self.item_id))
+        start = max(0, self.speech_start * FRAME_MS - td.prefix_padding_ms) * SAMPLE_RATE // 1000
+        end = end_frame * FRAME_MS * SAMPLE_RATE // 1000
+        self._start_turn(self.item_id, self._buffered(start, end))
+        self._drop_before(end)
+        self.speech_start = self.silent_since = self.item_id = None
+
+    # ---- transcription ------------------------------------------------------------------------------------------
+
+    def _start_turn(self, item_id: str, audio: np.ndarray) -> None:
+        previous, self.previous_item_id = self.previous_item_id, item_id
+        self.send(event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous))
+        self.send(event("conversation.item.added", previous_item_id=previous, item=user_item(item_id, "completed")))
+        task = asyncio.ensure_future(self._transcribe(item_id, audio))
+        self.turns.add(task)
+        task.add_done_callback(self.turns.discard)
+
+    async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
+        from engine import Task
+
+        options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0,
+                                 settings=self.settings)  # fmt: skip
+        try:
+            handle = self.engine.submit(audio, options)
+        except EngineError as exc:
+            self._failed(item_id, exc)
+            return
+        self.handles.add(handle)
+        try:
+            result = await handle.result()
+        except EngineError as exc:
+            self._failed(item_id, exc)
+            return
+        finally:
+            self.handles.discard(handle)
+        transcript = result.text.strip()
+        try:
+            # Whisper decodes a turn whole: its one delta is the whole transcript, so deltas joined equal it
+            self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
+                            delta=transcript))  # fmt: skip
+            self.send(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
+                            content_index=0, transcript=transcript,
+                            usage={"type": "duration", "seconds": round(len(audio) / SAMPLE_RATE, 3)}))  # fmt: skip
+            self.send(event("conversation.item.done", previous_item_id=None,
+                            item=user_item(item_id, "completed", transcript)))  # fmt: skip
+        except ClientTooSlow:
+            await self.ws.close(code=1008)
+
+    def _failed(self, item_id: str, exc: Exception) -> None:
+        log.info("realtime turn %s failed: %s", item_id, exc)
+        with contextlib.suppress(ClientTooSlow):
+            self.send(event("conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
+                            error={"type": "transcription_error", "code": getattr(exc, "code", None),
+                                   "message": str(exc), "param": None}))  # fmt: skip

@@ -1,0 +1,161 @@
+"""A transcription session's configuration, in the shape of the SDK's `RealtimeTranscriptionSessionCreateRequest`.
+
+The session starts with OpenAI's defaults (24 kHz PCM, server VAD with threshold 0.5, 300 ms prefix padding,
+500 ms silence). `session.update` is validated by the SDK's own model, then merged field by field: what an
+update leaves out keeps its value, an explicit null turns a feature off (`turn_detection: null`: the client
+commits by hand). Values the engine cannot honour are refused with the parameter's path, never ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from openai.types.realtime.realtime_transcription_session_create_request import (
+    RealtimeTranscriptionSessionCreateRequest,
+)
+from pydantic import ValidationError
+
+from engine import LANGUAGES
+
+from .audio_input import FORMATS
+
+DEFAULT_TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+LOGPROBS = "item.input_audio_transcription.logprobs"
+
+
+class SessionError(ValueError):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+    idle_timeout_ms: int | None
+
+
+class SessionConfig:
+    """The effective session: `body()` is what session.created / session.updated carry."""
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+        self.session = {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "noise_reduction": None,
+                    "transcription": {"model": model_id, "language": None, "prompt": ""},
+                    "turn_detection": dict(DEFAULT_TURN_DETECTION),
+                }
+            },
+            "include": [],
+        }
+
+    def body(self) -> dict:
+        return copy.deepcopy(self.session)
+
+    @property
+    def input(self) -> dict:
+        return self.session["audio"]["input"]
+
+    @property
+    def format_type(self) -> str:
+        return self.input["format"]["type"]
+
+    @property
+    def language(self) -> str | None:
+        return self.input["transcription"]["language"]
+
+    @property
+    def prompt(self) -> str | None:
+        return self.input["transcription"]["prompt"] or None
+
+    @property
+    def logprobs(self) -> bool:
+        return LOGPROBS in self.session["include"]
+
+    @property
+    def turn_detection(self) -> TurnDetection | None:
+        td = self.input["turn_detection"]
+        if td is None:
+            return None
+        return TurnDetection(
+            td["threshold"], td["prefix_padding_ms"], td["silence_duration_ms"], td.get("idle_timeout_ms")
+        )
+
+    def update(self, session: object) -> None:
+        """Validate `session` (the client's session.update payload) and merge it; SessionError says what is wrong."""
+        if not isinstance(session, dict):
+            raise SessionError("session must be an object", "session")
+        if session.get("type") != "transcription":
+            raise SessionError(
+                "this server serves transcription sessions only: session.type must be 'transcription' (connect with "
+                "?intent=transcription)",
+                "session.type",
+            )
+        try:
+            RealtimeTranscriptionSessionCreateRequest.model_validate(session)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+            raise SessionError(f"invalid session: {where}: {first['msg']}", f"session.{where}") from None
+        if LOGPROBS in (session.get("include") or []):
+            raise SessionError("include: logprobs are not supported yet", "session.include")
+        new = copy.deepcopy(self.session)
+        if "include" in session:
+            new["include"] = list(session["include"] or [])
+        audio_input = (session.get("audio") or {}).get("input")
+        if audio_input is not None:
+            self._merge_input(new["audio"]["input"], audio_input)
+        self.session = new
+
+    def _merge_input(self, current: dict, given: dict) -> None:
+        if "format" in given:
+            fmt = given["format"] or {"type": "audio/pcm"}
+            kind = fmt.get("type") or "audio/pcm"
+            if kind not in FORMATS:
+                raise SessionError(f"unsupported format {kind!r}", "session.audio.input.format.type")
+            current["format"] = {"type": kind, "rate": 24000} if kind == "audio/pcm" else {"type": kind}
+        if given.get("noise_reduction") is not None:
+            raise SessionError(
+                "noise_reduction is not supported: Whisper is trained on noisy audio; leave it null",
+                "session.audio.input.noise_reduction",
+            )
+        if "transcription" in given:
+            t = given["transcription"] or {}
+            model = t.get("model")
+            language = t.get("language")
+            if language is not None and language not in LANGUAGES:
+                raise SessionError(f"unknown language {language!r}", "session.audio.input.transcription.language")
+            current["transcription"] = {
+                "model": model or self.model_id,
+                "language": language,
+                "prompt": t.get("prompt") or "",
+            }
+        if "turn_detection" in given:
+            current["turn_detection"] = self._turn_detection(given["turn_detection"])
+
+    @staticmethod
+    def _turn_detection(td: dict | None) -> dict | None:
+        if td is None:
+            return None
+        param = "session.audio.input.turn_detection"
+        if td.get("type") == "semantic_vad":
+            raise SessionError(
+                "semantic_vad is not supported; use server_vad or null (manual commits)", param + ".type"
+            )
+        out = dict(DEFAULT_TURN_DETECTION)
+        for key in ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
+            if td.get(key) is not None:
+                out[key] = td[key]
+        if not 0.0 < float(out["threshold"]) < 1.0:
+            raise SessionError("threshold must be between 0 and 1", param + ".threshold")
+        for key in ("prefix_padding_ms", "silence_duration_ms"):
+            if not 0 <= int(out[key]) <= 10_000:
+                raise SessionError(f"{key} must be between 0 and 10000", f"{param}.{key}")
+        return out

@@ -1,0 +1,235 @@
+"""The Realtime API (GA) for transcription on a real server: the official `openai` SDK's realtime client and a raw
+`websockets` client stream real clips as 24 kHz PCM (and G.711); every server event is parsed by the SDK's own
+models; a turn's transcript equals the HTTP transcript of the same audio."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import av
+import numpy as np
+import soundfile as sf
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from pydantic import TypeAdapter
+from websockets.sync.client import connect as ws_connect
+
+JFK = "g1_en_jfk.flac"
+SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
+CHUNK_MS = 100  # a microphone's buffer
+
+
+def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """float32 mono through FFmpeg's resampler (PyAV), as a client would produce its stream."""
+    frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1).astype(np.float32), format="flt", layout="mono")
+    frame.sample_rate = rate_in
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate_out)
+    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] + [
+        f.to_ndarray().reshape(-1) for f in resampler.resample(None)
+    ]
+    return np.concatenate(out)
+
+
+def pcm24k(data_dir, name: str) -> bytes:
+    audio, rate = sf.read(str(data_dir / name), dtype="float32", always_2d=True)
+    audio = resample(audio.mean(axis=1), rate, 24000)
+    return (np.clip(audio, -1, 1) * 32767).round().astype("<i2").tobytes()
+
+
+def trimmed(pcm: bytes) -> bytes:
+    """The clip without its leading and trailing quiet (10 ms frames below 5% of its loudest frame's RMS): its
+    edges are then where speech starts and stops, independently of any VAD."""
+    x = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
+    rms = np.sqrt((x[: len(x) // 240 * 240].reshape(-1, 240) ** 2).mean(axis=1))
+    loud = np.flatnonzero(rms > 0.05 * rms.max())
+    return pcm[loud[0] * 480 : (loud[-1] + 1) * 480]
+
+
+def wav_bytes(pcm: bytes, rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.frombuffer(pcm, dtype="<i2"), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def chunks(pcm: bytes, bytes_per_ms: int) -> list[str]:
+    step = CHUNK_MS * bytes_per_ms
+    return [base64.b64encode(pcm[i : i + step]).decode() for i in range(0, len(pcm), step)]
+
+
+def ws_url(server) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+
+
+class RawSession:
+    """A raw websockets client: sends JSON events, reads server events parsed by the SDK's models."""
+
+    def __init__(self, server):
+        self.ws = ws_connect(ws_url(server), max_size=2**25, open_timeout=30)
+        self.events: list = []
+
+    def send(self, **event) -> None:
+        self.ws.send(json.dumps(event))
+
+    def next(self, timeout: float = 60):
+        ev = SERVER_EVENT.validate_python(json.loads(self.ws.recv(timeout=timeout)))
+        self.events.append(ev)
+        return ev
+
+    def until(self, type_: str, timeout: float = 60):
+        while True:
+            ev = self.next(timeout)
+            if ev.type == type_:
+                return ev
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
+    pcm = pcm24k(data_dir, JFK)
+    http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+    with server.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        created = conn.recv()
+        assert created.type == "session.created" and created.session.type == "transcription"
+        conn.session.update(session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+        updated = conn.recv()
+        assert updated.type == "session.updated" and updated.session.audio.input.turn_detection is None
+        for piece in chunks(pcm, 48):  # faster than real time: as fast as the socket takes it
+            conn.input_audio_buffer.append(audio=piece)
+        conn.input_audio_buffer.commit()
+        seen, deltas = [], []
+        for ev in conn:
+            seen.append(ev.type)
+            if ev.type == "conversation.item.input_audio_transcription.delta":
+                deltas.append(ev.delta)
+            if ev.type == "conversation.item.input_audio_transcription.completed":
+                completed = ev
+                break
+    assert seen[:2] == ["input_audio_buffer.committed", "conversation.item.added"]
+    assert completed.transcript == http.text and "ask not what your country" in completed.transcript.lower()
+    assert "".join(deltas) == completed.transcript
+    assert completed.usage.type == "duration" and abs(completed.usage.seconds - len(pcm) / 48000) < 0.05
+
+
+def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server, data_dir):
+    """Two clips with pauses between and around them, streamed at real-time-sized chunks: two turns, speech start
+    and stop within 0.3 s of where the speech is, each transcript the clip's text."""
+    names = ["g1_en_librispeech-dev-clean_1272-128104-0000.wav", "g1_en_librispeech-test-clean_1221-135766-0002.wav"]
+    clips = [trimmed(pcm24k(data_dir, name)) for name in names]  # read speech: no pause inside reaches 800 ms
+    silence = bytes(2 * 24000 * 2)  # 2 s
+    stream, bounds, t = b"", [], 0
+    for clip in clips:
+        stream += silence
+        t += len(silence)
+        bounds.append((t / 48, (t + len(clip)) / 48))  # ms
+        stream += clip
+        t += len(clip)
+    stream += silence
+    http = [
+        server.client().audio.transcriptions.create(file=("c.wav", wav_bytes(c, 24000)), model="whisper-1").text
+        for c in clips
+    ]
+    s = RawSession(server)
+    try:
+        assert s.next().type == "session.created"
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}}})  # fmt: skip
+        assert s.next().session.audio.input.turn_detection.silence_duration_ms == 800
+        for piece in chunks(stream, 48):
+            s.send(type="input_audio_buffer.append", audio=piece)
+        turns = []
+        for _ in clips:
+            started = s.until("input_audio_buffer.speech_started")
+            stopped = s.until("input_audio_buffer.speech_stopped")
+            assert stopped.item_id == started.item_id
+            turns.append((started, stopped))
+        completed = {}
+        while len(completed) < len(clips):
+            ev = s.until("conversation.item.input_audio_transcription.completed")
+            completed[ev.item_id] = ev.transcript
+    finally:
+        s.close()
+    for (started, stopped), (true_start, true_end), text in zip(turns, bounds, http):
+        # as the events report them (audio_start_ms is where the audio sent to the model starts: the detected start
+        # less the 300 ms prefix padding)
+        assert abs(started.audio_start_ms - true_start) < 300, (started.audio_start_ms, true_start)
+        assert abs(stopped.audio_end_ms - true_end) < 300, (stopped.audio_end_ms, true_end)
+        words = set(text.lower().replace(",", "").replace(".", "").split())
+        got = set(completed[started.item_id].lower().replace(",", "").replace(".", "").split())
+        assert len(words & got) >= 0.8 * len(words), (text, completed[started.item_id])
+
+
+def test_g711_input_and_clear(server, data_dir):
+    audio, rate = sf.read(str(data_dir / JFK), dtype="float32", always_2d=True)
+    pcm8k = (np.clip(resample(audio.mean(axis=1), rate, 8000), -1, 1) * 32767).round().astype("<i2")
+    frame = av.AudioFrame.from_ndarray(pcm8k.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = 8000
+    encoder = av.CodecContext.create("pcm_mulaw", "w")
+    encoder.sample_rate, encoder.layout, encoder.format = 8000, "mono", "s16"
+    mulaw = b"".join(bytes(p) for p in encoder.encode(frame)) + b"".join(bytes(p) for p in encoder.encode(None))
+    s = RawSession(server)
+    try:
+        s.next()
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcmu"}, "turn_detection": None}}})  # fmt: skip
+        assert s.next().session.audio.input.format.type == "audio/pcmu"
+        s.send(type="input_audio_buffer.append", audio=base64.b64encode(mulaw[:4000]).decode())
+        s.send(type="input_audio_buffer.clear")
+        assert s.next().type == "input_audio_buffer.cleared"
+        for piece in chunks(mulaw, 8):
+            s.send(type="input_audio_buffer.append", audio=piece)
+        s.send(type="input_audio_buffer.commit")
+        done = s.until("conversation.item.input_audio_transcription.completed")
+    finally:
+        s.close()
+    assert "ask not what your country" in done.transcript.lower()  # telephone quality, still the words
+    assert abs(done.usage.seconds - len(mulaw) / 8000) < 0.05  # the cleared audio is not in the turn
+
+
+def test_bad_events_get_errors_and_the_connection_keeps_serving(server, data_dir):
+    s = RawSession(server)
+    try:
+        s.next()
+        bad = [
+            {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/flac"}}}}},
+            {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}},
+            {"type": "session.update", "session": {"type": "realtime"}},
+            {"type": "input_audio_buffer.append", "audio": "not base64 !!"},
+            {"type": "input_audio_buffer.append", "audio": "A" * (15 * 2**20 + 4)},
+            {"type": "input_audio_buffer.commit"},  # nothing appended
+            {"type": "response.create"},
+        ]  # fmt: skip
+        for event in bad:
+            s.send(**event)
+            err = s.next()
+            assert err.type == "error" and err.error.message, event["type"]
+        s.ws.send("{not json")
+        assert s.next().type == "error"
+        s.ws.send("[" * 100_000 + "]" * 100_000)  # deep JSON: an error, not a crash
+        assert s.next().type == "error"
+        # still serving: a normal turn
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+        assert s.next().type == "session.updated"
+        for piece in chunks(pcm24k(data_dir, JFK), 48):
+            s.send(type="input_audio_buffer.append", audio=piece)
+        s.send(type="input_audio_buffer.commit")
+        assert "country" in s.until("conversation.item.input_audio_transcription.completed").transcript
+    finally:
+        s.close()
+
+
+def test_a_vanishing_client_and_a_wrong_intent_leave_the_server_serving(server, data_dir):
+    pcm = pcm24k(data_dir, JFK)
+    s = RawSession(server)
+    s.next()
+    s.send(type="session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+    for piece in chunks(pcm, 48):
+        s.send(type="input_audio_buffer.append", audio=piece)
+    s.send(type="input_audio_buffer.commit")
+    s.ws.close()  # gone mid-turn: its decode is aborted
+    with ws_connect(server.url.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime", open_timeout=30) as ws:
+        err = SERVER_EVENT.validate_python(json.loads(ws.recv(timeout=30)))
+        assert err.type == "error" and "intent=transcription" in err.error.message
+    text = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1").text
+    assert "country" in text
