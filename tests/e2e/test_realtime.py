@@ -86,8 +86,16 @@ class RawSession:
         self.ws.close()
 
 
+def realtime_audio_seconds(server) -> float:
+    import httpx
+
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+    return float(next(ln for ln in lines if ln.startswith("whisper_realtime_audio_seconds_total")).split()[-1])
+
+
 def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
     pcm = pcm24k(data_dir, JFK)
+    received_before = realtime_audio_seconds(server)
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
     with server.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
         created = conn.recv()
@@ -110,6 +118,7 @@ def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
     assert completed.transcript == http.text and "ask not what your country" in completed.transcript.lower()
     assert "".join(deltas) == completed.transcript
     assert completed.usage.type == "duration" and abs(completed.usage.seconds - len(pcm) / 48000) < 0.05
+    assert abs(realtime_audio_seconds(server) - received_before - len(pcm) / 48000) < 0.05
 
 
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server, data_dir):
