@@ -1,0 +1,147 @@
+"""N live transcription sessions at once over the Realtime API, each sending a real clip in real time.
+
+    python benchmarks/realtime_sessions.py --spawn "--model tiny.en" --sessions 1 4 8 16
+    python benchmarks/realtime_sessions.py --url http://127.0.0.1:8000 --sessions 64 128
+
+Each session connects to /v1/realtime?intent=transcription (server VAD, OpenAI's defaults: 500 ms of silence ends
+a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 kHz PCM) and 1.5 s of silence, in
+100 ms chunks paced at real time, the sessions' starts spread over one chunk. Per turn it records:
+- after speech: from the moment the clip's last chunk was sent to the completed transcript (includes the
+  silence the VAD waits for before it ends the turn);
+- after the commit: from `input_audio_buffer.speech_stopped` to the completed transcript (the decode's latency
+  in the shared batch).
+Prints p50 / p95 of both per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
+Peer: the same sessions one at a time (the first row, 1 session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.server import spawn_or_exit
+
+CHUNK_MS = 100
+TARGET_S = 0.5
+
+
+def clip_pcm24k(path: Path) -> bytes:
+    import av
+    import soundfile as sf
+
+    audio, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    frame = av.AudioFrame.from_ndarray(
+        audio.mean(axis=1).reshape(1, -1).astype(np.float32), format="flt", layout="mono"
+    )
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=24000)
+    return b"".join(
+        bytes(f.planes[0])[: f.samples * 2] for f in [*resampler.resample(frame), *resampler.resample(None)]
+    )
+
+
+def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -> None:
+    from websockets.sync.client import connect
+
+    stream = bytes(24000) + pcm + bytes(72000)  # 0.5 s silence, the clip, 1.5 s silence (16-bit samples)
+    speech_end_offset = 24000 + len(pcm)
+    step = CHUNK_MS * 48
+    time.sleep(start_delay)
+    try:
+        with connect(url.replace("http://", "ws://") + "/v1/realtime?intent=transcription", max_size=2**25) as ws:
+            times: dict[str, float] = {}
+
+            def read() -> None:
+                while "completed" not in times:
+                    event = json.loads(ws.recv(timeout=120))
+                    if event["type"] == "input_audio_buffer.speech_stopped":
+                        times.setdefault("stopped", time.perf_counter())
+                    elif event["type"] == "conversation.item.input_audio_transcription.completed":
+                        times["completed"] = time.perf_counter()
+                    elif event["type"] == "error":
+                        raise RuntimeError(event["error"]["message"])
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            start = time.perf_counter()
+            for i, offset in enumerate(range(0, len(stream), step)):
+                time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
+                ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                    "audio": base64.b64encode(stream[offset : offset + step]).decode()}))  # fmt: skip
+                if offset < speech_end_offset <= offset + step:
+                    times["speech_end"] = time.perf_counter()
+            reader.join(timeout=120)
+            if "completed" not in times:
+                raise RuntimeError("no completed transcript")
+            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"]))
+    except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
+        errors.append(repr(exc))
+
+
+def run(url: str, pcm: bytes, n: int) -> tuple[list, list]:
+    out: list = []
+    errors: list = []
+    threads = [
+        threading.Thread(target=session, args=(url, pcm, i * CHUNK_MS / 1000 / n, out, errors)) for i in range(n)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out, errors
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spawn", nargs="?", const="", default=None, help="start `python -m server serve SPAWN`")
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--sessions", nargs="+", type=int, default=[1, 4, 8, 16])
+    ap.add_argument(
+        "--clip",
+        type=Path,
+        default=ROOT.parent / "shared" / "data" / "g1_en_librispeech-test-clean_1221-135766-0002.wav",
+    )
+    args = ap.parse_args()
+    server = spawn_or_exit(args.spawn) if args.spawn is not None else None
+    url = server.url if server else args.url
+    pcm = clip_pcm24k(args.clip)
+    try:
+        print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
+        print("| sessions | completed | after speech p50 / p95 s | after the commit p50 / p95 s |")
+        print("|---|---|---|---|")
+        held = 0
+        for n in args.sessions:
+            out, errors = run(url, pcm, n)
+            speech = [a for a, _ in out]
+            commit = [b for _, b in out]
+            print(f"| {n} | {len(out)} of {n} | {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
+                  f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} |", flush=True)  # fmt: skip
+            if errors:
+                print(f"  errors: {errors[:3]}")
+            if not errors and commit and pct(commit, 95) < TARGET_S:
+                held = max(held, n)
+        print(f"\nmost sessions with every turn completed and p95 after the commit under {TARGET_S} s: {held}")
+        if commit:
+            print(f"(mean after the commit at {args.sessions[-1]} sessions: {statistics.mean(commit):.3f} s)")
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
