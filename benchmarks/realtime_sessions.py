@@ -11,7 +11,8 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - after the commit: from `input_audio_buffer.speech_stopped` to the completed transcript (the decode's latency
   in the shared batch).
 Prints p50 / p95 of both per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
-Peer: the same sessions one at a time (the first row, 1 session).
+Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
+the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
 """
 
 from __future__ import annotations
@@ -102,6 +103,31 @@ def run(url: str, pcm: bytes, n: int) -> tuple[list, list]:
     return out, errors
 
 
+def http_peer(url: str, pcm: bytes, n: int) -> list[float]:
+    import io
+
+    import openai
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.frombuffer(pcm, dtype="<i2"), 24000, format="WAV", subtype="PCM_16")
+    wav = buf.getvalue()
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    latencies: list[float] = []
+
+    def one() -> None:
+        start = time.perf_counter()
+        client.audio.transcriptions.create(file=("clip.wav", wav), model="whisper-1")
+        latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -122,15 +148,20 @@ def main() -> None:
     pcm = clip_pcm24k(args.clip)
     try:
         print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
-        print("| sessions | completed | after speech p50 / p95 s | after the commit p50 / p95 s |")
-        print("|---|---|---|---|")
+        http_peer(url, pcm, 1)  # warm-up
+        print(
+            "| sessions | completed | after speech p50 / p95 s | after the commit p50 / p95 s | HTTP peer p50 / p95 s |"
+        )
+        print("|---|---|---|---|---|")
         held = 0
         for n in args.sessions:
             out, errors = run(url, pcm, n)
             speech = [a for a, _ in out]
             commit = [b for _, b in out]
+            peer = http_peer(url, pcm, n)
             print(f"| {n} | {len(out)} of {n} | {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
-                  f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} |", flush=True)  # fmt: skip
+                  f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
+                  flush=True)  # fmt: skip
             if errors:
                 print(f"  errors: {errors[:3]}")
             if not errors and commit and pct(commit, 95) < TARGET_S:
