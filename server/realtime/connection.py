@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 
@@ -35,6 +36,45 @@ MAX_QUEUED_EVENTS = 1024  # server events a client may leave unread before it is
 MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is an error
 FRAME_MS = 32  # Silero's frame at 16 kHz
 NEG_THRESHOLD_GAP = 0.15  # silero's hysteresis: speech ends below threshold - 0.15
+PARTIAL_EVERY_S = 1.0  # while a turn is open, decode what it holds so far after each this much new audio
+
+
+class Partials:
+    """A turn's live text: the words two successive decodes of its growing audio agreed on are sent as deltas, so
+    what is sent is never taken back; the final decode's transcript then sends only what follows them."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []  # words already sent as deltas
+        self.last: list[str] = []  # the previous partial decode's words
+        self.in_flight = False
+        self.done = False  # the final decode has started: late partial results are dropped
+
+    def agree(self, text: str) -> str:
+        """The delta that a new partial decode's `text` allows ("" for none)."""
+        words = text.split()
+        agreed = 0
+        # the last word of a decode is where its audio was cut: its punctuation (a period before a pause the
+        # speaker then continues after) depends on what follows, so it is never stable yet
+        while agreed < min(len(words), len(self.last)) - 1 and words[agreed] == self.last[agreed]:
+            agreed += 1
+        self.last = words
+        new = words[len(self.sent) : agreed] if agreed > len(self.sent) and words[: len(self.sent)] == self.sent else []
+        if not new:
+            return ""
+        delta = (" " if self.sent else "") + " ".join(new)
+        self.sent += new
+        return delta
+
+    def rest(self, transcript: str) -> str:
+        """What the final transcript adds to the deltas sent; all of it if it does not continue them (a partial
+        decode's agreed words the final one does not share: already sent, they stay sent)."""
+        sent = " ".join(self.sent)
+        if transcript.startswith(sent):
+            return transcript[len(sent) :]
+        # the final decode changed a sent word (its punctuation, most likely): continue after as many words
+        log.info("a realtime turn's final transcript does not continue its sent deltas")
+        words = transcript.split()
+        return (" " + " ".join(words[len(self.sent) :])) if len(words) > len(self.sent) else ""
 
 
 class ClientTooSlow(Exception):
@@ -53,6 +93,7 @@ class Connection:
         self.outbox: asyncio.Queue[dict | None] = asyncio.Queue(MAX_QUEUED_EVENTS)
         self.turns: set[asyncio.Task] = set()
         self.handles: set = set()
+        self.partials: dict[str, Partials] = {}
         self.previous_item_id: str | None = None
         self._reset_stream()
 
@@ -67,6 +108,7 @@ class Connection:
         self.speech_start: int | None = None  # frame index where the current speech began
         self.silent_since: int | None = None
         self.item_id: str | None = None
+        self.partial_at = 0  # buffered samples when the last partial decode of the open turn was launched
 
     def _buffered(self, start: int, end: int) -> np.ndarray:
         """Stream samples [start, end) still in the buffer."""
@@ -172,6 +214,56 @@ class Connection:
         self.num_samples += len(samples)
         if self.speech is not None:
             self._detect_turns(samples)
+        self._maybe_partial()
+
+    def _maybe_partial(self) -> None:
+        """A partial decode of the open turn, if it grew by PARTIAL_EVERY_S since the last and none is running."""
+        if self.speech is not None and self.speech_start is None:
+            return  # no speech yet
+        if self.num_samples - self.partial_at < PARTIAL_EVERY_S * SAMPLE_RATE:
+            return
+        if self.item_id is None:  # manual commits: the turn gets its id with its first partial
+            self.item_id = new_id("item")
+        partials = self.partials.setdefault(self.item_id, Partials())
+        if partials.in_flight:
+            return
+        self.partial_at = self.num_samples
+        if self.speech is not None:
+            td = self.session.turn_detection
+            start = max(0, self.speech_start * FRAME_MS - td.prefix_padding_ms) * SAMPLE_RATE // 1000
+        else:
+            start = self.offset
+        audio = self._buffered(start, self.offset + self.num_samples)
+        partials.in_flight = True
+        task = asyncio.ensure_future(self._partial(self.item_id, partials, audio))
+        self.turns.add(task)
+        task.add_done_callback(self.turns.discard)
+
+    async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray) -> None:
+        from engine import Task
+
+        # greedy only: a partial is a preview, refreshed a second later; the final decode has Whisper's fallback
+        options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0)
+        options = dataclasses.replace(options, temperatures=(0.0,))
+        try:
+            handle = self.engine.submit(audio, options)
+        except EngineError:
+            partials.in_flight = False
+            return
+        self.handles.add(handle)
+        try:
+            result = await handle.result()
+        except EngineError:
+            return
+        finally:
+            self.handles.discard(handle)
+            partials.in_flight = False
+        if partials.done:
+            return
+        delta = partials.agree(result.text.strip())
+        if delta:
+            self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
+                            delta=delta))  # fmt: skip
 
     def _commit(self, message: dict) -> None:
         tail = self.audio.flush()
@@ -186,6 +278,9 @@ class Connection:
         self._reset_stream()
 
     def _clear(self, message: dict) -> None:
+        partials = self.partials.pop(self.item_id, None) if self.item_id is not None else None
+        if partials is not None:
+            partials.done = True
         self.audio.flush()
         self._reset_stream()
         self.send(event("input_audio_buffer.cleared"))
@@ -200,6 +295,7 @@ class Connection:
                 if prob >= td.threshold:
                     self.speech_start, self.silent_since = i, None
                     self.item_id = new_id("item")
+                    self.partial_at = self.num_samples
                     start_ms = max(0, i * FRAME_MS - td.prefix_padding_ms, self.offset * 1000 // SAMPLE_RATE)
                     self.send(event("input_audio_buffer.speech_started", audio_start_ms=start_ms, item_id=self.item_id))
                 continue
@@ -227,6 +323,9 @@ class Connection:
     # ---- transcription ------------------------------------------------------------------------------------------
 
     def _start_turn(self, item_id: str, audio: np.ndarray) -> None:
+        partials = self.partials.get(item_id)
+        if partials is not None:
+            partials.done = True
         previous, self.previous_item_id = self.previous_item_id, item_id
         self.send(event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous))
         self.send(event("conversation.item.added", previous_item_id=previous, item=user_item(item_id, "completed")))
@@ -237,6 +336,7 @@ class Connection:
     async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
         from engine import Task
 
+        partials = self.partials.pop(item_id, None)
         options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0,
                                  settings=self.settings)  # fmt: skip
         try:
@@ -253,10 +353,11 @@ class Connection:
         finally:
             self.handles.discard(handle)
         transcript = result.text.strip()
+        rest = partials.rest(transcript) if partials is not None else transcript
         try:
-            # Whisper decodes a turn whole: its one delta is the whole transcript, so deltas joined equal it
-            self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
-                            delta=transcript))  # fmt: skip
+            if rest:  # after the live deltas, the rest: the deltas joined are the transcript
+                self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                                content_index=0, delta=rest))  # fmt: skip
             self.send(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
                             content_index=0, transcript=transcript,
                             usage={"type": "duration", "seconds": round(len(audio) / SAMPLE_RATE, 3)}))  # fmt: skip

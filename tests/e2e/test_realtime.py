@@ -114,11 +114,43 @@ def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
             if ev.type == "conversation.item.input_audio_transcription.completed":
                 completed = ev
                 break
-    assert seen[:2] == ["input_audio_buffer.committed", "conversation.item.added"]
+    order = [t for t in seen if not t.endswith(".delta")]  # live deltas may come before the commit
+    assert order[:2] == ["input_audio_buffer.committed", "conversation.item.added"]
     assert completed.transcript == http.text and "ask not what your country" in completed.transcript.lower()
     assert "".join(deltas) == completed.transcript
     assert completed.usage.type == "duration" and abs(completed.usage.seconds - len(pcm) / 48000) < 0.05
     assert abs(realtime_audio_seconds(server) - received_before - len(pcm) / 48000) < 0.05
+
+
+def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
+    """Streamed in real time with manual commits: deltas arrive before the commit (decodes of the growing turn,
+    only words two of them agreed on), and with the final decode's rest they join into the HTTP transcript."""
+    import time
+
+    pcm = pcm24k(data_dir, JFK)
+    http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+    s = RawSession(server)
+    try:
+        s.next()
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+        assert s.next().type == "session.updated"
+        start = time.perf_counter()
+        for i, piece in enumerate(chunks(pcm, 48)):
+            time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
+            s.send(type="input_audio_buffer.append", audio=piece)
+        while True:  # what arrived while speaking
+            try:
+                s.next(timeout=0.05)
+            except TimeoutError:
+                break
+        live = [e.delta for e in s.events if e.type == "conversation.item.input_audio_transcription.delta"]
+        s.send(type="input_audio_buffer.commit")
+        completed = s.until("conversation.item.input_audio_transcription.completed")
+    finally:
+        s.close()
+    deltas = [e.delta for e in s.events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert live and "".join(live).split()[0] == "And", live  # the first words, before the turn ended
+    assert "".join(deltas) == completed.transcript == http.text
 
 
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server, data_dir):
