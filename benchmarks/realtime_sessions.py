@@ -9,7 +9,9 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - after speech: from the moment the clip's last chunk was sent to the completed transcript (includes the
   silence the VAD waits for before it ends the turn);
 - after the commit: from `input_audio_buffer.speech_stopped` to the completed transcript (the decode's latency
-  in the shared batch).
+  in the shared batch);
+- first delta: from sending the clip's first chunk to the first live delta (the completed transcript if none came
+  while speaking).
 Prints p50 / p95 of both per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
@@ -66,6 +68,8 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
             def read() -> None:
                 while "completed" not in times:
                     event = json.loads(ws.recv(timeout=120))
+                    if event["type"] == "conversation.item.input_audio_transcription.delta":
+                        times.setdefault("first_delta", time.perf_counter())
                     if event["type"] == "input_audio_buffer.speech_stopped":
                         times.setdefault("stopped", time.perf_counter())
                     elif event["type"] == "conversation.item.input_audio_transcription.completed":
@@ -80,12 +84,15 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
                 time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
                 ws.send(json.dumps({"type": "input_audio_buffer.append",
                                     "audio": base64.b64encode(stream[offset : offset + step]).decode()}))  # fmt: skip
+                if offset <= 24000 < offset + step:
+                    times["speech_start"] = time.perf_counter()
                 if offset < speech_end_offset <= offset + step:
                     times["speech_end"] = time.perf_counter()
             reader.join(timeout=120)
             if "completed" not in times:
                 raise RuntimeError("no completed transcript")
-            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"]))
+            first = times.get("first_delta", times["completed"]) - times["speech_start"]
+            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first))
     except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
         errors.append(repr(exc))
 
@@ -156,10 +163,12 @@ def main() -> None:
         held = 0
         for n in args.sessions:
             out, errors = run(url, pcm, n)
-            speech = [a for a, _ in out]
-            commit = [b for _, b in out]
+            speech = [a for a, _, _ in out]
+            commit = [b for _, b, _ in out]
+            first = [c for _, _, c in out]
             peer = http_peer(url, pcm, n)
-            print(f"| {n} | {len(out)} of {n} | {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
+            print(f"| {n} | {len(out)} of {n} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
+                  f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
                   f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
                   flush=True)  # fmt: skip
             if errors:

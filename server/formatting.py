@@ -82,9 +82,7 @@ def transcription_verbose_json(
 ) -> TranscriptionVerboseJSON:
     """OpenAI sends `segments` for the segment granularity (the default) and `words` for the word one."""
     words = [
-        TranscriptionWord(word=w.word.strip(), start=w.start, end=w.end)
-        for s in result.segments
-        for w in s.words or ()
+        TranscriptionWord(word=w.word.strip(), start=w.start, end=w.end) for s in result.segments for w in s.words or ()
     ]
     return TranscriptionVerboseJSON(
         language=language_name(result.language),

@@ -126,9 +126,7 @@ async def read_json(request: Request, max_upload_bytes: int) -> Any:
 
 
 def too_deep() -> APIError:
-    return APIError(
-        400, f"The request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_value"
-    )
+    return APIError(400, f"The request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_value")
 
 
 def json_depth(value: Any) -> int:

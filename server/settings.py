@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     """Realtime WebSocket sessions open at once (/v1/realtime); past this a new one gets an error and is closed."""
     realtime_max_buffer_s: float = Field(default=900.0, gt=0)
     """Seconds of uncommitted audio a realtime session may hold (manual commits; server VAD commits by itself)."""
+    realtime_max_partial_decodes: int = Field(default=4, ge=0)
+    """Live (partial) decodes of open realtime turns in flight at once, server-wide; none starts while a turn's
+    final decode runs. 0: no live deltas, only each turn's transcript at its end."""
     batch_invariant: bool = False
     """GPU kernels whose results for a request do not depend on what else the batch holds: the same tokens for
     the same audio, options and configuration whatever the load (README: batch invariance). Slower; see

@@ -22,7 +22,7 @@ import logging
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine import SAMPLE_RATE, EngineError, EngineLike
+from engine import SAMPLE_RATE, EngineError, EngineLike, Task
 
 from ..parsing import decode_options
 from .audio_input import AudioFormatError, InputAudio, decode_base64
@@ -81,9 +81,24 @@ class ClientTooSlow(Exception):
     pass
 
 
+@dataclasses.dataclass
+class SharedLoad:
+    """What every connection of the server sees: decodes in flight. While a final one is, no session launches a
+    partial refresh (finals come first: a partial is only a preview that the next one replaces), and partial
+    decodes are capped server-wide (`--realtime-max-partial-decodes`): under load the previews thin out, the
+    finals stay prompt."""
+
+    max_partials: int = 4
+    finals_in_flight: int = 0
+    partials_in_flight: int = 0
+
+
 class Connection:
-    def __init__(self, websocket: WebSocket, engine: EngineLike, settings, vad, metrics=None):
+    def __init__(
+        self, websocket: WebSocket, engine: EngineLike, settings, vad, metrics=None, load: SharedLoad | None = None
+    ):
         self.ws = websocket
+        self.load = load or SharedLoad()
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
@@ -220,7 +235,10 @@ class Connection:
         """A partial decode of the open turn, if it grew by PARTIAL_EVERY_S since the last and none is running."""
         if self.speech is not None and self.speech_start is None:
             return  # no speech yet
+        load = self.load
         if self.num_samples - self.partial_at < PARTIAL_EVERY_S * SAMPLE_RATE:
+            return
+        if load.finals_in_flight or load.partials_in_flight >= load.max_partials:
             return
         if self.item_id is None:  # manual commits: the turn gets its id with its first partial
             self.item_id = new_id("item")
@@ -235,13 +253,12 @@ class Connection:
             start = self.offset
         audio = self._buffered(start, self.offset + self.num_samples)
         partials.in_flight = True
+        load.partials_in_flight += 1
         task = asyncio.ensure_future(self._partial(self.item_id, partials, audio))
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
 
     async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray) -> None:
-        from engine import Task
-
         # greedy only: a partial is a preview, refreshed a second later; the final decode has Whisper's fallback
         options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0)
         options = dataclasses.replace(options, temperatures=(0.0,))
@@ -249,6 +266,7 @@ class Connection:
             handle = self.engine.submit(audio, options)
         except EngineError:
             partials.in_flight = False
+            self.load.partials_in_flight -= 1
             return
         self.handles.add(handle)
         try:
@@ -258,6 +276,7 @@ class Connection:
         finally:
             self.handles.discard(handle)
             partials.in_flight = False
+            self.load.partials_in_flight -= 1
         if partials.done:
             return
         delta = partials.agree(result.text.strip())
@@ -334,9 +353,14 @@ class Connection:
         task.add_done_callback(self.turns.discard)
 
     async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
-        from engine import Task
-
         partials = self.partials.pop(item_id, None)
+        self.load.finals_in_flight += 1
+        try:
+            await self._final(item_id, audio, partials)
+        finally:
+            self.load.finals_in_flight -= 1
+
+    async def _final(self, item_id: str, audio: np.ndarray, partials: Partials | None) -> None:
         options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0,
                                  settings=self.settings)  # fmt: skip
         try:

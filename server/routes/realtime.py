@@ -8,7 +8,7 @@ from fastapi import APIRouter, WebSocket
 
 from engine import VoiceActivityDetector
 
-from ..realtime.connection import Connection
+from ..realtime.connection import Connection, SharedLoad
 from ..realtime.events import error
 
 router = APIRouter(tags=["realtime"])
@@ -41,7 +41,9 @@ async def realtime(websocket: WebSocket) -> None:
     app.state.realtime_open = getattr(app.state, "realtime_open", 0) + 1
     metrics.realtime_sessions.inc()
     try:
-        await Connection(websocket, app.state.engine, settings, app.state.vad, metrics).run()
+        load = getattr(app.state, "realtime_load", None) or SharedLoad(settings.realtime_max_partial_decodes)
+        app.state.realtime_load = load
+        await Connection(websocket, app.state.engine, settings, app.state.vad, metrics, load).run()
     finally:
         app.state.realtime_open -= 1
         metrics.realtime_sessions.dec()
