@@ -20,7 +20,6 @@ the same decode), their latency p50 / p95: what the engine takes for N such turn
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import statistics
 import sys
@@ -33,25 +32,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, wav_bytes
 from tests.helpers.server import spawn_or_exit
 
-CHUNK_MS = 100
 TARGET_S = 0.5
-
-
-def clip_pcm24k(path: Path) -> bytes:
-    import av
-    import soundfile as sf
-
-    audio, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    frame = av.AudioFrame.from_ndarray(
-        audio.mean(axis=1).reshape(1, -1).astype(np.float32), format="flt", layout="mono"
-    )
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=24000)
-    return b"".join(
-        bytes(f.planes[0])[: f.samples * 2] for f in [*resampler.resample(frame), *resampler.resample(None)]
-    )
 
 
 def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -> None:
@@ -80,10 +64,10 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
             reader = threading.Thread(target=read, daemon=True)
             reader.start()
             start = time.perf_counter()
-            for i, offset in enumerate(range(0, len(stream), step)):
+            for i, piece in enumerate(chunks(stream, 48)):
                 time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
-                ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                    "audio": base64.b64encode(stream[offset : offset + step]).decode()}))  # fmt: skip
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+                offset = i * step
                 if offset <= 24000 < offset + step:
                     times["speech_start"] = time.perf_counter()
                 if offset < speech_end_offset <= offset + step:
@@ -111,14 +95,9 @@ def run(url: str, pcm: bytes, n: int) -> tuple[list, list]:
 
 
 def http_peer(url: str, pcm: bytes, n: int) -> list[float]:
-    import io
-
     import openai
-    import soundfile as sf
 
-    buf = io.BytesIO()
-    sf.write(buf, np.frombuffer(pcm, dtype="<i2"), 24000, format="WAV", subtype="PCM_16")
-    wav = buf.getvalue()
+    wav = wav_bytes(pcm, 24000)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
     latencies: list[float] = []
 
@@ -152,7 +131,7 @@ def main() -> None:
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
-    pcm = clip_pcm24k(args.clip)
+    pcm = pcm24k(args.clip)
     try:
         print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
         http_peer(url, pcm, 1)  # warm-up

@@ -116,13 +116,12 @@ class Engine(EngineFront):
             num_waiting=len(self._unstarted),
             num_running=len(self.scheduler.running),
             num_slots=self.runner.num_slots,
+            batch_invariant=self.runner.backend.batch_invariant,
             extra=self._totals(),
         )
 
     def _totals(self) -> dict[str, float]:
         totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds}
-        # a mode, not a count: 1 where the batch-invariant GPU kernels run (/metrics: whisper_batch_invariant)
-        totals["batch_invariant"] = float(self.runner.backend.batch_invariant)
         graphs = self.runner.graphs
         if graphs is not None:
             s = graphs.stats

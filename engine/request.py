@@ -157,4 +157,5 @@ class EngineStats:
     num_waiting: int = 0
     num_running: int = 0
     num_slots: int = 0
+    batch_invariant: bool = False  # the GPU's batch-invariant kernels run (KernelOptions.batch_invariant)
     extra: dict[str, float] = field(default_factory=dict)

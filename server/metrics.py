@@ -78,11 +78,9 @@ class Metrics:
             self.queue_depth.set(stats.num_waiting)
             self.running.set(stats.num_running)
             self.slots.set(stats.num_slots)
+            self.batch_invariant.set(stats.batch_invariant)
             for name, value in stats.extra.items():
-                if name == "batch_invariant":
-                    self.batch_invariant.set(value)
-                else:
-                    self.engine_totals.labels(name).set(value)
+                self.engine_totals.labels(name).set(value)
         return generate_latest(self.registry)
 
 

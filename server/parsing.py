@@ -105,28 +105,30 @@ async def read_json(request: Request, max_upload_bytes: int) -> Any:
         body = await limited_request(request, max_body_bytes, max_upload_bytes).body()
     except ClientDisconnect as exc:
         raise ClientDisconnectedError() from exc
-    # Counted before parsing: json.loads and validation hold the GIL (and so the event loop) for as long as a
-    # body has objects, a million tiny messages for seconds; base64 audio has no brackets, so a real body has few.
-    containers = body.count(b"{") + body.count(b"[")
-    if containers > MAX_JSON_CONTAINERS:
+    return parse_json(body)
+
+
+def parse_json(body: bytes | str, what: str = "The request body") -> Any:
+    """JSON of bounded structure (a request body, a realtime event), or an APIError that says what is wrong.
+
+    Containers are counted before parsing: json.loads and validation hold the GIL (and so the event loop) for as
+    long as a body has objects, a million tiny messages for seconds; base64 audio has no brackets, so a real body
+    has few."""
+    brace, bracket = (b"{", b"[") if isinstance(body, bytes) else ("{", "[")
+    if body.count(brace) + body.count(bracket) > MAX_JSON_CONTAINERS:
         raise APIError(
-            400,
-            f"The request body has too many JSON objects and arrays (more than {MAX_JSON_CONTAINERS}).",
-            code="invalid_value",
+            400, f"{what} has too many JSON objects and arrays (more than {MAX_JSON_CONTAINERS}).", code="invalid_value"
         )
+    too_deep = APIError(400, f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_value")
     try:
         value = json.loads(body)
     except RecursionError:
-        raise too_deep() from None
+        raise too_deep from None
     except ValueError as exc:  # JSONDecodeError, undecodable bytes, an integer of thousands of digits
-        raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_value") from None
+        raise APIError(400, f"{what} is not valid JSON: {exc}", code="invalid_value") from None
     if json_depth(value) > MAX_JSON_DEPTH:
-        raise too_deep()
+        raise too_deep
     return value
-
-
-def too_deep() -> APIError:
-    return APIError(400, f"The request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_value")
 
 
 def json_depth(value: Any) -> int:

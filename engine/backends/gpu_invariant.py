@@ -36,17 +36,14 @@ from engine.model.kv_cache import KVCache
 from engine.model.whisper import Whisper
 
 
-def unsupported_reason(model: Whisper, dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why the batch-invariant kernels cannot run this model here, or None."""
+def unsupported_reason(model: Whisper, device: torch.device) -> str | None:
+    """Why the batch-invariant products cannot run this model here, or None (the self-attention kernel's own
+    condition is GpuBackend.reads_own_prefix)."""
     if device.type != "cuda":
         return "it is a GPU mode (a CPU's decode is already batch-invariant)"
-    if decode_attention.triton is None:
+    if invariant_ops.triton is None:
         return "it needs Triton"
     dims = model.dims
-    head_dim = dims.n_text_state // dims.n_text_head
-    probe = torch.empty(1, 1, 1, head_dim, dtype=dtype, device=device)
-    if not decode_attention.cache_supported(probe):
-        return f"the self-attention kernel does not support heads of {head_dim}"
     w = model.decoder.blocks[0].mlp[0].weight
     if not (invariant_ops.applies(w.new_empty(1, w.shape[1]), w)):
         return f"widths of {dims.n_text_state} do not tile"
@@ -61,7 +58,9 @@ class BatchInvariantGpuBackend(GpuBackend):
         self, model: Whisper, kernels: KernelOptions, cache_dtype: torch.dtype, device: torch.device, fp8: bool
     ):
         super().__init__(model, kernels, cache_dtype, device, fp8)
-        why = unsupported_reason(model, cache_dtype, device)
+        why = unsupported_reason(model, device)
+        if why is None and not self.reads_own_prefix:
+            why = f"the self-attention kernel does not support heads of {model.dims.n_text_state // model.dims.n_text_head}"
         if why is not None:
             raise ValueError(f"batch-invariant decoding: {why}")
         self.fused_lone_row = False  # a lone row takes the same kernels as a batch's rows

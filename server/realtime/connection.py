@@ -22,9 +22,12 @@ import logging
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine import SAMPLE_RATE, EngineError, EngineLike, Task
+from engine import SAMPLE_RATE, EngineError, EngineLike, Task, VoiceActivityDetector
 
-from ..parsing import decode_options
+from ..errors import APIError
+from ..metrics import Metrics
+from ..parsing import decode_options, parse_json
+from ..settings import Settings
 from .audio_input import AudioFormatError, InputAudio, decode_base64
 from .events import error, event, new_id, user_item
 from .session import SessionConfig, SessionError
@@ -83,29 +86,31 @@ class ClientTooSlow(Exception):
 
 @dataclasses.dataclass
 class SharedLoad:
-    """What every connection of the server sees: decodes in flight. While a final one is, no session launches a
+    """What every connection of the server sees: the sessions open and the decodes in flight. While a final one is, no session launches a
     partial refresh (finals come first: a partial is only a preview that the next one replaces), and partial
     decodes are capped server-wide (`--realtime-max-partial-decodes`): under load the previews thin out, the
     finals stay prompt."""
 
     max_partials: int = 4
+    sessions: int = 0  # connections open
     finals_in_flight: int = 0
     partials_in_flight: int = 0
 
 
 class Connection:
     def __init__(
-        self, websocket: WebSocket, engine: EngineLike, settings, vad, metrics=None, load: SharedLoad | None = None
-    ):
+        self, websocket: WebSocket, engine: EngineLike, settings: Settings, vad: VoiceActivityDetector,
+        metrics: Metrics, load: SharedLoad,
+    ):  # fmt: skip
         self.ws = websocket
-        self.load = load or SharedLoad()
+        self.load = load
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
         self.session = SessionConfig(settings.model_id)
         self.audio = InputAudio(self.session.format_type)
-        self.vad = vad  # engine's VoiceActivityDetector: a stream per connection
-        self.outbox: asyncio.Queue[dict | None] = asyncio.Queue(MAX_QUEUED_EVENTS)
+        self.vad = vad  # shared by the connections: a stream each
+        self.outbox: asyncio.Queue[dict] = asyncio.Queue(MAX_QUEUED_EVENTS)
         self.turns: set[asyncio.Task] = set()
         self.handles: set = set()
         self.partials: dict[str, Partials] = {}
@@ -119,7 +124,6 @@ class Connection:
         self.num_samples = 0
         self.offset = 0  # stream position (samples) of samples[0]
         self.speech = self.vad.stream() if self.session.turn_detection is not None else None
-        self.stream_pos = 0  # samples pushed to the VAD since the stream started
         self.speech_start: int | None = None  # frame index where the current speech began
         self.silent_since: int | None = None
         self.item_id: str | None = None
@@ -150,7 +154,7 @@ class Connection:
                 if text is None:
                     self.send(error("binary frames are not part of the protocol; send JSON text events"))
                     continue
-                await self._handle(text)
+                self._handle(text)
         except (WebSocketDisconnect, ClientTooSlow):
             pass
         finally:
@@ -158,8 +162,6 @@ class Connection:
                 handle.abort()  # a vanished client's turns free their slots now
             for task in self.turns:
                 task.cancel()
-            with contextlib.suppress(asyncio.QueueFull):
-                self.outbox.put_nowait(None)
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sender
@@ -171,14 +173,14 @@ class Connection:
             raise ClientTooSlow() from None
 
     async def _send_loop(self) -> None:
-        while (item := await self.outbox.get()) is not None:
-            await self.ws.send_text(json.dumps(item))
+        while True:
+            await self.ws.send_text(json.dumps(await self.outbox.get()))
 
-    async def _handle(self, text: str) -> None:
+    def _handle(self, text: str) -> None:
         try:
-            message = json.loads(text)
-        except (ValueError, RecursionError):
-            self.send(error("the event is not valid JSON", code="invalid_json"))
+            message = parse_json(text, "The event")
+        except APIError as exc:
+            self.send(error(exc.message, code=exc.code))
             return
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             self.send(error("an event is a JSON object with a string 'type'", code="invalid_event", param="type"))
@@ -223,8 +225,7 @@ class Connection:
             raise AudioFormatError(
                 f"the input audio buffer holds at most {self.settings.realtime_max_buffer_s:g} s; commit or clear it"
             )
-        if self.metrics is not None:
-            self.metrics.realtime_audio_seconds.inc(len(samples) / SAMPLE_RATE)
+        self.metrics.realtime_audio_seconds.inc(len(samples) / SAMPLE_RATE)
         self.samples.append(samples)
         self.num_samples += len(samples)
         if self.speech is not None:

@@ -16,8 +16,8 @@ from openai.types.realtime.realtime_transcription_session_create_request import 
 )
 from pydantic import ValidationError
 
-from engine import LANGUAGES
-
+from ..errors import APIError
+from ..parsing import parse_language
 from .audio_input import FORMATS
 
 DEFAULT_TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
@@ -129,9 +129,11 @@ class SessionConfig:
         if "transcription" in given:
             t = given["transcription"] or {}
             model = t.get("model")
-            language = t.get("language")
-            if language is not None and language not in LANGUAGES:
-                raise SessionError(f"unknown language {language!r}", "session.audio.input.transcription.language")
+            param = "session.audio.input.transcription.language"
+            try:  # as the HTTP routes read it: an ISO-639-1 code or Whisper's English name
+                language = parse_language(t.get("language"), param)
+            except APIError as exc:
+                raise SessionError(exc.message, param) from None
             current["transcription"] = {
                 "model": model or self.model_id,
                 "language": language,

@@ -5,36 +5,20 @@ models; a turn's transcript equals the HTTP transcript of the same audio."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 
 import av
 import numpy as np
-import soundfile as sf
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
 from websockets.sync.client import connect as ws_connect
 
+from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, pcm_at, wav_bytes
+from tests.helpers.server import metric
+from tests.helpers.transcripts import words
+
 JFK = "g1_en_jfk.flac"
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
-CHUNK_MS = 100  # a microphone's buffer
-
-
-def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
-    """float32 mono through FFmpeg's resampler (PyAV), as a client would produce its stream."""
-    frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1).astype(np.float32), format="flt", layout="mono")
-    frame.sample_rate = rate_in
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate_out)
-    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] + [
-        f.to_ndarray().reshape(-1) for f in resampler.resample(None)
-    ]
-    return np.concatenate(out)
-
-
-def pcm24k(data_dir, name: str) -> bytes:
-    audio, rate = sf.read(str(data_dir / name), dtype="float32", always_2d=True)
-    audio = resample(audio.mean(axis=1), rate, 24000)
-    return (np.clip(audio, -1, 1) * 32767).round().astype("<i2").tobytes()
 
 
 def trimmed(pcm: bytes) -> bytes:
@@ -44,17 +28,6 @@ def trimmed(pcm: bytes) -> bytes:
     rms = np.sqrt((x[: len(x) // 240 * 240].reshape(-1, 240) ** 2).mean(axis=1))
     loud = np.flatnonzero(rms > 0.05 * rms.max())
     return pcm[loud[0] * 480 : (loud[-1] + 1) * 480]
-
-
-def wav_bytes(pcm: bytes, rate: int) -> bytes:
-    buf = io.BytesIO()
-    sf.write(buf, np.frombuffer(pcm, dtype="<i2"), rate, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
-def chunks(pcm: bytes, bytes_per_ms: int) -> list[str]:
-    step = CHUNK_MS * bytes_per_ms
-    return [base64.b64encode(pcm[i : i + step]).decode() for i in range(0, len(pcm), step)]
 
 
 def ws_url(server) -> str:
@@ -86,16 +59,9 @@ class RawSession:
         self.ws.close()
 
 
-def realtime_audio_seconds(server) -> float:
-    import httpx
-
-    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
-    return float(next(ln for ln in lines if ln.startswith("whisper_realtime_audio_seconds_total")).split()[-1])
-
-
 def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
-    pcm = pcm24k(data_dir, JFK)
-    received_before = realtime_audio_seconds(server)
+    pcm = pcm24k(data_dir / JFK)
+    received_before = metric(server, "whisper_realtime_audio_seconds_total")
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
     with server.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
         created = conn.recv()
@@ -119,7 +85,7 @@ def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
     assert completed.transcript == http.text and "ask not what your country" in completed.transcript.lower()
     assert "".join(deltas) == completed.transcript
     assert completed.usage.type == "duration" and abs(completed.usage.seconds - len(pcm) / 48000) < 0.05
-    assert abs(realtime_audio_seconds(server) - received_before - len(pcm) / 48000) < 0.05
+    assert abs(metric(server, "whisper_realtime_audio_seconds_total") - received_before - len(pcm) / 48000) < 0.05
 
 
 def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
@@ -127,7 +93,7 @@ def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
     only words two of them agreed on), and with the final decode's rest they join into the HTTP transcript."""
     import time
 
-    pcm = pcm24k(data_dir, JFK)
+    pcm = pcm24k(data_dir / JFK)
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
     s = RawSession(server)
     try:
@@ -157,7 +123,7 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
     """Two clips with pauses between and around them, streamed at real-time-sized chunks: two turns, speech start
     and stop within 0.3 s of where the speech is, each transcript the clip's text."""
     names = ["g1_en_librispeech-dev-clean_1272-128104-0000.wav", "g1_en_librispeech-test-clean_1221-135766-0002.wav"]
-    clips = [trimmed(pcm24k(data_dir, name)) for name in names]  # read speech: no pause inside reaches 800 ms
+    clips = [trimmed(pcm24k(data_dir / name)) for name in names]  # read speech: no pause inside reaches 800 ms
     silence = bytes(2 * 24000 * 2)  # 2 s
     stream, bounds, t = b"", [], 0
     for clip in clips:
@@ -196,14 +162,12 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
         # less the 300 ms prefix padding)
         assert abs(started.audio_start_ms - true_start) < 300, (started.audio_start_ms, true_start)
         assert abs(stopped.audio_end_ms - true_end) < 300, (stopped.audio_end_ms, true_end)
-        words = set(text.lower().replace(",", "").replace(".", "").split())
-        got = set(completed[started.item_id].lower().replace(",", "").replace(".", "").split())
-        assert len(words & got) >= 0.8 * len(words), (text, completed[started.item_id])
+        expected, got = set(words(text)), set(words(completed[started.item_id]))
+        assert len(expected & got) >= 0.8 * len(expected), (text, completed[started.item_id])
 
 
 def test_g711_input_and_clear(server, data_dir):
-    audio, rate = sf.read(str(data_dir / JFK), dtype="float32", always_2d=True)
-    pcm8k = (np.clip(resample(audio.mean(axis=1), rate, 8000), -1, 1) * 32767).round().astype("<i2")
+    pcm8k = pcm_at(data_dir / JFK, 8000)
     frame = av.AudioFrame.from_ndarray(pcm8k.reshape(1, -1), format="s16", layout="mono")
     frame.sample_rate = 8000
     encoder = av.CodecContext.create("pcm_mulaw", "w")
@@ -252,7 +216,7 @@ def test_bad_events_get_errors_and_the_connection_keeps_serving(server, data_dir
         # still serving: a normal turn
         s.send(type="session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
         assert s.next().type == "session.updated"
-        for piece in chunks(pcm24k(data_dir, JFK), 48):
+        for piece in chunks(pcm24k(data_dir / JFK), 48):
             s.send(type="input_audio_buffer.append", audio=piece)
         s.send(type="input_audio_buffer.commit")
         assert "country" in s.until("conversation.item.input_audio_transcription.completed").transcript
@@ -261,7 +225,7 @@ def test_bad_events_get_errors_and_the_connection_keeps_serving(server, data_dir
 
 
 def test_a_vanishing_client_and_a_wrong_intent_leave_the_server_serving(server, data_dir):
-    pcm = pcm24k(data_dir, JFK)
+    pcm = pcm24k(data_dir / JFK)
     s = RawSession(server)
     s.next()
     s.send(type="session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests (and by benchmarks/http_load.py and benchmarks/soak.py), imported one way:
+"""Helpers shared by the tests (and by benchmarks/http_load.py, soak.py and realtime_sessions.py), imported one way:
 `from tests.helpers.<module> import ...`. Fixtures stay in the conftest.py files.
 
 - engine_runs: running the Engine in tests (submit_all, settled_steps, tokens_of, scores, GREEDY, WAIT_S) and
@@ -8,6 +8,8 @@
   wav_bytes() (unit tests only).
 - hostile_media: uploads that point FFmpeg beyond their own bytes (SDP, HLS, DASH, ffconcat), a TCP listener for
   them to point at, and the UDP sockets a process holds.
+- realtime: a clip as a realtime client streams it (24 kHz PCM, 100 ms base64 chunks) and as a WAV for HTTP
+  (also benchmarks/realtime_sessions.py).
 - server: RemoteServer, a real `python -m server serve` on 127.0.0.1 (args, env, port, /health wait, log, stop;
   a context manager), free_port, REPO, and what tests read from or do to a running server (metric, abandon).
 - transcripts: the JFK clip and its words, loose word matching (words, contains_words, COMMON_ENGLISH) and the

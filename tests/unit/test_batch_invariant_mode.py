@@ -22,7 +22,7 @@ def test_a_cpu_keeps_its_own_backend_and_the_gpu_mode_says_why_it_does_not_apply
     model = Whisper(TINY).eval()
     backend = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions(batch_invariant=True))
     assert not backend.batch_invariant and not backend.encodes_alone
-    assert "GPU" in unsupported_reason(model, torch.float32, torch.device("cpu"))
+    assert "GPU" in unsupported_reason(model, torch.device("cpu"))
 
 
 def test_each_window_of_a_chunked_request_has_its_own_seed():
