@@ -27,6 +27,7 @@ from engine.request import (
     Segment,
     SegmentEvent,
     Task,
+    TokenLogprob,
     TranscriptionResult,
     Word,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "Segment",
     "SegmentEvent",
     "Task",
+    "TokenLogprob",
     "TranscriptionResult",
     "Word",
     "decode_audio",

@@ -61,6 +61,11 @@ class DecodeOptions:
     fixed_decode_tokens: int | None = None
     # Set: VAD cuts the audio into windows decoded in parallel (no previous-text conditioning across them).
     chunking: ChunkingOptions | None = None
+    # A preview the caller can do without (the realtime API's partial decodes of a turn still being spoken): its
+    # windows take a slot only when no other window waits for one, so they never delay a transcript.
+    background: bool = False
+    # Keep each text token's log-probability in the segments (OpenAI's `include[]=logprobs`).
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperatures:
@@ -80,6 +85,15 @@ class Word:
 
 
 @dataclass(slots=True)
+class TokenLogprob:
+    """One text token of a transcript and its log-probability, in the shape of OpenAI's logprobs items."""
+
+    token: str
+    bytes: bytes  # the token's own bytes (a token can hold part of a UTF-8 character)
+    logprob: float
+
+
+@dataclass(slots=True)
 class Segment:
     """One timestamped piece of a transcript, in OpenAI's verbose_json segment fields."""
 
@@ -94,6 +108,7 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     words: list[Word] | None = None
+    logprobs: list[TokenLogprob] | None = None  # its text tokens', when DecodeOptions.logprobs asks for them
 
 
 @dataclass(slots=True)

@@ -12,7 +12,8 @@ from engine.sequence import Sequence, WindowJob
 class Scheduler:
     """
     Policy: a request's next window (or fallback retry) is admitted before any new request, so work
-    in flight finishes first and memory stays bounded; new requests are served first come, first served.
+    in flight finishes first and memory stays bounded; new requests are served first come, first served;
+    background requests (DecodeOptions.background: previews) only get slots no other window waits for.
     Each step admits at most `max_encoder_batch` windows so running sequences wait for at most one
     encoder batch between decode steps.
     """
@@ -23,24 +24,33 @@ class Scheduler:
         self.admissible = admissible  # rounds a batch to a captured encoder size when padding would waste
         self.waiting_next: deque[WindowJob] = deque()  # windows of requests already in flight
         self.waiting_new: deque[WindowJob] = deque()  # first windows of new requests
+        self.waiting_background: deque[WindowJob] = deque()  # any window of a background request
         self.running: list[Sequence] = []  # running[i].slot == i
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting_next) + len(self.waiting_new)
+        return len(self.waiting_next) + len(self.waiting_new) + len(self.waiting_background)
+
+    @property
+    def queues(self) -> tuple[deque[WindowJob], ...]:
+        """The waiting windows, in the order they are admitted."""
+        return self.waiting_next, self.waiting_new, self.waiting_background
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting_next or self.waiting_new)
+        return bool(self.running or self.num_waiting)
 
     def add(self, job: WindowJob, continuing: bool) -> None:
-        (self.waiting_next if continuing else self.waiting_new).append(job)
+        if job.transcription.options.background:
+            self.waiting_background.append(job)
+        else:
+            (self.waiting_next if continuing else self.waiting_new).append(job)
 
     def admit(self) -> list[Sequence]:
         """Give free slots to waiting windows; the new sequences take the slots right after the running ones."""
         free = min(self.num_slots - len(self.running), self.max_encoder_batch, self.num_waiting)
         free = self.admissible(free) if free else 0
         admitted: list[Sequence] = []
-        for queue in (self.waiting_next, self.waiting_new):
+        for queue in self.queues:
             while queue and len(admitted) < free:
                 job = queue.popleft()
                 if job.transcription.aborted:
@@ -52,7 +62,7 @@ class Scheduler:
         return admitted
 
     def drop_aborted(self) -> None:
-        for q in (self.waiting_next, self.waiting_new):
+        for q in self.queues:
             kept = [j for j in q if not j.transcription.aborted]
             q.clear()
             q.extend(kept)

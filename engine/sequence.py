@@ -47,6 +47,7 @@ class Sequence:
     forced: deque[int] = field(default_factory=deque)  # prompt tokens still to feed after language detection
     detecting: bool = False  # next output is the language token
     tokens: list[int] = field(default_factory=list)  # sampled tokens (text + timestamps), EOT excluded
+    logprobs: list[float] = field(default_factory=list)  # each of `tokens`' log-probability
     sum_logprob: float = 0.0
     no_speech_prob: float = 0.0
     language: str | None = None
@@ -127,6 +128,7 @@ class Sequence:
             self.finished = True
             return False
         self.tokens.append(token)
+        self.logprobs.append(logprob)
         if token >= timestamp_begin:
             self.last_timestamp = token
         if (fixed is not None and len(self.tokens) >= fixed) or num_cached + 1 >= n_text_ctx:

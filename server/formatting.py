@@ -53,6 +53,22 @@ def token_usage(result: TranscriptionResult) -> TokenUsage:
     )
 
 
+def token_logprobs(segments: list[Segment], start: int = 0, end: int | None = None) -> list[dict]:
+    """OpenAI's `logprobs` items (`{token, bytes, logprob}`) of the tokens that begin within characters
+    [start, end) of the transcript the segments make (their texts joined, leading spaces stripped)."""
+    items, position = [], 0  # bytes into the joined texts
+    text = "".join(s.text for s in segments)
+    lead = len(text) - len(text.lstrip())
+    first = len(text[: lead + start].encode())
+    last = math.inf if end is None else len(text[: lead + end].encode())
+    for segment in segments:
+        for item in segment.logprobs or ():
+            if first <= position < last or (position < first < position + len(item.bytes)):
+                items.append({"token": item.token, "bytes": list(item.bytes), "logprob": _finite(item.logprob, -1e9)})
+            position += len(item.bytes)
+    return items
+
+
 def _finite(value: float, default: float) -> float:
     # JSON has no NaN/inf, and the SDK's models would reject a null.
     return float(value) if math.isfinite(value) else default

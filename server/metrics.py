@@ -58,6 +58,18 @@ class Metrics:
         self.realtime_audio_seconds = Counter(
             "whisper_realtime_audio_seconds", "Seconds of audio received by realtime sessions.", registry=self.registry
         )
+        self.realtime_completed_latency = Histogram(
+            "whisper_realtime_completed_latency_seconds",
+            "Seconds from the end of a realtime turn (its commit, or the silence that ended it) to its transcript.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.realtime_delta_latency = Histogram(
+            "whisper_realtime_delta_latency_seconds",
+            "Seconds from the audio a live delta covers to the delta (the decode of the turn so far).",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
         self.batch_invariant = Gauge(
             "whisper_batch_invariant",
             "1 when the engine runs the batch-invariant GPU kernels (a request's tokens do not depend on the batch).",

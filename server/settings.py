@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     realtime_max_partial_decodes: int = Field(default=4, ge=0)
     """Live (partial) decodes of open realtime turns in flight at once, server-wide; none starts while a turn's
     final decode runs. 0: no live deltas, only each turn's transcript at its end."""
+    realtime_idle_timeout_s: float = Field(default=600.0, gt=0)
+    """A realtime session that sends no event for this long gets an error and is closed (a microphone streams
+    every 100 ms or so: silence is still audio)."""
+    realtime_condition_on_previous_text: bool = True
+    """A realtime turn is decoded with the session's previous transcripts as context (after the session's prompt),
+    as Whisper's long-form decodes a window after the text of those before it."""
     batch_invariant: bool = False
     """GPU kernels whose results for a request do not depend on what else the batch holds: the same tokens for
     the same audio, options and configuration whatever the load (README: batch invariance). Slower; see

@@ -17,6 +17,7 @@ class RawSegment:
     start: float
     end: float
     tokens: list[int]  # including the bounding timestamp tokens
+    first: int = 0  # index of tokens[0] in the window's tokens
 
 
 def compression_ratio(text: str) -> float:
@@ -39,7 +40,7 @@ def split_by_timestamps(
             piece = tokens[last:cut]
             start = time_offset + (piece[0] - ts_begin) * TIME_PRECISION
             end = time_offset + (piece[-1] - ts_begin) * TIME_PRECISION
-            segments.append(RawSegment(start, end, piece))
+            segments.append(RawSegment(start, end, piece, last))
             last = cut
         if single_timestamp_ending:
             # a lone timestamp at the end means no speech after it: move on a whole window

@@ -15,13 +15,22 @@ from engine.features import pad_or_trim
 from engine.longform.alignment import AlignmentInput, add_word_timestamps, find_alignment
 from engine.longform.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 from engine.model.tokenizer import Tokenizer
-from engine.request import DecodeBudgetExceededError, DecodeOptions, Segment, SegmentEvent, Task, TranscriptionResult
+from engine.request import (
+    DecodeBudgetExceededError,
+    DecodeOptions,
+    Segment,
+    SegmentEvent,
+    Task,
+    TokenLogprob,
+    TranscriptionResult,
+)
 from engine.sequence import Sequence, WindowJob
 
 
 @dataclass(slots=True)
 class WindowResult:
     tokens: list[int]
+    logprobs: list[float]  # each token's
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
@@ -163,6 +172,7 @@ class Transcription:
         text = self.tokenizer.decode(tokens).strip()
         return WindowResult(
             tokens=tokens,
+            logprobs=seq.logprobs,
             avg_logprob=seq.sum_logprob / (len(tokens) + 1),
             compression_ratio=compression_ratio(text),
             no_speech_prob=seq.no_speech_prob,
@@ -220,7 +230,10 @@ class Transcription:
             self.all_tokens.extend(piece.tokens)
             segment_id = len(self.segments) + len(new)
             text = tok.decode(piece.tokens)
-            new.append(self._segment(segment_id, self.seek, piece.start, piece.end, text, piece.tokens, r))
+            segment = self._segment(segment_id, self.seek, piece.start, piece.end, text, piece.tokens, r)
+            if o.logprobs:
+                segment.logprobs = self._token_logprobs(piece.tokens, r.logprobs[piece.first :])
+            new.append(segment)
         if o.word_timestamps and new and r.alignment is not None:
             timings = find_alignment(tok, r.alignment)
             self.last_speech = add_word_timestamps(new, timings, tok.eot, self.time_offset, self.last_speech)
@@ -253,6 +266,15 @@ class Transcription:
             compression_ratio=r.compression_ratio,
             no_speech_prob=r.no_speech_prob,
         )
+
+    def _token_logprobs(self, tokens: list[int], logprobs: list[float]) -> list[TokenLogprob]:
+        tok = self.tokenizer
+        out = []
+        for token, logprob in zip(tokens, logprobs):
+            if token < tok.eot:
+                raw = tok.token_bytes(token)
+                out.append(TokenLogprob(raw.decode("utf-8", "replace"), raw, logprob))
+        return out
 
     def finish(self) -> None:
         self.done = True

@@ -70,6 +70,23 @@ def expected_special_ids(dims: ModelDimensions) -> dict[str, int]:
     return ids | {"<|0.00|>": timestamp_begin, "<|30.00|>": timestamp_begin + NUM_TIMESTAMPS - 1}
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table, which Whisper's vocabulary uses): bytes
+    that are printable Latin-1 stand for themselves, the others for the characters from U+0100 on, in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
+
 class Tokenizer:
     """Whisper's special-token layout derived from one tokenizer.json (English-only and multilingual differ)."""
 
@@ -163,6 +180,10 @@ class Tokenizer:
     def decode(self, tokens: list[int]) -> str:
         """Text of the text tokens only (timestamps and specials dropped)."""
         return self.hf.decode([t for t in tokens if t < self.eot])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one text token (a token can hold part of a UTF-8 character, so its text alone can't say)."""
+        return bytes(_BYTE_OF_CHAR[c] for c in self.hf.id_to_token(token))
 
     def decode_with_timestamps(self, tokens: list[int]) -> str:
         out, text = [], []

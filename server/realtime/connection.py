@@ -18,13 +18,24 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
+import time
 
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine import SAMPLE_RATE, EngineError, EngineLike, Task, VoiceActivityDetector
+from engine import (
+    SAMPLE_RATE,
+    DecodeOptions,
+    EngineError,
+    EngineLike,
+    Task,
+    TranscriptionResult,
+    VoiceActivityDetector,
+)
 
 from ..errors import APIError
+from ..formatting import token_logprobs
 from ..metrics import Metrics
 from ..parsing import decode_options, parse_json
 from ..settings import Settings
@@ -40,6 +51,9 @@ MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is an error
 FRAME_MS = 32  # Silero's frame at 16 kHz
 NEG_THRESHOLD_GAP = 0.15  # silero's hysteresis: speech ends below threshold - 0.15
 PARTIAL_EVERY_S = 1.0  # while a turn is open, decode what it holds so far after each this much new audio
+MAX_CONTEXT_CHARS = 4096  # previous transcripts kept as context: more than the 223 tokens Whisper conditions on
+RESET_CONTEXT_TEMPERATURE = 0.5  # Whisper's prompt_reset_on_temperature: a turn decoded hotter is not context
+WORD = re.compile(r"\S+")
 
 
 class Partials:
@@ -47,37 +61,37 @@ class Partials:
     what is sent is never taken back; the final decode's transcript then sends only what follows them."""
 
     def __init__(self) -> None:
-        self.sent: list[str] = []  # words already sent as deltas
+        self.sent = 0  # words already sent as deltas
+        self.sent_text = ""  # the deltas sent, joined
         self.last: list[str] = []  # the previous partial decode's words
         self.in_flight = False
         self.done = False  # the final decode has started: late partial results are dropped
 
-    def agree(self, text: str) -> str:
-        """The delta that a new partial decode's `text` allows ("" for none)."""
-        words = text.split()
+    def agree(self, text: str) -> tuple[int, int]:
+        """The characters [start, end) of a new partial decode's `text` that can be sent ((0, 0) for none)."""
+        spans = [m.span() for m in WORD.finditer(text)]
+        words = [text[a:b] for a, b in spans]
         agreed = 0
         # the last word of a decode is where its audio was cut: its punctuation (a period before a pause the
         # speaker then continues after) depends on what follows, so it is never stable yet
         while agreed < min(len(words), len(self.last)) - 1 and words[agreed] == self.last[agreed]:
             agreed += 1
         self.last = words
-        new = words[len(self.sent) : agreed] if agreed > len(self.sent) and words[: len(self.sent)] == self.sent else []
-        if not new:
-            return ""
-        delta = (" " if self.sent else "") + " ".join(new)
-        self.sent += new
-        return delta
+        if agreed <= self.sent or text[: len(self.sent_text)] != self.sent_text:
+            return 0, 0
+        start, end = len(self.sent_text), spans[agreed - 1][1]
+        self.sent, self.sent_text = agreed, text[:end]
+        return start, end
 
-    def rest(self, transcript: str) -> str:
-        """What the final transcript adds to the deltas sent; all of it if it does not continue them (a partial
-        decode's agreed words the final one does not share: already sent, they stay sent)."""
-        sent = " ".join(self.sent)
-        if transcript.startswith(sent):
-            return transcript[len(sent) :]
+    def rest(self, transcript: str) -> int:
+        """Where what the final transcript adds to the deltas sent starts (all of it if it does not continue them:
+        a partial decode's agreed words the final one does not share are already sent, and they stay sent)."""
+        if transcript.startswith(self.sent_text):
+            return len(self.sent_text)
         # the final decode changed a sent word (its punctuation, most likely): continue after as many words
         log.info("a realtime turn's final transcript does not continue its sent deltas")
-        words = transcript.split()
-        return (" " + " ".join(words[len(self.sent) :])) if len(words) > len(self.sent) else ""
+        spans = [m.span() for m in WORD.finditer(transcript)]
+        return spans[self.sent - 1][1] if len(spans) > self.sent else len(transcript)
 
 
 class ClientTooSlow(Exception):
@@ -115,6 +129,8 @@ class Connection:
         self.handles: set = set()
         self.partials: dict[str, Partials] = {}
         self.previous_item_id: str | None = None
+        self.previous_final: asyncio.Task | None = None  # a session's turns are transcribed in order
+        self.context = ""  # the previous turns' transcripts (realtime_condition_on_previous_text)
         self._reset_stream()
 
     # ---- the stream and its turns ------------------------------------------------------------------------------
@@ -128,6 +144,7 @@ class Connection:
         self.silent_since: int | None = None
         self.item_id: str | None = None
         self.partial_at = 0  # buffered samples when the last partial decode of the open turn was launched
+        self.idle_from = 0  # where the stream has been without speech since (idle_timeout_ms)
 
     def _buffered(self, start: int, end: int) -> np.ndarray:
         """Stream samples [start, end) still in the buffer."""
@@ -144,17 +161,25 @@ class Connection:
 
     async def run(self) -> None:
         sender = asyncio.ensure_future(self._send_loop())
+        idle_s = self.settings.realtime_idle_timeout_s
         try:
             self.send(event("session.created", session=self.session.body()))
             while True:
-                message = await self.ws.receive()
+                try:
+                    message = await asyncio.wait_for(self.ws.receive(), idle_s)
+                except TimeoutError:
+                    self.send(error(f"no event for {idle_s:g} s: the session is closed", code="session_idle_timeout"))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.outbox.join(), 1.0)
+                    await self.ws.close(code=1000)
+                    break
                 if message["type"] == "websocket.disconnect":
                     break
                 text = message.get("text")
                 if text is None:
                     self.send(error("binary frames are not part of the protocol; send JSON text events"))
                     continue
-                self._handle(text)
+                await self._handle(text)
         except (WebSocketDisconnect, ClientTooSlow):
             pass
         finally:
@@ -174,9 +199,13 @@ class Connection:
 
     async def _send_loop(self) -> None:
         while True:
-            await self.ws.send_text(json.dumps(await self.outbox.get()))
+            item = await self.outbox.get()
+            try:
+                await self.ws.send_text(json.dumps(item))
+            finally:
+                self.outbox.task_done()
 
-    def _handle(self, text: str) -> None:
+    async def _handle(self, text: str) -> None:
         try:
             message = parse_json(text, "The event")
         except APIError as exc:
@@ -199,7 +228,10 @@ class Connection:
                             code="invalid_event", param="type", event_id=event_id))  # fmt: skip
             return
         try:
-            handler(message)
+            if kind == "input_audio_buffer.append":
+                await self._append(message)
+            else:
+                handler(message)
         except (SessionError, AudioFormatError) as exc:
             self.send(error(str(exc), code="invalid_value", param=getattr(exc, "param", None), event_id=event_id))
 
@@ -212,7 +244,7 @@ class Connection:
             self._reset_stream()
         self.send(event("session.updated", session=self.session.body()))
 
-    def _append(self, message: dict) -> None:
+    async def _append(self, message: dict) -> None:
         data = message.get("audio")
         if not isinstance(data, str):
             raise AudioFormatError("input_audio_buffer.append needs 'audio', a base64 string")
@@ -229,7 +261,9 @@ class Connection:
         self.samples.append(samples)
         self.num_samples += len(samples)
         if self.speech is not None:
-            self._detect_turns(samples)
+            first = self.speech.frames_done
+            # Silero in a worker thread (torch lets go of the GIL): the event loop keeps serving other sessions
+            self._detect_turns(first, await asyncio.to_thread(self.speech.push, samples))
         self._maybe_partial()
 
     def _maybe_partial(self) -> None:
@@ -255,14 +289,23 @@ class Connection:
         audio = self._buffered(start, self.offset + self.num_samples)
         partials.in_flight = True
         load.partials_in_flight += 1
-        task = asyncio.ensure_future(self._partial(self.item_id, partials, audio))
+        task = asyncio.ensure_future(self._partial(self.item_id, partials, audio, time.perf_counter()))
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
 
-    async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray) -> None:
-        # greedy only: a partial is a preview, refreshed a second later; the final decode has Whisper's fallback
-        options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0)
-        options = dataclasses.replace(options, temperatures=(0.0,))
+    def _options(self, background: bool) -> DecodeOptions:
+        """A turn's decode: the HTTP route's, with the session's language and prompt (then its previous
+        transcripts). A partial one is greedy only, and in the background: a preview, refreshed a second later,
+        that waits for every other window; the final decode has Whisper's fallback."""
+        prompt = " ".join(p for p in (self.session.prompt, self.context) if p) or None
+        options = decode_options(Task.TRANSCRIBE, self.session.language, prompt, 0.0, settings=self.settings)
+        options = dataclasses.replace(options, logprobs=self.session.logprobs)
+        if background:
+            options = dataclasses.replace(options, temperatures=(0.0,), background=True)
+        return options
+
+    async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray, launched: float) -> None:
+        options = self._options(background=True)
         try:
             handle = self.engine.submit(audio, options)
         except EngineError:
@@ -280,10 +323,16 @@ class Connection:
             self.load.partials_in_flight -= 1
         if partials.done:
             return
-        delta = partials.agree(result.text.strip())
-        if delta:
-            self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
-                            delta=delta))  # fmt: skip
+        text = result.text.strip()
+        start, end = partials.agree(text)
+        if end > start:
+            self._delta(item_id, text[start:end], result, start, end)
+            self.metrics.realtime_delta_latency.observe(time.perf_counter() - launched)
+
+    def _delta(self, item_id: str, delta: str, result: TranscriptionResult, start: int, end: int | None) -> None:
+        extra = {"logprobs": token_logprobs(result.segments, start, end)} if self.session.logprobs else {}
+        self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
+                        delta=delta, **extra))  # fmt: skip
 
     def _commit(self, message: dict) -> None:
         tail = self.audio.flush()
@@ -307,11 +356,13 @@ class Connection:
 
     # ---- server VAD ---------------------------------------------------------------------------------------------
 
-    def _detect_turns(self, samples: np.ndarray) -> None:
+    def _detect_turns(self, first: int, probs: list[float]) -> None:
+        """Turns from the speech probabilities of frames `first`, `first + 1`, ... of the stream."""
         td = self.session.turn_detection
-        first = self.speech.frames_done
-        for i, prob in enumerate(self.speech.push(samples), start=first):
+        for i, prob in enumerate(probs, start=first):
             if self.speech_start is None:
+                if td.idle_timeout_ms is not None and i * FRAME_MS - self.idle_from_ms >= td.idle_timeout_ms:
+                    self._idle_timeout(i * FRAME_MS)
                 if prob >= td.threshold:
                     self.speech_start, self.silent_since = i, None
                     self.item_id = new_id("item")
@@ -326,8 +377,10 @@ class Connection:
                 self.silent_since = i
             if (i + 1 - self.silent_since) * FRAME_MS >= td.silence_duration_ms:
                 self._end_speech(self.silent_since, i + 1)
-        if self.speech_start is None:  # keep only the padding a next turn may start with
+        if self.speech_start is None:  # keep only the padding a next turn may start with (or the idle audio)
             keep_from = self.speech.frames_done * FRAME_MS - td.prefix_padding_ms
+            if td.idle_timeout_ms is not None:
+                keep_from = min(keep_from, self.idle_from_ms)
             self._drop_before(max(0, keep_from) * SAMPLE_RATE // 1000)
 
     def _end_speech(self, silent_frame: int, end_frame: int) -> None:
@@ -339,6 +392,23 @@ class Connection:
         self._start_turn(self.item_id, self._buffered(start, end))
         self._drop_before(end)
         self.speech_start = self.silent_since = self.item_id = None
+        self.idle_from = end
+
+    @property
+    def idle_from_ms(self) -> int:
+        return self.idle_from * 1000 // SAMPLE_RATE
+
+    def _idle_timeout(self, now_ms: int) -> None:
+        """`idle_timeout_ms` without speech: OpenAI's `timeout_triggered`, and the quiet audio is committed as a
+        turn (the model may hear speech the VAD did not)."""
+        item_id = new_id("item")
+        self.send(event("input_audio_buffer.timeout_triggered", audio_start_ms=self.idle_from_ms, audio_end_ms=now_ms,
+                        item_id=item_id))  # fmt: skip
+        start = self.idle_from
+        end = now_ms * SAMPLE_RATE // 1000
+        self._start_turn(item_id, self._buffered(start, end))
+        self._drop_before(end)
+        self.idle_from = end
 
     # ---- transcription ------------------------------------------------------------------------------------------
 
@@ -349,21 +419,23 @@ class Connection:
         previous, self.previous_item_id = self.previous_item_id, item_id
         self.send(event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous))
         self.send(event("conversation.item.added", previous_item_id=previous, item=user_item(item_id, "completed")))
-        task = asyncio.ensure_future(self._transcribe(item_id, audio))
+        task = asyncio.ensure_future(self._transcribe(item_id, audio, self.previous_final, time.perf_counter()))
+        self.previous_final = task
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
 
-    async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
+    async def _transcribe(self, item_id: str, audio: np.ndarray, previous: asyncio.Task | None, ended: float) -> None:
         partials = self.partials.pop(item_id, None)
         self.load.finals_in_flight += 1
         try:
-            await self._final(item_id, audio, partials)
+            if previous is not None:  # its transcript is this turn's context
+                await asyncio.wait([previous])
+            await self._final(item_id, audio, partials, ended)
         finally:
             self.load.finals_in_flight -= 1
 
-    async def _final(self, item_id: str, audio: np.ndarray, partials: Partials | None) -> None:
-        options = decode_options(Task.TRANSCRIBE, self.session.language, self.session.prompt, 0.0,
-                                 settings=self.settings)  # fmt: skip
+    async def _final(self, item_id: str, audio: np.ndarray, partials: Partials | None, ended: float) -> None:
+        options = self._options(background=False)
         try:
             handle = self.engine.submit(audio, options)
         except EngineError as exc:
@@ -378,18 +450,31 @@ class Connection:
         finally:
             self.handles.discard(handle)
         transcript = result.text.strip()
-        rest = partials.rest(transcript) if partials is not None else transcript
+        self._remember(transcript, result)
+        start = partials.rest(transcript) if partials is not None else 0
+        extra = {"logprobs": token_logprobs(result.segments)} if self.session.logprobs else {}
         try:
-            if rest:  # after the live deltas, the rest: the deltas joined are the transcript
-                self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
-                                content_index=0, delta=rest))  # fmt: skip
+            if start < len(transcript):  # after the live deltas, the rest: the deltas joined are the transcript
+                self._delta(item_id, transcript[start:], result, start, None)
             self.send(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
                             content_index=0, transcript=transcript,
-                            usage={"type": "duration", "seconds": round(len(audio) / SAMPLE_RATE, 3)}))  # fmt: skip
+                            usage={"type": "duration", "seconds": round(len(audio) / SAMPLE_RATE, 3)},
+                            **extra))  # fmt: skip
+            self.metrics.realtime_completed_latency.observe(time.perf_counter() - ended)
             self.send(event("conversation.item.done", previous_item_id=None,
                             item=user_item(item_id, "completed", transcript)))  # fmt: skip
         except ClientTooSlow:
             await self.ws.close(code=1008)
+
+    def _remember(self, transcript: str, result: TranscriptionResult) -> None:
+        """The turn's transcript becomes context for the next ones, unless it took a high temperature to decode
+        (Whisper then resets its prompt: such text is likely wrong and would bias what follows)."""
+        if not self.settings.realtime_condition_on_previous_text:
+            return
+        if any(s.temperature > RESET_CONTEXT_TEMPERATURE for s in result.segments):
+            self.context = ""
+        elif transcript:
+            self.context = (self.context + " " + transcript).strip()[-MAX_CONTEXT_CHARS:]
 
     def _failed(self, item_id: str, exc: Exception) -> None:
         log.info("realtime turn %s failed: %s", item_id, exc)

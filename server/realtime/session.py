@@ -22,6 +22,7 @@ from .audio_input import FORMATS
 
 DEFAULT_TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
 LOGPROBS = "item.input_audio_transcription.logprobs"
+IDLE_TIMEOUT_MS = (5_000, 30_000)  # OpenAI's bounds
 
 
 class SessionError(ValueError):
@@ -104,8 +105,6 @@ class SessionConfig:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
             raise SessionError(f"invalid session: {where}: {first['msg']}", f"session.{where}") from None
-        if LOGPROBS in (session.get("include") or []):
-            raise SessionError("include: logprobs are not supported yet", "session.include")
         new = copy.deepcopy(self.session)
         if "include" in session:
             new["include"] = list(session["include"] or [])
@@ -160,4 +159,10 @@ class SessionConfig:
         for key in ("prefix_padding_ms", "silence_duration_ms"):
             if not 0 <= int(out[key]) <= 10_000:
                 raise SessionError(f"{key} must be between 0 and 10000", f"{param}.{key}")
+        idle = out.get("idle_timeout_ms")
+        if idle is not None and not IDLE_TIMEOUT_MS[0] <= int(idle) <= IDLE_TIMEOUT_MS[1]:
+            raise SessionError(
+                f"idle_timeout_ms must be between {IDLE_TIMEOUT_MS[0]} and {IDLE_TIMEOUT_MS[1]}",
+                param + ".idle_timeout_ms",
+            )
         return out

@@ -29,8 +29,9 @@ def base_server():
 
 @pytest.fixture(scope="session")
 def small_upload_server():
-    """Upload limit of 1 MiB, so that oversize uploads are cheap to send."""
-    remote = RemoteServer("--max-upload-mb", "1")
+    """Small limits: uploads of 1 MiB, so that oversize uploads are cheap to send; realtime sessions closed after
+    2 s without an event."""
+    remote = RemoteServer("--max-upload-mb", "1", "--realtime-idle-timeout-s", "2")
     yield remote
     remote.stop()
 

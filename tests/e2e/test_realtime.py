@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import av
 import numpy as np
+import pytest
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, pcm_at, wav_bytes
@@ -91,10 +94,10 @@ def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
 def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
     """Streamed in real time with manual commits: deltas arrive before the commit (decodes of the growing turn,
     only words two of them agreed on), and with the final decode's rest they join into the HTTP transcript."""
-    import time
-
     pcm = pcm24k(data_dir / JFK)
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+    deltas_before = metric(server, "whisper_realtime_delta_latency_seconds_count")
+    completed_before = metric(server, "whisper_realtime_completed_latency_seconds_count")
     s = RawSession(server)
     try:
         s.next()
@@ -117,12 +120,18 @@ def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
     deltas = [e.delta for e in s.events if e.type == "conversation.item.input_audio_transcription.delta"]
     assert live and "".join(live).split()[0] == "And", live  # the first words, before the turn ended
     assert "".join(deltas) == completed.transcript == http.text
+    assert metric(server, "whisper_realtime_delta_latency_seconds_count") - deltas_before == len(live)
+    assert metric(server, "whisper_realtime_completed_latency_seconds_count") - completed_before == 1
 
 
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server, data_dir):
-    """Two clips with pauses between and around them, streamed at real-time-sized chunks: two turns, speech start
-    and stop within 0.3 s of where the speech is, each transcript the clip's text."""
-    names = ["g1_en_librispeech-dev-clean_1272-128104-0000.wav", "g1_en_librispeech-test-clean_1221-135766-0002.wav"]
+    """Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
+    utterance, speech start and stop within 0.3 s of where the speech is, each transcript the clip's text."""
+    names = [
+        "g1_en_librispeech-dev-clean_1272-128104-0000.wav",
+        "g1_en_librispeech-test-clean_1221-135766-0002.wav",
+        "g1_en_librispeech-test-clean_1995-1837-0001.wav",
+    ]
     clips = [trimmed(pcm24k(data_dir / name)) for name in names]  # read speech: no pause inside reaches 800 ms
     silence = bytes(2 * 24000 * 2)  # 2 s
     stream, bounds, t = b"", [], 0
@@ -133,10 +142,11 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
         stream += clip
         t += len(clip)
     stream += silence
-    http = [
-        server.client().audio.transcriptions.create(file=("c.wav", wav_bytes(c, 24000)), model="whisper-1").text
-        for c in clips
-    ]
+    http: list[str] = []  # each clip's HTTP transcript after the previous ones as the prompt, as a session decodes
+    for c in clips:
+        prompt = " ".join(http) or None
+        http.append(server.client().audio.transcriptions.create(file=("c.wav", wav_bytes(c, 24000)), model="whisper-1",
+                                                                prompt=prompt).text)  # fmt: skip
     s = RawSession(server)
     try:
         assert s.next().type == "session.created"
@@ -157,6 +167,7 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
             completed[ev.item_id] = ev.transcript
     finally:
         s.close()
+    assert sum(e.type == "input_audio_buffer.speech_started" for e in s.events) == len(clips)
     for (started, stopped), (true_start, true_end), text in zip(turns, bounds, http):
         # as the events report them (audio_start_ms is where the audio sent to the model starts: the detected start
         # less the 300 ms prefix padding)
@@ -164,6 +175,78 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
         assert abs(stopped.audio_end_ms - true_end) < 300, (stopped.audio_end_ms, true_end)
         expected, got = set(words(text)), set(words(completed[started.item_id]))
         assert len(expected & got) >= 0.8 * len(expected), (text, completed[started.item_id])
+
+
+def manual_turn(s: RawSession, pcm: bytes):
+    """One turn committed by hand: its live deltas and its completed event."""
+    first = len(s.events)
+    for piece in chunks(pcm, 48):
+        s.send(type="input_audio_buffer.append", audio=piece)
+    s.send(type="input_audio_buffer.commit")
+    completed = s.until("conversation.item.input_audio_transcription.completed")
+    deltas = [e for e in s.events[first:] if e.type == "conversation.item.input_audio_transcription.delta"]
+    return deltas, completed
+
+
+def joined(logprobs) -> str:
+    return b"".join(bytes(p.bytes) for p in logprobs).decode("utf-8", "replace")
+
+
+def test_logprobs_and_previous_turns_as_context(server, data_dir):
+    """include logprobs: each delta and the completed transcript carry their tokens' log-probabilities (their bytes
+    spell the text). A second turn is decoded after the first one's transcript: as HTTP with it as the prompt."""
+    first, second = pcm24k(data_dir / JFK), pcm24k(data_dir / "g1_en_librispeech-test-clean_1221-135766-0002.wav")
+    s = RawSession(server)
+    try:
+        s.next()
+        s.send(type="session.update", session={"type": "transcription", "include": [
+            "item.input_audio_transcription.logprobs"], "audio": {"input": {"turn_detection": None}}})  # fmt: skip
+        assert s.next().session.include == ["item.input_audio_transcription.logprobs"]
+        turns = [manual_turn(s, pcm) for pcm in (first, second)]
+    finally:
+        s.close()
+    for deltas, completed in turns:
+        assert completed.logprobs and joined(completed.logprobs).strip() == completed.transcript
+        assert all(p.logprob <= 0 for p in completed.logprobs)
+        for delta in deltas:
+            assert delta.logprobs and joined(delta.logprobs).strip() == delta.delta.strip(), delta
+    client = server.client()
+    expected = [
+        client.audio.transcriptions.create(file=("a.wav", wav_bytes(first, 24000)), model="whisper-1").text,
+        client.audio.transcriptions.create(
+            file=("b.wav", wav_bytes(second, 24000)), model="whisper-1", prompt=turns[0][1].transcript
+        ).text,
+    ]
+    assert [completed.transcript for _, completed in turns] == expected
+
+
+def test_idle_timeouts(server, small_upload_server):
+    """server_vad's idle_timeout_ms: OpenAI's timeout_triggered after that long without speech, and the quiet
+    audio committed as a turn. The server's own idle timeout closes a session that sends nothing."""
+    s = RawSession(server)
+    try:
+        s.next()
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}})  # fmt: skip
+        assert s.next().session.audio.input.turn_detection.idle_timeout_ms == 5000
+        for piece in chunks(bytes(2 * 24000 * 6), 48):  # 6 s of silence
+            s.send(type="input_audio_buffer.append", audio=piece)
+        timeout = s.until("input_audio_buffer.timeout_triggered")
+        committed = s.until("input_audio_buffer.committed")
+        completed = s.until("conversation.item.input_audio_transcription.completed")
+    finally:
+        s.close()
+    assert (timeout.audio_start_ms, timeout.audio_end_ms) == (0, 5024)  # at the first 32 ms frame past 5 s
+    assert committed.item_id == completed.item_id == timeout.item_id
+    assert abs(completed.usage.seconds - 5.024) < 0.05 and not completed.transcript.strip(".! ")
+    with ws_connect(ws_url(small_upload_server), open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        started = time.perf_counter()
+        err = SERVER_EVENT.validate_python(json.loads(ws.recv(timeout=30)))
+        assert err.type == "error" and err.error.code == "session_idle_timeout"
+        assert 1.5 < time.perf_counter() - started < 10
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
 
 
 def test_g711_input_and_clear(server, data_dir):

@@ -3,6 +3,7 @@ decode budget ends a derailed request, and prompts are tokenized by submit, not 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -47,6 +48,30 @@ def test_max_waiting_holds_while_requests_wait_in_the_scheduler(one_slot_engine,
     for handle in (running, queued[0], extra):
         assert "ask not what your country" in handle.wait(timeout=120).text
     assert engine.stats().num_waiting == 0
+
+
+def test_a_background_request_waits_for_every_other_window(one_slot_engine, load_clip):
+    """A preview (DecodeOptions.background) queued before a transcript still gets the slot after it."""
+    engine = one_slot_engine
+    audio = load_clip(JFK)
+    running = engine.submit(audio, DecodeOptions())
+    wait_for(lambda: engine.stats().num_running == 1)
+    preview = engine.submit(audio, DecodeOptions(background=True))
+    transcript = engine.submit(audio, DecodeOptions())
+    order: list[str] = []
+    texts: dict[str, str] = {}
+
+    def wait(name: str, handle) -> None:
+        texts[name] = handle.wait(timeout=120).text
+        order.append(name)
+
+    waiters = [threading.Thread(target=wait, args=item) for item in (("preview", preview), ("transcript", transcript))]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    assert order == ["transcript", "preview"]
+    assert texts["preview"] == texts["transcript"] == running.wait(timeout=120).text
 
 
 def test_the_decode_budget_ends_a_request_whose_windows_keep_falling_back(tiny_engine, load_clip):

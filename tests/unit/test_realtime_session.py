@@ -71,7 +71,8 @@ def test_session_update_merges_and_refuses_what_it_cannot_do():
         ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}}, "threshold"),
         ({"type": "transcription", "audio": {"input": {"transcription": {"language": "xx"}}}}, "language"),
         ({"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "noise_reduction"),
-        ({"type": "transcription", "include": ["item.input_audio_transcription.logprobs"]}, "include"),
+        ({"type": "transcription", "include": ["item.logprobs"]}, "include"),
+        ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 100}}}}, "idle_timeout_ms"),
         ({"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "rate"),
         ("nope", "session"),
     ]  # fmt: skip
@@ -80,3 +81,5 @@ def test_session_update_merges_and_refuses_what_it_cannot_do():
             s.update(update)
         assert param in (info.value.param or ""), (update, info.value.param)
     assert s.body() == body  # a refused update changes nothing
+    s.update({"type": "transcription", "include": ["item.input_audio_transcription.logprobs"]})
+    assert s.logprobs and s.body()["include"] == ["item.input_audio_transcription.logprobs"]
