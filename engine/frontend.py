@@ -98,6 +98,18 @@ class EngineFront:
         changes: dict = {}
         if options.prompt_tokens is None and options.prompt:
             changes["prompt_tokens"] = tuple(prompt_tokens(self.tokenizer, options.prompt, self.n_text_ctx))
+        if options.languages is not None:
+            known = [c for c in options.languages if c in self.tokenizer.language_ids or c == "en"]
+            if len(known) == 1 or not self.tokenizer.is_multilingual:  # one choice: nothing to detect
+                changes.update(language=known[0] if self.tokenizer.is_multilingual else None, languages=None)
+            else:
+                changes["languages"] = tuple(known)
+        if options.keywords and options.keyword_prompt is None:
+            tokens = self.tokenizer.encode(" " + ", ".join(options.keywords))
+            limit = self.n_text_ctx // 4  # half of the context Whisper gives previous text, which follows them
+            if len(tokens) > limit:
+                raise InvalidRequestError(f"keywords take {len(tokens)} tokens; at most {limit} fit", "keywords")
+            changes["keyword_prompt"] = tuple(tokens)
         if options.decode_budget_per_window is None:
             changes["decode_budget_per_window"] = self.config.decode_budget_per_window
         if options.seed is None:
@@ -118,6 +130,18 @@ class EngineFront:
                 )
             if tok.is_multilingual and options.language not in tok.language_ids:
                 raise InvalidRequestError(f"Unsupported language {options.language!r}", "language")
+        if options.languages is not None:
+            if not options.languages:
+                raise InvalidRequestError("languages must not be empty", "languages")
+            if options.language is not None:
+                raise InvalidRequestError("Send either language or languages, not both", "languages")
+            known = tok.language_ids if tok.is_multilingual else {"en": None}
+            if not any(code in known for code in options.languages):
+                raise InvalidRequestError(
+                    f"None of the languages {list(options.languages)} is one this model "
+                    f"{'knows' if tok.is_multilingual else 'speaks (it is English-only)'}",
+                    "languages",
+                )
         if options.task == Task.TRANSLATE and not tok.is_multilingual:
             raise InvalidRequestError("This model is English-only and cannot translate", "model")
 

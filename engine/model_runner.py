@@ -114,7 +114,7 @@ class ModelRunner:
             max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
             device=self.device,
         )
-        self.io = StepInputs(self.device, self.logits_processor)
+        self.io = StepInputs(self.device, self.logits_processor, frozenset(tok.language_ids.values()))
         self.multi_step = config.multi_step or (MULTI_STEP_GPU if self.on_gpu else 1)
         self.graphs: GraphRunner | None = None
         if self.on_gpu and not config.enforce_eager:

@@ -66,6 +66,12 @@ class DecodeOptions:
     background: bool = False
     # Keep each text token's log-probability in the segments (OpenAI's `include[]=logprobs`).
     logprobs: bool = False
+    # Language detection picks among these ISO codes only (OpenAI's `languages[]`); None: any the model knows.
+    languages: tuple[str, ...] | None = None
+    # Words and phrases the decode is biased toward (OpenAI's `keywords[]`): as a list, they lead every window's
+    # prompt (faster-whisper's hotwords); `keyword_prompt` (set by the engine's submit) is that list's tokens.
+    keywords: tuple[str, ...] = ()
+    keyword_prompt: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.temperatures:

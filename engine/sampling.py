@@ -24,6 +24,7 @@ class StepRules:
     is_first: Tensor | None = None  # rows sampling their window's first token: begin-suppress
     suppress_eot: Tensor | None = None  # rows decoding a fixed number of tokens (benchmarks)
     detect_language: Tensor | None = None  # rows whose next token is the language
+    banned_languages: tuple[Tensor, Tensor] | None = None  # (rows, language tokens) a request's languages exclude
     with_timestamps: Tensor | None = None  # rows decoding with timestamp rules
     last_is_ts: Tensor | None = None  # (n_ts,) bool
     penultimate_is_ts: Tensor | None = None  # (n_ts,) bool
@@ -75,6 +76,8 @@ class LogitsProcessor:
         if r.detect_language is not None:
             rows = logits[r.detect_language]
             logits[r.detect_language] = rows.masked_fill(self.not_language, NEG_INF)
+            if r.banned_languages is not None:
+                logits.index_put_(r.banned_languages, self.neg_inf)
         return logits
 
     def plain(self, logits: Tensor, no_eot: Tensor, state: Tensor | None = None) -> Tensor:

@@ -34,6 +34,7 @@ class WindowJob:
     window_index: int = 0  # which of the request's windows (chunked mode decodes several at once)
     word_timestamps: bool = False
     num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)
+    languages: tuple[int, ...] | None = None  # the language tokens detection may pick (None: any)
 
 
 @dataclass(slots=True, eq=False)

@@ -20,8 +20,9 @@ from engine.sequence import ON_DEVICE, Sequence
 class StepInputs:
     """Builds launches' inputs; keeps the last launch's sampled tokens and rule state on the device (`keep`)."""
 
-    def __init__(self, device: torch.device, processor: LogitsProcessor):
+    def __init__(self, device: torch.device, processor: LogitsProcessor, language_ids: frozenset[int]):
         self.device = device
+        self.language_ids = language_ids  # every language token (a request's languages may exclude some)
         self.on_gpu = device.type == "cuda"
         self.processor = processor
         self.prev: tuple[Tensor, Tensor | None] | None = None  # the last launch's tokens and rule state, kept
@@ -79,9 +80,14 @@ class StepInputs:
         """Row sets from the host's view of each sequence; the timestamp rules' inputs from `state` (rows of last
         token, second to last, last timestamp), which may still be on its way from the previous step."""
         first, eot, detect, ts_rows = [], [], [], []
+        banned_rows, banned_tokens = [], []
         for i, s in enumerate(seqs):
             if s.detecting and not s.forced:
                 detect.append(i)
+                if s.job.languages is not None:
+                    banned = self.language_ids.difference(s.job.languages)
+                    banned_rows += [i] * len(banned)
+                    banned_tokens += banned
             if not s.sampling:
                 continue
             if s.num_launched == 0:
@@ -95,6 +101,8 @@ class StepInputs:
             return self.to_device(xs) if xs else None
 
         rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
+        if banned_rows:
+            rules.banned_languages = (self.to_device(banned_rows), self.to_device(banned_tokens))
         if ts_rows:
             rules.with_timestamps = rows(ts_rows)
             self.processor.timestamp_inputs(rules, state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from openai.types.audio.transcription_language import TranscriptionLanguage
 from openai.types.audio.transcription_text_done_event import Usage as TokenUsage
 from openai.types.audio.transcription_text_done_event import UsageInputTokenDetails
 from openai.types.audio.transcription_word import TranscriptionWord
@@ -89,16 +90,29 @@ def segment_model(segment: Segment) -> TranscriptionSegment:
     )
 
 
-def transcription_json(result: TranscriptionResult) -> TranscriptionJSON:
-    return TranscriptionJSON(text=result.text.strip(), usage=duration_usage(result.duration))
+def transcription_json(
+    result: TranscriptionResult, logprobs: bool = False, languages: bool = False
+) -> TranscriptionJSON:
+    """`logprobs`: every text token's (include[]=logprobs); `languages`: the detected language as OpenAI's
+    `languages` list (asked for with languages[])."""
+    return TranscriptionJSON(
+        text=result.text.strip(),
+        usage=duration_usage(result.duration),
+        logprobs=token_logprobs(result.segments) if logprobs else None,
+        languages=[TranscriptionLanguage(code=result.language)] if languages else None,
+    )
 
 
 def transcription_verbose_json(
     result: TranscriptionResult, granularities: frozenset[str] = frozenset({"segment"})
 ) -> TranscriptionVerboseJSON:
     """OpenAI sends `segments` for the segment granularity (the default) and `words` for the word one."""
+    # `probability` (the word's tokens' mean probability, as faster-whisper and openai/whisper report it) is an
+    # extra field: the SDK's TranscriptionWord keeps fields it does not declare
     words = [
-        TranscriptionWord(word=w.word.strip(), start=w.start, end=w.end) for s in result.segments for w in s.words or ()
+        TranscriptionWord(word=w.word.strip(), start=w.start, end=w.end, probability=round(w.probability, 4))
+        for s in result.segments
+        for w in s.words or ()
     ]
     return TranscriptionVerboseJSON(
         language=language_name(result.language),
@@ -162,6 +176,8 @@ def render(
     response_format: ResponseFormat,
     task: Task,
     granularities: frozenset[str] = frozenset({"segment"}),
+    logprobs: bool = False,
+    languages: bool = False,
 ) -> FormattedBody:
     """The exact body OpenAI sends for `response_format`."""
     if response_format is ResponseFormat.TEXT:
@@ -176,5 +192,7 @@ def render(
         else:
             verbose = transcription_verbose_json(result, granularities)
         return FormattedBody(verbose.model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
-    plain = translation_json if task is Task.TRANSLATE else transcription_json
-    return FormattedBody(plain(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
+    if task is Task.TRANSLATE:
+        return FormattedBody(translation_json(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
+    body = transcription_json(result, logprobs, languages)
+    return FormattedBody(body.model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)

@@ -35,6 +35,8 @@ MAX_FORM_FIELDS = 256
 # A chat body's structure: a transcription request has a few messages of a few parts; far more is refused unread.
 MAX_JSON_CONTAINERS = 4096
 MAX_JSON_DEPTH = 32
+MAX_KEYWORDS = 100  # keywords[] entries; with MAX_KEYWORD_CHARS, bounds the trie the decode is biased with
+MAX_KEYWORD_CHARS = 100
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 RESPONSE_FORMATS = ", ".join(f"'{f.value}'" for f in ResponseFormat)
 STREAM_FORMATS = (ResponseFormat.JSON, ResponseFormat.TEXT)  # the stream carries text only
@@ -259,11 +261,41 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
             param="timestamp_granularities[]",
             code="invalid_value",
         )
-    if form.include:
-        raise _unsupported("include[]", f"include[]={form.include[0]} is not supported for Whisper models.")
-    for name in ("known_speaker_names", "known_speaker_references", "keywords", "languages"):
+    for item in form.include or ():
+        if item != "logprobs":
+            raise _unsupported("include[]", f"include[]={item} is not supported; the supported value is 'logprobs'.")
+        if response_format is not ResponseFormat.JSON:
+            raise APIError(400, "include[]=logprobs needs response_format 'json'.", param="include[]",
+                           code="invalid_value")  # fmt: skip
+    for name in ("known_speaker_names", "known_speaker_references"):
         if getattr(form, name):
-            raise _unsupported(f"{name}[]", f"{name}[] is not supported for Whisper models.")
+            raise _unsupported(f"{name}[]", f"{name}[] is not supported for Whisper models (they do not diarize).")
+    if form.language and form.languages:
+        raise APIError(400, "Send either language or languages[], not both.", param="languages[]",
+                       code="invalid_value")  # fmt: skip
+
+
+def parse_languages(values: list[str] | None) -> tuple[str, ...] | None:
+    """languages[]: ISO codes (or Whisper's names) detection may pick from; None when not given."""
+    if not values:
+        return None
+    if len(values) > len(LANGUAGES):
+        raise APIError(400, f"languages[] holds at most {len(LANGUAGES)} languages.", param="languages[]",
+                       code="invalid_value")  # fmt: skip
+    return tuple(dict.fromkeys(parse_language(v, "languages[]") for v in values if v.strip()))
+
+
+def parse_keywords(values: list[str] | None) -> tuple[str, ...]:
+    """keywords[]: words and phrases to bias toward, bounded in count and length (400 beyond)."""
+    keywords = tuple(dict.fromkeys(" ".join(v.split()) for v in values or () if v.strip()))
+    if len(keywords) > MAX_KEYWORDS:
+        raise APIError(400, f"keywords[] holds at most {MAX_KEYWORDS} entries.", param="keywords[]",
+                       code="invalid_value")  # fmt: skip
+    for keyword in keywords:
+        if len(keyword) > MAX_KEYWORD_CHARS:
+            raise APIError(400, f"a keyword has at most {MAX_KEYWORD_CHARS} characters: {keyword[:40]!r}...",
+                           param="keywords[]", code="invalid_value")  # fmt: skip
+    return keywords
 
 
 def _bad_chunking(message: str) -> APIError:
@@ -346,6 +378,8 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         is_transcription = isinstance(fields, TranscriptionForm)
         language = parse_language(fields.language) if is_transcription else None
         chunking = parse_chunking(fields.chunking_strategy) if is_transcription else None
+        languages = parse_languages(fields.languages) if is_transcription else None
+        keywords = parse_keywords(fields.keywords) if is_transcription else ()
         upload = await parse_upload(form, max_bytes)
     finally:
         await form.close()
@@ -360,6 +394,9 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         stream=fields.stream,
         chunking=chunking,
         granularities=frozenset(getattr(fields, "timestamp_granularities", None) or ("segment",)),
+        logprobs="logprobs" in (getattr(fields, "include", None) or ()),
+        languages=languages,
+        keywords=keywords,
     )
 
 
@@ -371,7 +408,9 @@ def decode_options(
     chunking: ChunkingOptions | None = None,
     word_timestamps: bool = False,
     settings: Settings | None = None,
+    **extra: Any,
 ) -> DecodeOptions:
+    """The engine's options for a request; `extra`: more DecodeOptions fields (logprobs, languages, keywords)."""
     # temperature 0 is OpenAI's "raise the temperature until the thresholds pass", i.e. Whisper's fallback.
     temperatures = DEFAULT_TEMPERATURES if temperature == 0 else (temperature,)
     return DecodeOptions(
@@ -382,6 +421,7 @@ def decode_options(
         chunking=chunking,
         word_timestamps=word_timestamps,
         **(thresholds(settings) if settings is not None else {}),
+        **extra,
     )
 
 

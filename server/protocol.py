@@ -98,6 +98,9 @@ class TranscriptionParams:
     stream: bool = False  # answer with transcript.text.* server-sent events
     chunking: ChunkingOptions | None = None  # chunking_strategy: VAD windows decoded in parallel
     granularities: frozenset[str] = frozenset({"segment"})  # timestamp_granularities[]: segment and/or word
+    logprobs: bool = False  # include[]=logprobs
+    languages: tuple[str, ...] | None = None  # languages[]: detection picks among these ISO codes
+    keywords: tuple[str, ...] = ()  # keywords[]: words and phrases the decode is biased toward
 
 
 MAX_CHAT_MESSAGES = 256
@@ -143,8 +146,17 @@ class DurationUsage(BaseModel):
     seconds: int
 
 
+class Logprob(BaseModel):
+    """A token's log-probability as OpenAI sends it (the SDK's type reads `bytes` as numbers; they are bytes)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
 class TranscriptionJSON(Transcription):
     usage: DurationUsage | None = None
+    logprobs: list[Logprob] | None = None
 
 
 class TranscriptionVerboseJSON(TranscriptionVerbose):

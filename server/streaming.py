@@ -15,11 +15,21 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from engine import DecodeOptions, EngineError, EngineLike, RequestHandle, TranscriptionResult
+from engine import DecodeOptions, EngineError, EngineLike, RequestHandle, Segment, TranscriptionResult
 
 from .drain import Drain, shutting_down
 from .errors import APIError, ClientDisconnectedError, from_engine_error
-from .formatting import token_usage
+from .formatting import token_logprobs, token_usage
+from .protocol import Logprob
+
+
+class TextDelta(TranscriptionTextDeltaEvent):
+    logprobs: list[Logprob] | None = None  # bytes as integers, as OpenAI sends them
+
+
+class TextDone(TranscriptionTextDoneEvent):
+    logprobs: list[Logprob] | None = None
+
 
 SSE_MEDIA_TYPE = "text/event-stream"
 # No caching, and no buffering in a reverse proxy (nginx honours X-Accel-Buffering), so each event goes out at once.
@@ -94,9 +104,10 @@ class DeltaText:
 
 
 async def transcript_events(
-    handle: RequestHandle, on_done: Callable[[TranscriptionResult], None], drain: Drain
+    handle: RequestHandle, on_done: Callable[[TranscriptionResult], None], drain: Drain, logprobs: bool = False
 ) -> AsyncIterator[str]:
-    """OpenAI's transcription stream: a delta for each window's final segments, then the whole text and usage.
+    """OpenAI's transcription stream: a delta for each window's final segments, then the whole text and usage;
+    with `logprobs`, each event carries its tokens' log-probabilities.
 
     Dropping the stream (the client went away) aborts the request. A failure after the response has started is
     sent as an `{"error": ...}` event, which the SDK raises as an APIError.
@@ -104,19 +115,26 @@ async def transcript_events(
     finished = False
     try:
         deltas = DeltaText()
+        segments: list[Segment] = []
         try:
             async for event in handle.events():
+                segments += event.segments
+                start = len(deltas.sent)
                 delta = deltas.add("".join(segment.text for segment in event.segments))
                 if delta:
-                    yield sse_event(TranscriptionTextDeltaEvent(type="transcript.text.delta", delta=delta))
+                    items = token_logprobs(segments, start, len(deltas.sent)) if logprobs else None
+                    yield sse_event(TextDelta(type="transcript.text.delta", delta=delta, logprobs=items))
             result = await handle.result()
         except EngineError as exc:
             finished = True
             yield sse_event(engine_error(exc, drain).body())
             return
         finished = True
-        done = TranscriptionTextDoneEvent(
-            type="transcript.text.done", text=result.text.strip(), usage=token_usage(result)
+        done = TextDone(
+            type="transcript.text.done",
+            text=result.text.strip(),
+            usage=token_usage(result),
+            logprobs=token_logprobs(result.segments) if logprobs else None,
         )
         yield sse_event(done)
         on_done(result)

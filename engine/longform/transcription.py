@@ -115,9 +115,11 @@ class Transcription:
         """A decode of `window` (mel frames), conditioned on `previous` text; language None detects it."""
         tok, opts = self.tokenizer, self.options
         prompt: list[int] = []
-        if previous:
-            # Whisper conditions on at most half the context of previous text
-            prompt = [tok.sot_prev] + previous[-(self.n_text_ctx // 2 - 1) :]
+        keywords = list(opts.keyword_prompt or ())
+        if previous or keywords:
+            # Whisper conditions on at most half the context of previous text; keywords come first
+            room = self.n_text_ctx // 2 - 1 - len(keywords)
+            prompt = [tok.sot_prev] + keywords + (previous[-room:] if room > 0 and previous else [])
         tail = [] if not opts.without_timestamps else [tok.no_timestamps]
         detect = language is None
         if detect:
@@ -138,6 +140,7 @@ class Transcription:
             window_index=index,
             word_timestamps=opts.word_timestamps,
             num_frames=window.shape[-1],
+            languages=tuple(tok.language_ids[c] for c in opts.languages) if detect and opts.languages else None,
         )
 
     def on_window_done(self, seq: Sequence) -> WindowJob | None:

@@ -32,18 +32,20 @@ async def _serve(
     audio = await decode_upload(params.upload.data, settings.max_audio_seconds)
     words = "word" in params.granularities
     options = decode_options(
-        params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings
-    )
+        params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings,
+        logprobs=params.logprobs, languages=params.languages, keywords=params.keywords,
+    )  # fmt: skip
 
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
-        events = transcript_events(handle, partial(metrics.observe_result, task), drain)
+        events = transcript_events(handle, partial(metrics.observe_result, task), drain, params.logprobs)
         return sse_response(handle, events, drain)
     result = await wait_result(handle, request, drain)
     metrics.observe_result(task, result)
-    body = render(result, params.response_format, task, params.granularities)
+    body = render(result, params.response_format, task, params.granularities, params.logprobs,
+                  languages=params.languages is not None)  # fmt: skip
     return Response(body.content, media_type=body.media_type)
 
 

@@ -157,7 +157,7 @@ def test_every_response_format(fmt):
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"include": ["logprobs"]}, "include[]"),
+        ({"include": ["segments"]}, "include[]"),
         ({"response_format": "diarized_json"}, "response_format"),
         ({"known_speaker_names": ["a"]}, "known_speaker_names[]"),
     ],
@@ -167,6 +167,16 @@ def test_unimplemented_fields_are_refused_by_name(kwargs, param):
     assert err.status_code == 400
     assert err.param == param
     assert err.code == "unsupported_value"
+
+
+def test_logprobs_languages_and_keywords_as_the_sdk_sends_them():
+    params = parse(transcribe(include=["logprobs"], languages=["de", "English"], keywords=["Hester  Prynne", "Kubernetes"]))
+    assert params.logprobs and params.languages == ("de", "en") and params.keywords == ("Hester Prynne", "Kubernetes")
+    plain = parse(transcribe())
+    assert not plain.logprobs and plain.languages is None and plain.keywords == ()
+    assert error_of(transcribe(include=["logprobs"], response_format="text")).param == "include[]"
+    assert error_of(transcribe(language="en", languages=["en"])).param == "languages[]"
+    assert error_of(transcribe(keywords=["k"] * 50 + [f"k{i}" for i in range(101)])).param == "keywords[]"
 
 
 def test_stream_and_chunking_strategy_as_the_sdk_sends_them():
