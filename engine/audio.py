@@ -22,6 +22,10 @@ try:
 except (ImportError, OSError):  # OSError: the wheel's libsndfile could not be loaded
     soundfile = None
 
+# Tags that are not UTF-8 (an upload's metadata is anyone's) must not fail the open: PyAV before 19 decodes them
+# strictly unless told to ignore errors; 19 dropped the option and no longer raises on them.
+_OPEN_OPTIONS = {"metadata_errors": "ignore"} if av is not None and int(av.__version__.split(".")[0]) < 19 else {}
+
 SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -231,7 +235,7 @@ def _decode_with_pyav(file: BinaryIO, limit: _DurationLimit) -> list[np.ndarray]
 
 def _open_container(file: BinaryIO) -> av.container.InputContainer:
     try:
-        return av.open(file, mode="r", metadata_errors="ignore", container_options=_CONTAINER_OPTIONS)
+        return av.open(file, mode="r", container_options=_CONTAINER_OPTIONS, **_OPEN_OPTIONS)
     except av.ArgumentError as e:  # EINVAL from the open: chiefly a format off the whitelist
         raise AudioDecodeError(
             f"The file is not in a supported audio format. Send an audio file such as {SUPPORTED_FORMATS}."

@@ -19,6 +19,7 @@ from .errors import install_error_handlers
 from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .realtime.connection import SharedLoad
+from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime
 from .settings import Settings
 from .supervisor import EngineSupervisor
@@ -63,7 +64,7 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes)  # what the realtime sessions share
-    app.state.vad = VoiceActivityDetector()  # their turn detection (Silero loads on first use)
+    app.state.speech = SpeechBatcher(VoiceActivityDetector())  # their turn detection (Silero loads on first use)
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
     # can read a 401), then the key check, which refuses before any body is read.

@@ -85,6 +85,25 @@ class SileroVAD(nn.Module):
         out = self.final_conv(F.relu(hidden[0]).unsqueeze(-1))
         return torch.sigmoid(out).flatten(), state
 
+    def stream_many(
+        self, frames: list[Tensor], states: list[tuple[Tensor, Tensor] | None]
+    ) -> tuple[list[Tensor], list[tuple[Tensor, Tensor]]]:
+        """stream() for several streams at once, each continuing from its own LSTM state: one pass of the front
+        end over every stream's frames and one LSTM call over the streams side by side, so that many live
+        streams cost about what one does (each call has a fixed cost far above its arithmetic)."""
+        counts = [len(f) for f in frames]
+        features = self.encode(torch.cat(frames)).split(counts)
+        zeros = torch.zeros(1, 128)
+        h0 = torch.stack([s[0][:, 0] if s is not None else zeros for s in states], dim=1)
+        c0 = torch.stack([s[1][:, 0] if s is not None else zeros for s in states], dim=1)
+        packed = nn.utils.rnn.pack_sequence(list(features), enforce_sorted=False)
+        with _one_thread():
+            hidden, (h, c) = self.lstm(packed, (h0, c0))
+        hidden, _ = nn.utils.rnn.pad_packed_sequence(hidden, batch_first=True)  # (streams, max frames, 128)
+        out = torch.sigmoid(self.final_conv(F.relu(hidden).transpose(1, 2))).squeeze(1)  # (streams, max frames)
+        probs = [out[i, :n] for i, n in enumerate(counts)]
+        return probs, [(h[:, i : i + 1].clone(), c[:, i : i + 1].clone()) for i in range(len(frames))]
+
 
 def frame_audio(audio: Tensor) -> Tensor:
     """Cut 16 kHz audio into silero's frames, each led by the previous frame's tail (zeros before the first).
@@ -122,6 +141,11 @@ class VoiceActivityDetector:
         """Probabilities of a live stream, frame by frame as its audio arrives (realtime turn detection)."""
         return SpeechStream(self.model)
 
+    @staticmethod
+    def push_many(streams: list[SpeechStream], audio: list[np.ndarray]) -> list[list[float]]:
+        """Several streams' push() in one pass (push_many)."""
+        return push_many(streams, audio)
+
     def speech_spans(
         self, audio: np.ndarray, options: ChunkingOptions, max_span_s: float = float("inf")
     ) -> list[tuple[int, int]]:
@@ -157,18 +181,40 @@ class SpeechStream:
 
     @torch.inference_mode()
     def push(self, audio: np.ndarray) -> list[float]:
+        frames = self.frames(audio)
+        if frames is None:
+            return []
+        probs, self.state = self.model.stream(frames, self.state)
+        return probs.tolist()
+
+    def frames(self, audio: np.ndarray) -> Tensor | None:
+        """The frames that `audio` completes (None for none); the stream's position moves past them."""
         samples = torch.cat([self.pending, torch.as_tensor(audio, dtype=torch.float32)])
         n = samples.shape[0] // FRAME_SAMPLES
         if n == 0:
             self.pending = samples
-            return []
+            return None
         whole = torch.cat([self.tail, samples[: n * FRAME_SAMPLES]])
-        frames = whole.unfold(0, CONTEXT_SAMPLES + FRAME_SAMPLES, FRAME_SAMPLES)
-        probs, self.state = self.model.stream(frames, self.state)
         self.tail = samples[n * FRAME_SAMPLES - CONTEXT_SAMPLES : n * FRAME_SAMPLES].clone()
         self.pending = samples[n * FRAME_SAMPLES :].clone()
         self.frames_done += n
-        return probs.tolist()
+        return whole.unfold(0, CONTEXT_SAMPLES + FRAME_SAMPLES, FRAME_SAMPLES)
+
+
+@torch.inference_mode()
+def push_many(streams: list[SpeechStream], audio: list[np.ndarray]) -> list[list[float]]:
+    """SpeechStream.push for several streams (of one model) in one pass: what each returns is what its own push
+    would have (tests/unit/test_vad.py)."""
+    frames = [stream.frames(a) for stream, a in zip(streams, audio)]
+    busy = [i for i, f in enumerate(frames) if f is not None]
+    out: list[list[float]] = [[] for _ in streams]
+    if not busy:
+        return out
+    probs, states = streams[0].model.stream_many([frames[i] for i in busy], [streams[i].state for i in busy])
+    for i, p, state in zip(busy, probs, states):
+        streams[i].state = state
+        out[i] = p.tolist()
+    return out
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ from engine import (
     EngineLike,
     Task,
     TranscriptionResult,
-    VoiceActivityDetector,
 )
 
 from ..errors import APIError
@@ -42,6 +41,7 @@ from ..settings import Settings
 from .audio_input import AudioFormatError, InputAudio, decode_base64
 from .events import error, event, new_id, user_item
 from .session import SessionConfig, SessionError
+from .speech_batcher import SpeechBatcher
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class SharedLoad:
 
 class Connection:
     def __init__(
-        self, websocket: WebSocket, engine: EngineLike, settings: Settings, vad: VoiceActivityDetector,
+        self, websocket: WebSocket, engine: EngineLike, settings: Settings, speech: SpeechBatcher,
         metrics: Metrics, load: SharedLoad,
     ):  # fmt: skip
         self.ws = websocket
@@ -123,7 +123,7 @@ class Connection:
         self.metrics = metrics
         self.session = SessionConfig(settings.model_id)
         self.audio = InputAudio(self.session.format_type)
-        self.vad = vad  # shared by the connections: a stream each
+        self.vad = speech  # shared by the connections: a stream each, pushed together
         self.outbox: asyncio.Queue[dict] = asyncio.Queue(MAX_QUEUED_EVENTS)
         self.turns: set[asyncio.Task] = set()
         self.handles: set = set()
@@ -262,8 +262,8 @@ class Connection:
         self.num_samples += len(samples)
         if self.speech is not None:
             first = self.speech.frames_done
-            # Silero in a worker thread (torch lets go of the GIL): the event loop keeps serving other sessions
-            self._detect_turns(first, await asyncio.to_thread(self.speech.push, samples))
+            # Silero in a worker thread, with every session's appends of the moment: the loop keeps serving
+            self._detect_turns(first, await self.vad.push(self.speech, samples))
         self._maybe_partial()
 
     def _maybe_partial(self) -> None:

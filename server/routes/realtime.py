@@ -37,7 +37,7 @@ async def realtime(websocket: WebSocket) -> None:
     load.sessions += 1
     metrics.realtime_sessions.inc()
     try:
-        await Connection(websocket, app.state.engine, settings, app.state.vad, metrics, load).run()
+        await Connection(websocket, app.state.engine, settings, app.state.speech, metrics, load).run()
     finally:
         load.sessions -= 1
         metrics.realtime_sessions.dec()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.longform.vad import VoiceActivityDetector
+from engine.longform.vad import VoiceActivityDetector, push_many
 from engine.request import ChunkingOptions
 
 CLIP = "g2_en_earnings22_4483589_261-321s.wav"  # 60 s of a conference call, with pauses
@@ -74,3 +74,28 @@ def test_a_stream_in_pieces_gets_the_whole_audios_probabilities(audio, vad):
         start += size
     assert len(got) == len(whole) == stream.frames_done
     assert np.abs(np.array(got) - np.array(whole)).max() < 1e-5
+
+
+def test_streams_pushed_together_get_what_each_gets_alone(audio, vad):
+    """Live sessions' audio goes through Silero in one batch (push_many): pieces of different sizes, streams at
+    different positions, some completing no frame in a round; each stream's probabilities are its own."""
+    clips = [audio[i * 80_000 : (i + 1) * 80_000] for i in range(4)]  # 5 s each, different speech
+    alone = [vad.stream() for _ in clips]
+    together = [vad.stream() for _ in clips]
+    rng = np.random.default_rng(1)
+    got_alone: list[list[float]] = [[] for _ in clips]
+    got_together: list[list[float]] = [[] for _ in clips]
+    positions = [0] * len(clips)
+    while any(p < len(c) for p, c in zip(positions, clips)):
+        pieces = []
+        for i, clip in enumerate(clips):
+            size = int(rng.integers(0, 3000))
+            pieces.append(clip[positions[i] : positions[i] + size])
+            positions[i] += size
+        for i, piece in enumerate(pieces):
+            got_alone[i] += alone[i].push(piece)
+        for i, probs in enumerate(push_many(together, pieces)):
+            got_together[i] += probs
+    for a, b in zip(got_alone, got_together):
+        assert len(a) == len(b) > 100
+        assert np.abs(np.array(a) - np.array(b)).max() < 1e-5
