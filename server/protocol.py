@@ -128,6 +128,12 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = Field(default=None, max_length=MAX_CHAT_TEXT_CHARS)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
 class ChatCompletionRequest(BaseModel):
     """The subset of chat completions this server acts on; other fields are accepted and ignored."""
 
@@ -136,7 +142,17 @@ class ChatCompletionRequest(BaseModel):
     model: str
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Whisper's decoding temperature, as the transcription route takes it: 0 is Whisper's fallback from 0 up
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)  # of the transcript: it is cut there (finish_reason length)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     language: str | None = None  # extension: ISO code of the audio's language
+
+    @property
+    def token_limit(self) -> int | None:
+        limits = [n for n in (self.max_tokens, self.max_completion_tokens) if n is not None]
+        return min(limits) if limits else None
 
 
 class DurationUsage(BaseModel):

@@ -6,26 +6,19 @@ import asyncio
 import base64
 import binascii
 import re
-import time
-import uuid
 from dataclasses import dataclass
+from functools import partial
 
 from fastapi import APIRouter, Request
 
-from engine import Task
+from engine import SAMPLE_RATE, Task
 
+from ..chat_stream import Answer, completion_chunks
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..errors import APIError
 from ..parsing import check_model, decode_options, decode_upload, parse_language, read_json, validate_model
-from ..protocol import (
-    ChatCompletion,
-    ChatCompletionMessage,
-    ChatCompletionRequest,
-    ChatMessage,
-    Choice,
-    CompletionUsage,
-)
-from ..streaming import submit, wait_result
+from ..protocol import ChatCompletionRequest, ChatMessage
+from ..streaming import sse_response, submit, wait_result
 
 router = APIRouter(tags=["chat"])
 
@@ -108,35 +101,26 @@ def message_text(message: ChatMessage) -> str:
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(
-    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep
-) -> ChatCompletion:
+async def create_chat_completion(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep):
     """Chat-shaped transcription: a system or user text that asks to translate selects task=translate."""
     body = await read_json(request, settings.max_upload_bytes)
     chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, body)
     check_model(chat.model, settings)
-    if chat.stream:
-        raise APIError(
-            400, "stream=true is not supported yet for chat completions.", param="stream", code="unsupported_value"
-        )
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None
     audio = await decode_upload(await decode_base64(turn), settings.max_audio_seconds, param="messages")
-    options = decode_options(task, language, None, 0.0, settings=settings)
+    # the token count (usage, max_tokens) is of text tokens, which the segments' logprobs list one by one
+    options = decode_options(task, language, None, chat.temperature or 0.0, settings=settings, logprobs=True)
+    answer = Answer(request.app.state.chat_template, task, turn.instruction, chat.model, len(audio) / SAMPLE_RATE)
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
+    if chat.stream:
+        include_usage = chat.stream_options is not None and chat.stream_options.include_usage
+        on_done = partial(metrics.observe_result, task)
+        chunks = completion_chunks(answer, handle, chat.token_limit, include_usage, on_done, drain)
+        return sse_response(handle, chunks, drain)
     result = await wait_result(handle, request, drain)
     metrics.observe_result(task, result)
-    content = request.app.state.chat_template.render(result, task, turn.instruction)
-    return ChatCompletion(
-        id=f"chatcmpl-{uuid.uuid4().hex}",
-        object="chat.completion",
-        created=int(time.time()),
-        model=chat.model,
-        choices=[
-            Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content=content))
-        ],
-        usage=CompletionUsage(prompt_tokens=0, completion_tokens=result.num_tokens, total_tokens=result.num_tokens),
-    )
+    return answer.completion(result, chat.token_limit)

@@ -45,10 +45,12 @@ def test_chat_errors(server, data_dir):
     client = server.client()
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="whisper-1", messages=[{"role": "user", "content": "hello"}])
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(
-            model="whisper-1", stream=True, messages=audio_message(data_dir / "g4_en_jfk.mp3", "mp3")
-        )
+    for bad in ({"temperature": 1.5}, {"max_tokens": 0}, {"max_completion_tokens": -3}):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model="whisper-1", messages=audio_message(data_dir / "g4_en_jfk.mp3", "mp3"), **bad
+            )
+        assert info.value.body["param"] == next(iter(bad))
     garbage = [
         {
             "role": "user",
@@ -61,3 +63,43 @@ def test_chat_errors(server, data_dir):
         client.chat.completions.create(model="whisper-1", messages=garbage)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4o", messages=audio_message(data_dir / "g4_en_jfk.mp3", "mp3"))
+
+
+LONG = "g2_en_earnings22_4482311_3-62s.wav"  # ~60 s: several windows, so several content deltas
+
+
+def test_chat_streams_the_answer_as_windows_finish(server, data_dir):
+    client = server.client()
+    messages = audio_message(data_dir / LONG, "wav", "Transcribe this audio.")
+    whole = client.chat.completions.create(model="whisper-1", messages=messages)
+    chunks = list(client.chat.completions.create(
+        model="whisper-1", messages=messages, stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(contents) >= 2 and "".join(contents) == whole.choices[0].message.content
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens > 50
+
+
+def test_chat_streams_with_the_async_sdk_and_cuts_at_max_tokens(server, data_dir):
+    import asyncio
+
+    messages = audio_message(data_dir / LONG, "wav")
+
+    async def run() -> tuple[list, object]:
+        client = server.async_client()
+        stream = await client.chat.completions.create(model="whisper-1", messages=messages, stream=True, max_tokens=20)
+        chunks = [c async for c in stream]
+        whole = await client.chat.completions.create(model="whisper-1", messages=messages, max_tokens=20)
+        await client.close()
+        return chunks, whole
+
+    chunks, whole = asyncio.run(run())
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 20
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    full = server.client().audio.transcriptions.create(file=data_dir / LONG, model="whisper-1").text
+    assert full.startswith(streamed) and 10 < len(streamed.split()) < 25
