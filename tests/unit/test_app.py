@@ -277,7 +277,7 @@ def test_chat_completion_with_input_audio():
 @pytest.mark.parametrize(
     ("body", "error"),
     [
-        (chat_body(stream=True), openai.BadRequestError),
+        (chat_body(temperature=2), openai.BadRequestError),
         (chat_body(data="@@not base64@@"), openai.BadRequestError),
         (chat_body(data=base64.b64encode(b"garbage" * 50).decode()), openai.BadRequestError),
         ({"model": "whisper-1", "messages": [{"role": "user", "content": "hi"}]}, openai.BadRequestError),
