@@ -51,6 +51,9 @@ MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is an error
 FRAME_MS = 32  # Silero's frame at 16 kHz
 NEG_THRESHOLD_GAP = 0.15  # silero's hysteresis: speech ends below threshold - 0.15
 PARTIAL_EVERY_S = 1.0  # while a turn is open, decode what it holds so far after each this much new audio
+# Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
+# turn at every refresh; the rest of a longer turn comes with its final decode.
+MAX_PARTIAL_S = 30.0
 MAX_CONTEXT_CHARS = 4096  # previous transcripts kept as context: more than the 223 tokens Whisper conditions on
 RESET_CONTEXT_TEMPERATURE = 0.5  # Whisper's prompt_reset_on_temperature: a turn decoded hotter is not context
 WORD = re.compile(r"\S+")
@@ -287,6 +290,8 @@ class Connection:
         else:
             start = self.offset
         audio = self._buffered(start, self.offset + self.num_samples)
+        if len(audio) > MAX_PARTIAL_S * SAMPLE_RATE:
+            return
         partials.in_flight = True
         load.partials_in_flight += 1
         task = asyncio.ensure_future(self._partial(self.item_id, partials, audio, time.perf_counter()))
