@@ -210,6 +210,10 @@ class Engine(EngineFront):
     def step(self) -> None:
         """One turn of the loop: admit waiting windows, launch a decode step for every running sequence, read the
         step launched before it (overlapped) or this one (not), and act on what was sampled."""
+        if self._in_flight is not None and any(s.job.keywords is not None for s in self.scheduler.running):
+            # a keyword row's next bonuses follow from its last token: read the step in flight before launching
+            self._postprocess(self._in_flight.rows, *self._in_flight.output.result(), latest=True)
+            self._in_flight = None
         admitted = self._admit()
         launch = self._launch(admitted)
         if self._in_flight is not None:

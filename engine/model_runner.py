@@ -286,6 +286,8 @@ class ModelRunner:
             job = s.job
             if not s.sampling or s.num_launched == 0 or job.with_timestamps != timestamps or job.temperature > 0:
                 return 1
+            if job.keywords is not None:  # its bonuses are built on the host from each token
+                return 1
             if s.num_cached + k > self.n_text_ctx:
                 return 1
             if s.ends_within(k):

@@ -68,9 +68,13 @@ class DecodeOptions:
     logprobs: bool = False
     # Language detection picks among these ISO codes only (OpenAI's `languages[]`); None: any the model knows.
     languages: tuple[str, ...] | None = None
-    # Words and phrases the decode is biased toward (OpenAI's `keywords[]`): as a list, they lead every window's
-    # prompt (faster-whisper's hotwords); `keyword_prompt` (set by the engine's submit) is that list's tokens.
+    # Words and phrases the decode is biased toward (OpenAI's `keywords[]`): a bonus on the logits of their tokens
+    # (engine/keywords.py, scaled by `keyword_bias`; 0: none) and, as a list, in every window's prompt
+    # (faster-whisper's hotwords). The engine's submit sets their token sequences and the prompt's tokens (() for
+    # none).
     keywords: tuple[str, ...] = ()
+    keyword_bias: float = 1.0
+    keyword_sequences: tuple[tuple[int, ...], ...] | None = None
     keyword_prompt: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.keywords import START_GATE
 from engine.kernels import greedy_pick, row_logsumexp
 from engine.model.tokenizer import Tokenizer
 
@@ -25,6 +26,9 @@ class StepRules:
     suppress_eot: Tensor | None = None  # rows decoding a fixed number of tokens (benchmarks)
     detect_language: Tensor | None = None  # rows whose next token is the language
     banned_languages: tuple[Tensor, Tensor] | None = None  # (rows, language tokens) a request's languages exclude
+    # (rows, tokens, logit bonuses): keyword biasing; a negative value is a bonus of its size that applies only
+    # where the token is within START_GATE of its row's best logit
+    bonus: tuple[Tensor, Tensor, Tensor] | None = None
     with_timestamps: Tensor | None = None  # rows decoding with timestamp rules
     last_is_ts: Tensor | None = None  # (n_ts,) bool
     penultimate_is_ts: Tensor | None = None  # (n_ts,) bool
@@ -71,6 +75,11 @@ class LogitsProcessor:
             logits.index_put_((r.is_first[:, None], self.begin_suppress_ids), self.neg_inf)
         if r.suppress_eot is not None:
             logits.index_put_((r.suppress_eot, self.eot_index), self.neg_inf)
+        if r.bonus is not None:  # before the timestamp rules, which weigh text against timestamps
+            rows, tokens, values = r.bonus
+            near = logits[rows, tokens] >= logits.amax(dim=-1)[rows] - START_GATE
+            values = torch.where((values > 0) | near, values.abs(), 0.0).to(logits.dtype)
+            logits.index_put_((rows, tokens), values, accumulate=True)
         if r.with_timestamps is not None:
             self._timestamp_rules(logits, r)
         if r.detect_language is not None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from engine.keywords import KeywordBias
     from engine.longform.alignment import AlignmentInput
     from engine.longform.transcription import Transcription
 
@@ -35,6 +36,7 @@ class WindowJob:
     word_timestamps: bool = False
     num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)
     languages: tuple[int, ...] | None = None  # the language tokens detection may pick (None: any)
+    keywords: KeywordBias | None = None  # the request's keyword biasing
 
 
 @dataclass(slots=True, eq=False)

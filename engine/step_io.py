@@ -81,6 +81,7 @@ class StepInputs:
         token, second to last, last timestamp), which may still be on its way from the previous step."""
         first, eot, detect, ts_rows = [], [], [], []
         banned_rows, banned_tokens = [], []
+        bonus_rows, bonus_tokens, bonuses = [], [], []
         for i, s in enumerate(seqs):
             if s.detecting and not s.forced:
                 detect.append(i)
@@ -96,6 +97,11 @@ class StepInputs:
                 eot.append(i)
             if s.job.with_timestamps:
                 ts_rows.append(i)
+            if s.job.keywords is not None:  # the engine keeps such rows' tokens on the host (Engine.step)
+                for token, (value, gated) in s.job.keywords.bonuses(s.tokens, self.processor.eot).items():
+                    bonus_rows.append(i)
+                    bonus_tokens.append(token)
+                    bonuses.append(-value if gated else value)  # the sign carries the gate: one host copy
 
         def rows(xs: list) -> Tensor | None:
             return self.to_device(xs) if xs else None
@@ -103,6 +109,8 @@ class StepInputs:
         rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
         if banned_rows:
             rules.banned_languages = (self.to_device(banned_rows), self.to_device(banned_tokens))
+        if bonus_rows:
+            rules.bonus = (self.to_device(bonus_rows), self.to_device(bonus_tokens), self.to_device(bonuses))
         if ts_rows:
             rules.with_timestamps = rows(ts_rows)
             self.processor.timestamp_inputs(rules, state)

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from engine.audio import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
 from engine.features import pad_or_trim
+from engine.keywords import KeywordBias
 from engine.longform.alignment import AlignmentInput, add_word_timestamps, find_alignment
 from engine.longform.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 from engine.model.tokenizer import Tokenizer
@@ -77,8 +78,12 @@ class Transcription:
         self._generator: torch.Generator | None = None
         self.seed = options.seed  # the sampling generator's (a chunked request's windows each get their own)
         per_window = options.decode_budget_per_window
+        if per_window is not None and options.keyword_prompt:
+            per_window *= 2  # room for the retry without keywords of a window that they derailed (_window_job)
         self.token_budget = None if per_window is None else per_window * max(1, math.ceil(duration / CHUNK_LENGTH))
         self.tokens_sampled = 0  # every attempt's, EOT included
+        sequences = options.keyword_sequences
+        self.keyword_bias = KeywordBias(list(sequences), options.keyword_bias) if sequences and options.keyword_bias else None
 
     @property
     def generator(self) -> torch.Generator:
@@ -115,7 +120,9 @@ class Transcription:
         """A decode of `window` (mel frames), conditioned on `previous` text; language None detects it."""
         tok, opts = self.tokenizer, self.options
         prompt: list[int] = []
-        keywords = list(opts.keyword_prompt or ())
+        # keywords lead the prompt of a window's first decode only: a window that fails the quality checks with
+        # them (a list of names the audio does not hold can derail it) is retried without
+        keywords = list(opts.keyword_prompt or ()) if temperature == opts.temperatures[0] else []
         if previous or keywords:
             # Whisper conditions on at most half the context of previous text; keywords come first
             room = self.n_text_ctx // 2 - 1 - len(keywords)
@@ -141,6 +148,7 @@ class Transcription:
             word_timestamps=opts.word_timestamps,
             num_frames=window.shape[-1],
             languages=tuple(tok.language_ids[c] for c in opts.languages) if detect and opts.languages else None,
+            keywords=self.keyword_bias,
         )
 
     def on_window_done(self, seq: Sequence) -> WindowJob | None:

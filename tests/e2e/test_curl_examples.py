@@ -68,6 +68,12 @@ def check_output(command: str, out: str) -> None:
         assert events[-1]["type"] == "transcript.text.done"
         assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
         assert contains_words(events[-1]["text"], JFK_WORDS)
+    elif "include[]=logprobs" in command:
+        body = json.loads(out)
+        assert bytes(b for item in body["logprobs"] for b in item["bytes"]).decode().strip() == body["text"]
+    elif "languages[]" in command:
+        body = json.loads(out)
+        assert body["languages"] == [{"code": "en"}] and contains_words(body["text"], JFK_WORDS)
     elif "/transcriptions" in command:
         assert contains_words(json.loads(out)["text"], JFK_WORDS)
     elif command.endswith("/v1/models"):
