@@ -15,6 +15,7 @@ from engine.model.tokenizer import LANGUAGES
 from engine.model_runner import resolve_device
 from engine.request import (
     DEFAULT_TEMPERATURES,
+    MAX_BEST_OF,
     ChunkingOptions,
     DecodeBudgetExceededError,
     DecodeOptions,
@@ -43,6 +44,7 @@ def start_engine(config: EngineConfig, own_process: bool) -> EngineLike:
 __all__ = [
     "DEFAULT_TEMPERATURES",
     "LANGUAGES",
+    "MAX_BEST_OF",
     "SAMPLE_RATE",
     "TOKENS_PER_SECOND",
     "AudioDecodeError",

@@ -294,8 +294,9 @@ class Engine(EngineFront):
                 language = seq.language or t.language or "en"
                 seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
         for seq in self.scheduler.release_finished(self.runner.cache):
-            if not seq.aborted and (job := self.requests.window_done(seq)) is not None:
-                self.scheduler.add(job, continuing=True)
+            if not seq.aborted:
+                for job in self.requests.window_done(seq):
+                    self.scheduler.add(job, continuing=True)
 
     def _fail_running(self, exc: Exception) -> None:
         log.exception("engine step failed; failing the requests it was decoding")

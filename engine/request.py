@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 # Whisper's published defaults (openai/whisper transcribe(), faster-whisper WhisperModel.transcribe).
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+MAX_BEST_OF = 10  # samples per fallback attempt: each holds a slot while the attempt decodes
 
 
 class Task(str, enum.Enum):
@@ -50,6 +51,9 @@ class DecodeOptions:
     log_prob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
     prompt_reset_on_temperature: float = 0.5
+    # Each fallback attempt at a temperature above 0 draws this many samples, decoded side by side, and keeps the
+    # likeliest (openai/whisper's best_of); the decode budget grows with it.
+    best_of: int = 1
     # Seeds sampling at temperature > 0 so a result can be reproduced; None = the engine's EngineConfig.seed.
     seed: int | None = None
     # Tokens the request may sample (fallback retries included) per 30 s of audio before it fails with
@@ -82,6 +86,8 @@ class DecodeOptions:
             raise ValueError("temperatures must not be empty")
         if any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+        if not 1 <= self.best_of <= MAX_BEST_OF:
+            raise ValueError(f"best_of must be between 1 and {MAX_BEST_OF}, got {self.best_of}")
         if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
 

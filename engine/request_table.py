@@ -108,22 +108,22 @@ class RequestTable:
             exc = EngineInternalError("preparing the audio failed")
         handle.emit(exc)
 
-    def window_done(self, seq: Sequence) -> WindowJob | None:
-        """A finished window back to its transcription: the next window or a retry to queue, or None (the request
+    def window_done(self, seq: Sequence) -> list[WindowJob]:
+        """A finished window back to its transcription: the next windows or retries to queue, or none (the request
         is done, or failed: a bug in one request's bookkeeping must not take down the others)."""
         t = seq.job.transcription
         try:
-            job = t.on_window_done(seq)
+            jobs = t.on_window_done(seq)
         except Exception as exc:
             if not isinstance(exc, EngineError):
                 log.exception("request %s failed", t.request_id)
                 exc = EngineInternalError("finishing a window failed")
             t.aborted = True
             self.transcriptions.pop(t.request_id, (None, None))[1].emit(exc)
-            return None
-        if job is None and t.done:
+            return []
+        if not jobs and t.done:
             self.transcriptions.pop(t.request_id, None)
-        return job
+        return jobs
 
     def abort(self, request_id: str) -> None:
         for pending in self.features_pending:

@@ -37,6 +37,7 @@ class WindowJob:
     num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)
     languages: tuple[int, ...] | None = None  # the language tokens detection may pick (None: any)
     keywords: KeywordBias | None = None  # the request's keyword biasing
+    candidate: int = 0  # which of an attempt's best_of samples
 
 
 @dataclass(slots=True, eq=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,8 @@ from engine import (
 from .errors import APIError, ClientDisconnectedError
 from .protocol import ResponseFormat, TranscriptionForm, TranscriptionParams, TranslationForm, Upload
 from .settings import MIB, Settings
+
+log = logging.getLogger(__name__)
 
 WHISPER_1 = "whisper-1"  # alias accepted for clients that hard-code OpenAI's model id
 FORM_OVERHEAD_BYTES = MIB  # room for the non-file fields and multipart framing
@@ -165,6 +168,10 @@ def form_fields(form: FormData) -> dict[str, Any]:
     return fields
 
 
+def known_fields(model_cls: type[BaseModel]) -> set[str]:
+    return {f.alias or name for name, f in model_cls.model_fields.items()}
+
+
 def validate_model(model_cls: type[BaseModel], fields: dict[str, Any]) -> Any:
     """Validate with pydantic; the first error becomes a 400 naming the wire field."""
     try:
@@ -234,6 +241,9 @@ def _unsupported(param: str, message: str) -> APIError:
 
 def check_supported(form: TranslationForm, response_format: ResponseFormat) -> None:
     """Refuse, by name, what OpenAI accepts but this server does not implement yet."""
+    if form.beam_size is not None and form.beam_size > 1:
+        raise _unsupported("beam_size", "beam_size above 1 is not supported yet; decoding is greedy, with best_of "
+                                        "samples for Whisper's fallback attempts.")  # fmt: skip
     if not isinstance(form, TranscriptionForm):
         if form.stream:  # OpenAI has no streaming translations either
             raise _unsupported("stream", "Translations cannot be streamed; send the request without stream.")
@@ -371,7 +381,11 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
     form = await read_form(request, max_bytes)
     try:
         form_cls = TranscriptionForm if task is Task.TRANSCRIBE else TranslationForm
-        fields: TranslationForm = validate_model(form_cls, form_fields(form))
+        raw = form_fields(form)
+        fields: TranslationForm = validate_model(form_cls, raw)
+        unknown = sorted(set(raw) - known_fields(form_cls))
+        if unknown:  # OpenAI adds fields over time: a client that sends newer ones is served, and the log says so
+            log.debug("ignored form fields %s", unknown)
         check_model(fields.model, settings)
         response_format = parse_response_format(fields.response_format)
         check_supported(fields, response_format)
@@ -394,6 +408,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         stream=fields.stream,
         chunking=chunking,
         granularities=frozenset(getattr(fields, "timestamp_granularities", None) or ("segment",)),
+        best_of=fields.best_of,
         logprobs="logprobs" in (getattr(fields, "include", None) or ()),
         languages=languages,
         keywords=keywords,
@@ -433,6 +448,7 @@ def thresholds(settings: Settings) -> dict[str, float | int | None]:
         "log_prob_threshold": settings.log_prob_threshold,
         "no_speech_threshold": settings.no_speech_threshold,
         "fixed_decode_tokens": settings.fixed_decode_tokens,
+        "best_of": settings.best_of,
     }
 
 

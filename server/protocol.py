@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import ChunkingOptions, Task
+from engine import MAX_BEST_OF, ChunkingOptions, Task
 
 __all__ = [
     "ChatCompletion",
@@ -61,6 +61,9 @@ class TranslationForm(BaseModel):
     response_format: str = "json"  # checked by hand so that unsupported values get their own message
     temperature: float = Field(default=0.0, ge=0.0, le=1.0)
     stream: bool = False
+    # Extensions (not OpenAI's): Whisper's decoding knobs, as faster-whisper and openai/whisper name them
+    best_of: int | None = Field(default=None, ge=1, le=MAX_BEST_OF)
+    beam_size: int | None = Field(default=None, ge=1)
 
 
 class TranscriptionForm(TranslationForm):
@@ -101,6 +104,7 @@ class TranscriptionParams:
     logprobs: bool = False  # include[]=logprobs
     languages: tuple[str, ...] | None = None  # languages[]: detection picks among these ISO codes
     keywords: tuple[str, ...] = ()  # keywords[]: words and phrases the decode is biased toward
+    best_of: int | None = None  # samples per fallback attempt (extension); None: the server's --best-of
 
 
 MAX_CHAT_MESSAGES = 256

@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     multi_step: int | None = Field(default=None, ge=1)
     """Greedy decode steps per launch while up to 8 windows decode and none waits (one CUDA graph replays them);
     a window's end is seen up to that many steps late. Default 4 on a GPU, 1 on a CPU."""
+    best_of: int = Field(default=1, ge=1, le=10)
+    """Samples drawn side by side by each of Whisper's fallback attempts above temperature 0, the likeliest kept
+    (openai/whisper's and faster-whisper's best_of, 5 there); a request's `best_of` field overrides it."""
     seed: int = 0
     """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
     only on it and the request's own audio, never on what else the engine decodes."""

@@ -66,7 +66,7 @@ class ChunkedTranscription(Transcription):
         return part
 
     def generator_for(self, job: WindowJob) -> torch.Generator:
-        return self.parts[job.window_index].generator
+        return self.parts[job.window_index].generator_for(job)
 
     def _own(self, index: int, job: WindowJob) -> WindowJob:
         """A part's job, addressed to this request (which the engine tracks and aborts) and to its window."""
@@ -88,11 +88,10 @@ class ChunkedTranscription(Transcription):
     def tokens_to_align(self, seq: Sequence) -> list[int]:
         return self.parts[seq.job.window_index].tokens_to_align(seq)
 
-    def on_window_done(self, seq: Sequence) -> WindowJob | None:
-        """The window's next decode (a fallback retry or the rest of the window), or None."""
+    def on_window_done(self, seq: Sequence) -> list[WindowJob]:
+        """The window's next decodes (a fallback retry or the rest of the window), or none."""
         index = seq.job.window_index
-        job = self.parts[index].on_window_done(seq)
-        return None if job is None else self._own(index, job)
+        return [self._own(index, job) for job in self.parts[index].on_window_done(seq)]
 
     def _on_part_output(self, index: int, item: object) -> None:
         if isinstance(item, SegmentEvent):

@@ -32,6 +32,7 @@ from engine.sequence import Sequence, WindowJob
 class WindowResult:
     tokens: list[int]
     logprobs: list[float]  # each token's
+    sum_logprob: float  # the tokens' and the end's
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
@@ -71,6 +72,8 @@ class Transcription:
         self.last_speech = 0.0  # end of the last word so far (word-timestamp heuristics)
         self.segments: list[Segment] = []
         self.attempts: list[WindowResult] = []  # this window's decodes so far, one per temperature
+        self.samples: list[WindowResult] = []  # the current attempt's best_of samples decoded so far
+        self.candidate_generators: list[torch.Generator] = []  # one per sample while an attempt draws best_of
         self.aborted = False
         self.done = False
         self.submitted_at = time.perf_counter()  # the engine sets the time its caller submitted the request
@@ -80,6 +83,8 @@ class Transcription:
         per_window = options.decode_budget_per_window
         if per_window is not None and options.keyword_prompt:
             per_window *= 2  # room for the retry without keywords of a window that they derailed (_window_job)
+        if per_window is not None:
+            per_window *= options.best_of  # each fallback attempt draws best_of samples
         self.token_budget = None if per_window is None else per_window * max(1, math.ceil(duration / CHUNK_LENGTH))
         self.tokens_sampled = 0  # every attempt's, EOT included
         sequences = options.keyword_sequences
@@ -94,7 +99,9 @@ class Transcription:
 
     def generator_for(self, job: WindowJob) -> torch.Generator:
         """The generator a window's sampling draws from: the request's (its windows decode one after another,
-        so the draws come in one order)."""
+        so the draws come in one order); each of best_of samples decoded side by side has its own."""
+        if self.candidate_generators:
+            return self.candidate_generators[job.candidate]
         return self.generator
 
     @property
@@ -103,20 +110,26 @@ class Transcription:
 
     def start_jobs(self) -> list[WindowJob]:
         """The windows to queue when the request arrives: sequential decoding starts with the first only."""
-        job = self.next_job()
-        return [job] if job is not None else []
+        return self.next_jobs()
 
-    def next_job(self) -> WindowJob | None:
-        """The job for the current window at the next temperature, or None when the audio is done."""
+    def next_jobs(self) -> list[WindowJob]:
+        """The decodes of the current window at the next temperature (best_of samples above 0), or none when the
+        audio is done."""
         if self.seek >= self.content_frames or self.aborted:
-            return None
+            return []
         window = self.mel[:, self.seek : self.seek + self.segment_size]
         previous = self.all_tokens[self.prompt_reset_since :]
-        return self._window_job(window, previous, self.language, self.options.temperatures[len(self.attempts)])
+        temperature = self.options.temperatures[len(self.attempts)]
+        n = self.options.best_of if temperature > 0 else 1
+        self.candidate_generators = [
+            torch.Generator().manual_seed(candidate_seed(self.seed, self.seek, len(self.attempts), i)) for i in range(n)
+        ] if n > 1 else []  # fmt: skip
+        return [self._window_job(window, previous, self.language, temperature, candidate=i) for i in range(n)]
 
     def _window_job(
-        self, window: Tensor, previous: list[int], language: str | None, temperature: float, index: int = 0
-    ) -> WindowJob:
+        self, window: Tensor, previous: list[int], language: str | None, temperature: float, index: int = 0,
+        candidate: int = 0,
+    ) -> WindowJob:  # fmt: skip
         """A decode of `window` (mel frames), conditioned on `previous` text; language None detects it."""
         tok, opts = self.tokenizer, self.options
         prompt: list[int] = []
@@ -149,28 +162,37 @@ class Transcription:
             num_frames=window.shape[-1],
             languages=tuple(tok.language_ids[c] for c in opts.languages) if detect and opts.languages else None,
             keywords=self.keyword_bias,
+            candidate=candidate,
         )
 
-    def on_window_done(self, seq: Sequence) -> WindowJob | None:
-        """Judge a finished window: retry at a higher temperature, move on, or finish the request."""
+    def on_window_done(self, seq: Sequence) -> list[WindowJob]:
+        """Judge a finished window: retry at a higher temperature, move on, or finish the request. Of an attempt's
+        best_of samples, the likeliest (the mean log-probability of its tokens, as openai/whisper ranks them) is
+        the attempt, once all are in."""
         if seq.language is not None and self.language is None:
             self.language = seq.language
         result = self._window_result(seq)
-        self.attempts.append(result)
         self.tokens_sampled += len(seq.tokens) + 1
+        if self.candidate_generators:
+            self.samples.append(result)
+            if len(self.samples) < len(self.candidate_generators):
+                return []  # the others are still decoding
+            result = max(self.samples, key=lambda r: r.sum_logprob / max(1, len(r.tokens)))
+            self.samples, self.candidate_generators = [], []
+        self.attempts.append(result)
         if self._needs_fallback(result) and len(self.attempts) < len(self.options.temperatures):
-            return self._within_budget(self.next_job())
+            return self._within_budget(self.next_jobs())
         self._accept(self._best_attempt(self.attempts))
         self.attempts = []
-        job = self.next_job()
-        if job is None:
+        jobs = self.next_jobs()
+        if not jobs:
             self.finish()
-        return self._within_budget(job)
+        return self._within_budget(jobs)
 
-    def _within_budget(self, job: WindowJob | None) -> WindowJob | None:
-        """The next decode, unless the request has already sampled its budget (then it fails)."""
-        if job is None or self.token_budget is None or self.tokens_sampled < self.token_budget:
-            return job
+    def _within_budget(self, jobs: list[WindowJob]) -> list[WindowJob]:
+        """The next decodes, unless the request has already sampled its budget (then it fails)."""
+        if not jobs or self.token_budget is None or self.tokens_sampled < self.token_budget:
+            return jobs
         raise DecodeBudgetExceededError(
             f"Decoding was stopped after {self.tokens_sampled} tokens, the budget for {self.duration:.0f} s of "
             f"audio ({self.token_budget}): its windows kept failing Whisper's quality checks and falling back to "
@@ -184,6 +206,7 @@ class Transcription:
         return WindowResult(
             tokens=tokens,
             logprobs=seq.logprobs,
+            sum_logprob=seq.sum_logprob,
             avg_logprob=seq.sum_logprob / (len(tokens) + 1),
             compression_ratio=compression_ratio(text),
             no_speech_prob=seq.no_speech_prob,
@@ -325,3 +348,9 @@ def prompt_tokens(tokenizer: Tokenizer, prompt: str | None, n_text_ctx: int) -> 
 
 # Characters of a prompt's tail tokenized: far more than 223 tokens of any language's text take.
 PROMPT_CHARS_PER_TOKEN = 32
+
+
+def candidate_seed(seed: int | None, seek: int, attempt: int, candidate: int) -> int:
+    """The seed of one of an attempt's best_of samples: fixed by the request's seed and where the sample is, whatever
+    order the samples run in."""
+    return hash((seed or 0, seek, attempt, candidate)) % 2**63  # a tuple of ints hashes the same in every process

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from fastapi import APIRouter, Request, Response
@@ -35,6 +36,8 @@ async def _serve(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings,
         logprobs=params.logprobs, languages=params.languages, keywords=params.keywords,
     )  # fmt: skip
+    if params.best_of is not None:
+        options = dataclasses.replace(options, best_of=params.best_of)
 
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)

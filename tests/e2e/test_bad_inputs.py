@@ -55,6 +55,8 @@ BAD_FIELDS = {
     "unknown languages": ({"languages": ["en", "klingon"]}, "languages[]"),
     "too many keywords": ({"keywords": [f"word{i}" for i in range(101)]}, "keywords[]"),
     "keyword too long": ({"keywords": ["x" * 101]}, "keywords[]"),
+    "beam search": ({"extra_body": {"beam_size": 5}}, "beam_size"),
+    "best_of too large": ({"extra_body": {"best_of": 11}}, "best_of"),
     "keywords past the prompt": ({"keywords": [f"Zyx{i}qw" for i in range(40)]}, "keywords"),
     "chunking_strategy unknown": ({"chunking_strategy": "manual"}, "chunking_strategy"),
     "chunking_strategy threshold": (

@@ -84,3 +84,17 @@ def test_words_carry_their_probability(server, data_dir):
     probabilities = [word.model_extra["probability"] for word in body.words]
     assert len(probabilities) == len(body.words) > 10
     assert all(0 < p <= 1 for p in probabilities) and min(probabilities) < 0.99
+
+
+def test_best_of_over_http_is_the_engines_best_of(server, data_dir, tiny_engine, load_clip):
+    """The `best_of` extension reaches the engine: at temperature 1, five samples and the likeliest kept, the
+    same transcript as the engine's own best_of=5 decode (the server's seed is 0)."""
+    from engine import DecodeOptions
+
+    clip = "g1_en_librispeech-test-other_1688-142285-0000.flac"
+    body = server.client().audio.transcriptions.create(
+        file=data_dir / clip, model="whisper-1", temperature=1.0, extra_body={"best_of": 5}
+    )
+    engine = tiny_engine.transcribe(load_clip(clip), DecodeOptions(temperatures=(1.0,), best_of=5, seed=0))
+    single = tiny_engine.transcribe(load_clip(clip), DecodeOptions(temperatures=(1.0,), seed=0))
+    assert body.text == engine.text.strip() != single.text.strip()

@@ -179,6 +179,14 @@ def test_logprobs_languages_and_keywords_as_the_sdk_sends_them():
     assert error_of(transcribe(keywords=["k"] * 50 + [f"k{i}" for i in range(101)])).param == "keywords[]"
 
 
+def test_whisper_extensions_and_unknown_fields():
+    assert parse(transcribe(extra_body={"best_of": 5, "beam_size": 1})).best_of == 5
+    assert parse(transcribe()).best_of is None
+    assert parse(transcribe(extra_body={"some_future_field": "x"})).model == "whisper-1"  # served; logged at debug
+    assert error_of(transcribe(extra_body={"beam_size": 5})).param == "beam_size"
+    assert error_of(transcribe(extra_body={"best_of": 0})).param == "best_of"
+
+
 def test_stream_and_chunking_strategy_as_the_sdk_sends_them():
     assert parse(transcribe(stream=True)).stream is True
     assert parse(transcribe(stream=True, response_format="text")).stream is True
