@@ -41,7 +41,8 @@ class RawSession:
     """A raw websockets client: sends JSON events, reads server events parsed by the SDK's models."""
 
     def __init__(self, server):
-        self.ws = ws_connect(ws_url(server), max_size=2**25, open_timeout=30)
+        self.connection = ws_connect(ws_url(server), max_size=2**25, open_timeout=30)
+        self.ws = self.connection.__enter__()
         self.events: list = []
 
     def send(self, **event) -> None:
@@ -59,7 +60,7 @@ class RawSession:
                 return ev
 
     def close(self) -> None:
-        self.ws.close()
+        self.connection.__exit__(None, None, None)
 
 
 def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
