@@ -85,7 +85,11 @@ def test_an_integer_of_ten_thousand_digits_is_a_400(server, data_dir):
 
 
 def test_a_million_messages_are_refused_without_stalling_health(server):
-    """30 MB of tiny messages, under the body limit: refused before parsing, /health answers meanwhile."""
+    """30 MB of tiny messages, under the body limit: refused before parsing, /health answers meanwhile.
+
+    Parsing them would hold the event loop for seconds (json.loads alone takes ~0.7 s on a CI core, validation far
+    longer); counting the brackets takes ~30 ms. The bound sits between the two, with room for the two cores being
+    shared by this client sending 30 MB, the server receiving them and the probe."""
     body = b'{"model": "whisper-1", "messages": [' + b",".join([b'{"role":"user","content":"a"}'] * 1_000_000) + b"]}"
     assert len(body) < 34 * 1024 * 1024
     with health_latencies(server) as latencies:
@@ -94,7 +98,7 @@ def test_a_million_messages_are_refused_without_stalling_health(server):
         elapsed = time.perf_counter() - start
     assert "too many JSON objects" in assert_openai_400(response)["message"]
     assert elapsed < 10, elapsed
-    assert latencies and max(latencies) < 0.1, sorted(latencies)[-5:]
+    assert latencies and max(latencies) < 0.3, sorted(latencies)[-5:]
 
 
 def test_too_many_messages_or_too_much_text_is_a_400(server, data_dir):
