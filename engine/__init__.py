@@ -15,6 +15,7 @@ from engine.model.tokenizer import LANGUAGES
 from engine.model_runner import resolve_device
 from engine.request import (
     DEFAULT_TEMPERATURES,
+    MAX_BEAM_SIZE,
     MAX_BEST_OF,
     ChunkingOptions,
     DecodeBudgetExceededError,
@@ -44,6 +45,7 @@ def start_engine(config: EngineConfig, own_process: bool) -> EngineLike:
 __all__ = [
     "DEFAULT_TEMPERATURES",
     "LANGUAGES",
+    "MAX_BEAM_SIZE",
     "MAX_BEST_OF",
     "SAMPLE_RATE",
     "TOKENS_PER_SECOND",

@@ -70,6 +70,7 @@ class Engine(EngineFront):
             raise self._error
         self.tokenizer = self.runner.tokenizer
         self.n_text_ctx = self.runner.n_text_ctx
+        self.num_slots = self.runner.num_slots
         # On a GPU new requests' log-mels are computed beside the loop; on a CPU the loop computes them itself,
         # so that one OpenMP thread team does all the work (a second team would compete for the cores).
         self._features = FeatureWorker(self.runner.log_mel, self.inbox.put) if self.runner.on_gpu else None
@@ -210,8 +211,9 @@ class Engine(EngineFront):
     def step(self) -> None:
         """One turn of the loop: admit waiting windows, launch a decode step for every running sequence, read the
         step launched before it (overlapped) or this one (not), and act on what was sampled."""
-        if self._in_flight is not None and any(s.job.keywords is not None for s in self.scheduler.running):
-            # a keyword row's next bonuses follow from its last token: read the step in flight before launching
+        if self._in_flight is not None and any(s.host_bound for s in self.scheduler.running):
+            # a keyword row's next bonuses follow from its last token, and the next beams from the group's
+            # candidates: read the step in flight before launching
             self._postprocess(self._in_flight.rows, *self._in_flight.output.result(), latest=True)
             self._in_flight = None
         admitted = self._admit()
@@ -234,7 +236,12 @@ class Engine(EngineFront):
             return new
         for seq in new:
             self._mark_started(seq.job.transcription.request_id)
-        runner.encode_into_slots([s.job.mel for s in new], new[0].slot)
+        # one encoder pass per window: a beam search's other beams (admitted after every window) get copies
+        windows = [s for s in new if not s.beam_follower]
+        runner.encode_into_slots([s.job.mel for s in windows], new[0].slot)
+        for seq in windows:
+            if seq.beam is not None:
+                runner.cache.copy_cross(seq.slot, [m.slot for m in seq.beam.members[1:]])
         short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
         small_batch = len(sched.running) - len(new) < STEPWISE_MAX_RUNNING and not sched.num_waiting
         if short and small_batch and not runner.prompt_graph_fits(new):
@@ -269,11 +276,15 @@ class Engine(EngineFront):
         tok, now = self.tokenizer, time.perf_counter()
         # a launch of several steps holds several rows per sequence: its next input is its last one's token
         last = {id(r.seq): i for i, r in enumerate(rows)} if latest else {}
+        beams: dict[int, LaunchedRow] = {}
         for i, (r, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
             seq = r.seq
             if latest and last[id(seq)] == i:
                 seq.settle(token)
             if r.output is Output.FORCED or seq.finished:
+                continue
+            if seq.beam is not None and r.output is Output.TOKEN:  # the group's candidates decide, below
+                beams.setdefault(id(seq.beam), r)
                 continue
             t = seq.job.transcription
             if t.first_token_at is None:
@@ -282,19 +293,24 @@ class Engine(EngineFront):
                 seq.language = tok.language_codes[token]
             elif seq.append(token, logprob, r.num_cached, tok.eot, tok.timestamp_begin, self.runner.n_text_ctx):
                 self.num_tokens += 1
+        for r in beams.values():
+            group = r.seq.beam
+            group.advance(self.runner.vocab_size, tok.eot, tok.timestamp_begin, r.num_cached,
+                          self.runner.n_text_ctx, self.runner.cache)  # fmt: skip
+            self.num_tokens += group.size
         self._finish_windows()
 
     def _finish_windows(self) -> None:
         """Finished windows leave their slots (aligned first, for word timestamps: that reads the slot's cross
         cache); their transcriptions queue the next window, a retry, or finish."""
         for seq in self.scheduler.running:
-            if seq.finished and not seq.aborted and seq.job.word_timestamps:
+            if seq.finished and not seq.aborted and seq.job.word_timestamps and not seq.beam_follower:
                 t = seq.job.transcription
                 text = t.tokens_to_align(seq)
                 language = seq.language or t.language or "en"
                 seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
         for seq in self.scheduler.release_finished(self.runner.cache):
-            if not seq.aborted:
+            if not seq.aborted and not seq.beam_follower:
                 for job in self.requests.window_done(seq):
                     self.scheduler.add(job, continuing=True)
 

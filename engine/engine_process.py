@@ -89,7 +89,7 @@ class EngineProcess(EngineFront):
         if isinstance(first, Failed):
             self._process.join()
             raise first.error
-        self.tokenizer, self.n_text_ctx = first.tokenizer, first.n_text_ctx
+        self.tokenizer, self.n_text_ctx, self.num_slots = first.tokenizer, first.n_text_ctx, first.num_slots
         self._ids = itertools.count()
         self._tokens = itertools.count()
         self._lock = threading.Lock()
@@ -293,7 +293,7 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
         send(Failed(exc))
         return
     engine.start()
-    send(Ready(engine.tokenizer, engine.n_text_ctx))
+    send(Ready(engine.tokenizer, engine.n_text_ctx, engine.num_slots))
     reported_dead = False
     while True:
         if not inbox.poll(0.5):

@@ -81,6 +81,7 @@ class EngineFront:
     config: EngineConfig
     tokenizer: Tokenizer
     n_text_ctx: int  # the decoder's context (self-attention cache length), which bounds a prompt
+    num_slots: int  # sequences decoded at once, which bounds a window's beams
 
     @property
     def model_name(self) -> str:
@@ -144,6 +145,11 @@ class EngineFront:
                     f"{'knows' if tok.is_multilingual else 'speaks (it is English-only)'}",
                     "languages",
                 )
+        if options.beam_size > self.num_slots:
+            raise InvalidRequestError(
+                f"beam_size {options.beam_size} is more than the {self.num_slots} sequences this server decodes at once",
+                "beam_size",
+            )
         if options.task == Task.TRANSLATE and not tok.is_multilingual:
             raise InvalidRequestError("This model is English-only and cannot translate", "model")
 

@@ -67,6 +67,7 @@ class Shutdown:
 class Ready:
     tokenizer: Tokenizer
     n_text_ctx: int
+    num_slots: int
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from engine import beam_search
 from engine.audio import N_FRAMES
 from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
@@ -97,6 +98,7 @@ class ModelRunner:
 
         self.cache_shape = CacheShape.for_model(dims, config.max_audio_ctx, config.max_text_ctx)
         self.n_text_ctx = self.cache_shape.n_text_ctx
+        self.vocab_size = dims.n_vocab
         planned, why = plan_num_slots(
             self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, self._activation_reserve(),
             int8_cross,
@@ -286,7 +288,7 @@ class ModelRunner:
             job = s.job
             if not s.sampling or s.num_launched == 0 or job.with_timestamps != timestamps or job.temperature > 0:
                 return 1
-            if job.keywords is not None:  # its bonuses are built on the host from each token
+            if job.keywords is not None or job.beam_size > 1:  # the host decides each next token
                 return 1
             if s.num_cached + k > self.n_text_ctx:
                 return 1
@@ -351,6 +353,7 @@ class ModelRunner:
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
         gens = [s.job.transcription.generator_for(s.job) if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens, self.config.kernels.greedy_pick)
+        groups = beam_rows(seqs)  # their rows' tokens are not used: the groups' candidates are
         if keep:
             sampled = [i for i, s in enumerate(seqs) if s.sampling]  # rows whose token joins the sequence
             if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp
@@ -360,4 +363,18 @@ class ModelRunner:
                 state = new if every else state.index_copy(0, rows, new)
             self.io.keep(tokens, state)
         parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
-        return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows])
+        if groups:
+            parts.append(beam_search.candidates(logits, groups, self.io.to_device))
+        return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows], [g for g, _ in groups])
+
+
+def beam_rows(seqs: list[Sequence]) -> list[tuple[beam_search.BeamGroup, list[int]]]:
+    """The beam groups choosing their next tokens in this step, each with its members' rows (member order)."""
+    row = {id(s): i for i, s in enumerate(seqs)}
+    groups, seen = [], set()
+    for s in seqs:
+        g = s.beam
+        if g is not None and s.sampling and id(g) not in seen:
+            seen.add(id(g))
+            groups.append((g, [row[id(m)] for m in g.members]))
+    return groups

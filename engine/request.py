@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 # Whisper's published defaults (openai/whisper transcribe(), faster-whisper WhisperModel.transcribe).
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 MAX_BEST_OF = 10  # samples per fallback attempt: each holds a slot while the attempt decodes
+MAX_BEAM_SIZE = 10  # beams per window: each holds a slot while the window decodes
 
 
 class Task(str, enum.Enum):
@@ -54,6 +55,12 @@ class DecodeOptions:
     # Each fallback attempt at a temperature above 0 draws this many samples, decoded side by side, and keeps the
     # likeliest (openai/whisper's best_of); the decode budget grows with it.
     best_of: int = 1
+    # The attempt at temperature 0 searches this many beams (faster-whisper's beam_size, 5 there; 1: greedy). It
+    # ends once round(beam_size * patience) hypotheses have finished, and ranks them by their summed
+    # log-probability over length ** length_penalty (faster-whisper's definitions, which are CTranslate2's).
+    beam_size: int = 1
+    patience: float = 1.0
+    length_penalty: float = 1.0
     # Seeds sampling at temperature > 0 so a result can be reproduced; None = the engine's EngineConfig.seed.
     seed: int | None = None
     # Tokens the request may sample (fallback retries included) per 30 s of audio before it fails with
@@ -88,6 +95,12 @@ class DecodeOptions:
             raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
         if not 1 <= self.best_of <= MAX_BEST_OF:
             raise ValueError(f"best_of must be between 1 and {MAX_BEST_OF}, got {self.best_of}")
+        if not 1 <= self.beam_size <= MAX_BEAM_SIZE:
+            raise ValueError(f"beam_size must be between 1 and {MAX_BEAM_SIZE}, got {self.beam_size}")
+        if not 0 < self.patience <= MAX_BEAM_SIZE:
+            raise ValueError(f"patience must be above 0 and at most {MAX_BEAM_SIZE}, got {self.patience}")
+        if not 0 <= self.length_penalty <= 2:
+            raise ValueError(f"length_penalty must be between 0 and 2, got {self.length_penalty}")
         if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
 

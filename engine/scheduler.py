@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from engine.beam_search import BeamGroup
 from engine.model.kv_cache import KVCache
 from engine.sequence import Sequence, WindowJob
 
@@ -46,20 +47,50 @@ class Scheduler:
             (self.waiting_next if continuing else self.waiting_new).append(job)
 
     def admit(self) -> list[Sequence]:
-        """Give free slots to waiting windows; the new sequences take the slots right after the running ones."""
-        free = min(self.num_slots - len(self.running), self.max_encoder_batch, self.num_waiting)
+        """Give free slots to waiting windows; the new sequences take the slots right after the running ones. A
+        window decoded with beam search takes one slot per beam: its first beam's slot is among the windows' (in
+        admission order, so the encoder writes them in one run), its other beams' come after all of those."""
+        slots = self.num_slots - len(self.running)
+        free = min(slots, self.max_encoder_batch, self.num_waiting)
         free = self.admissible(free) if free else 0
-        admitted: list[Sequence] = []
+        jobs: list[WindowJob] = []
+        used = 0
         for queue in self.queues:
-            while queue and len(admitted) < free:
-                job = queue.popleft()
+            while queue and len(jobs) < free:
+                job = queue[0]
                 if job.transcription.aborted:
+                    queue.popleft()
                     continue
-                seq = Sequence(job=job, slot=len(self.running) + len(admitted), pending=list(job.prompt))
-                seq.detecting = job.detect_language
-                admitted.append(seq)
+                if used + job.beam_size > slots:  # first come, first served: no later window jumps ahead
+                    break
+                jobs.append(queue.popleft())
+                used += job.beam_size
+            else:
+                continue
+            break
+        start = len(self.running)
+        admitted = [self._sequence(job, start + i) for i, job in enumerate(jobs)]
+        followers: list[Sequence] = []
+        for seq in admitted:
+            if seq.job.beam_size > 1:
+                members = [seq] + [
+                    self._sequence(seq.job, start + len(admitted) + len(followers) + b)
+                    for b in range(seq.job.beam_size - 1)
+                ]
+                options = seq.job.transcription.options
+                group = BeamGroup(members, options.patience, options.length_penalty)
+                for m in members:
+                    m.beam = group
+                followers += members[1:]
+        admitted += followers
         self.running.extend(admitted)
         return admitted
+
+    @staticmethod
+    def _sequence(job: WindowJob, slot: int) -> Sequence:
+        seq = Sequence(job=job, slot=slot, pending=list(job.prompt))
+        seq.detecting = job.detect_language
+        return seq
 
     def drop_aborted(self) -> None:
         for q in self.queues:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from engine.beam_search import BeamGroup
     from engine.keywords import KeywordBias
     from engine.longform.alignment import AlignmentInput
     from engine.longform.transcription import Transcription
@@ -38,6 +39,7 @@ class WindowJob:
     languages: tuple[int, ...] | None = None  # the language tokens detection may pick (None: any)
     keywords: KeywordBias | None = None  # the request's keyword biasing
     candidate: int = 0  # which of an attempt's best_of samples
+    beam_size: int = 1  # above 1: beam search (engine/beam_search.py), one slot per beam
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +61,18 @@ class Sequence:
     finished: bool = False
     aborted: bool = False
     alignment: AlignmentInput | None = None  # word-timestamp inputs, read from the slot before it is reused
+    beam: BeamGroup | None = None  # the window's beams, when it decodes with beam search
+
+    @property
+    def host_bound(self) -> bool:
+        """Its next step's inputs are decided on the host from this step's output (keyword bonuses follow the last
+        token; beams are chosen from the group's candidates): the step must be read before the next is launched."""
+        return self.beam is not None or self.job.keywords is not None
+
+    @property
+    def beam_follower(self) -> bool:
+        """A beam other than the one that carries the window's result."""
+        return self.beam is not None and self.beam.leader is not self
 
     @property
     def sampling(self) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from engine.beam_search import BeamGroup
 from engine.sampling import LogitsProcessor, StepRules
 from engine.sequence import ON_DEVICE, Sequence
 
@@ -148,9 +149,10 @@ class StepOutput:
     """A step's tokens, log-probabilities and extra values on their way to the host: the copy is queued behind the
     step, so reading it (`result`) is the one wait for the GPU, and the host can launch the next step first."""
 
-    def __init__(self, values: Tensor, n: int, extra_seqs: list[Sequence]):
+    def __init__(self, values: Tensor, n: int, extra_seqs: list[Sequence], beams: list[BeamGroup] | None = None):
         self.n = n
         self.extra_seqs = extra_seqs
+        self.beams = beams or []
         self.event = None
         if values.device.type == "cuda":
             self.values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -168,4 +170,9 @@ class StepOutput:
         n = self.n
         for seq, p in zip(self.extra_seqs, out[2 * n :]):
             seq.no_speech_prob = p
+        at = 2 * n + len(self.extra_seqs)
+        for group in self.beams:  # after the no-speech probabilities: each group's 2B values, then 2B indices
+            k = 2 * group.size
+            group.candidates = (out[at : at + k], [int(i) for i in out[at + k : at + 2 * k]])
+            at += 2 * k
         return [int(t) for t in out[:n]], out[n : 2 * n]

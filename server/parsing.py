@@ -241,9 +241,6 @@ def _unsupported(param: str, message: str) -> APIError:
 
 def check_supported(form: TranslationForm, response_format: ResponseFormat) -> None:
     """Refuse, by name, what OpenAI accepts but this server does not implement yet."""
-    if form.beam_size is not None and form.beam_size > 1:
-        raise _unsupported("beam_size", "beam_size above 1 is not supported yet; decoding is greedy, with best_of "
-                                        "samples for Whisper's fallback attempts.")  # fmt: skip
     if not isinstance(form, TranscriptionForm):
         if form.stream:  # OpenAI has no streaming translations either
             raise _unsupported("stream", "Translations cannot be streamed; send the request without stream.")
@@ -409,6 +406,9 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         chunking=chunking,
         granularities=frozenset(getattr(fields, "timestamp_granularities", None) or ("segment",)),
         best_of=fields.best_of,
+        beam_size=fields.beam_size,
+        patience=fields.patience,
+        length_penalty=fields.length_penalty,
         logprobs="logprobs" in (getattr(fields, "include", None) or ()),
         languages=languages,
         keywords=keywords,
@@ -449,6 +449,9 @@ def thresholds(settings: Settings) -> dict[str, float | int | None]:
         "no_speech_threshold": settings.no_speech_threshold,
         "fixed_decode_tokens": settings.fixed_decode_tokens,
         "best_of": settings.best_of,
+        "beam_size": settings.beam_size,
+        "patience": settings.patience,
+        "length_penalty": settings.length_penalty,
     }
 
 

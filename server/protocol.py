@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import MAX_BEST_OF, ChunkingOptions, Task
+from engine import MAX_BEAM_SIZE, MAX_BEST_OF, ChunkingOptions, Task
 
 __all__ = [
     "ChatCompletion",
@@ -63,7 +63,9 @@ class TranslationForm(BaseModel):
     stream: bool = False
     # Extensions (not OpenAI's): Whisper's decoding knobs, as faster-whisper and openai/whisper name them
     best_of: int | None = Field(default=None, ge=1, le=MAX_BEST_OF)
-    beam_size: int | None = Field(default=None, ge=1)
+    beam_size: int | None = Field(default=None, ge=1, le=MAX_BEAM_SIZE)
+    patience: float | None = Field(default=None, gt=0, le=MAX_BEAM_SIZE)
+    length_penalty: float | None = Field(default=None, ge=0, le=2)
 
 
 class TranscriptionForm(TranslationForm):
@@ -104,7 +106,17 @@ class TranscriptionParams:
     logprobs: bool = False  # include[]=logprobs
     languages: tuple[str, ...] | None = None  # languages[]: detection picks among these ISO codes
     keywords: tuple[str, ...] = ()  # keywords[]: words and phrases the decode is biased toward
-    best_of: int | None = None  # samples per fallback attempt (extension); None: the server's --best-of
+    # Whisper's decoding knobs (extensions), the DecodeOptions fields of the same names; None: the server's setting
+    best_of: int | None = None
+    beam_size: int | None = None
+    patience: float | None = None
+    length_penalty: float | None = None
+
+    def decoding_overrides(self) -> dict[str, int | float]:
+        """The knobs this request sets, as DecodeOptions fields."""
+        knobs = {"best_of": self.best_of, "beam_size": self.beam_size, "patience": self.patience,
+                 "length_penalty": self.length_penalty}  # fmt: skip
+        return {k: v for k, v in knobs.items() if v is not None}
 
 
 MAX_CHAT_MESSAGES = 256

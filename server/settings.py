@@ -97,6 +97,13 @@ class Settings(BaseSettings):
     best_of: int = Field(default=1, ge=1, le=10)
     """Samples drawn side by side by each of Whisper's fallback attempts above temperature 0, the likeliest kept
     (openai/whisper's and faster-whisper's best_of, 5 there); a request's `best_of` field overrides it."""
+    beam_size: int = Field(default=1, ge=1, le=10)
+    """Beams searched by the attempt at temperature 0 (faster-whisper's beam_size, 5 there; 1 = greedy). Each
+    beam of a window holds a decode slot while the window decodes; a request's `beam_size` field overrides it."""
+    patience: float = Field(default=1.0, gt=0, le=10)
+    """Beam search ends once round(beam_size * patience) hypotheses have finished (faster-whisper's patience)."""
+    length_penalty: float = Field(default=1.0, ge=0, le=2)
+    """Beam hypotheses are ranked by their log-probability over length ** length_penalty (faster-whisper's)."""
     seed: int = 0
     """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
     only on it and the request's own audio, never on what else the engine decodes."""

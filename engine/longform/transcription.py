@@ -163,6 +163,7 @@ class Transcription:
             languages=tuple(tok.language_ids[c] for c in opts.languages) if detect and opts.languages else None,
             keywords=self.keyword_bias,
             candidate=candidate,
+            beam_size=opts.beam_size if temperature == 0 else 1,
         )
 
     def on_window_done(self, seq: Sequence) -> list[WindowJob]:

@@ -107,6 +107,22 @@ class KVCache:
                     _copy_bytes(t[:, dst : dst + n], t[:, src : src + n])
 
 
+    def copy_self(self, copies: list[tuple[int, int]], num_positions: int) -> None:
+        """Copy self-attention prefixes between slots (a beam forking from another): (source, destination) per
+        copy, no slot both. One gather and one scatter for all of them."""
+        src = torch.tensor([c[0] for c in copies], device=self.self_kv.device)
+        dst = torch.tensor([c[1] for c in copies], device=self.self_kv.device)
+        prefix = self.self_kv[:, :, :, :, :num_positions]
+        prefix.index_copy_(2, dst, prefix.index_select(2, src))
+
+    def copy_cross(self, source: int, destinations: list[int]) -> None:
+        """The cross-attention keys and values (and scales) of slot `source` into each slot of `destinations`."""
+        for t in (self.cross_k, self.cross_v, self.cross_k_scale, self.cross_v_scale):
+            if t is not None:
+                for dst in destinations:
+                    _copy_bytes(t[:, dst], t[:, source])
+
+
 def _runs(moves: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:
     """(source, destination, count, longest self prefix) for each run of moves whose sources and destinations both
     step by one; a run copies its longest prefix in every slot (positions past a sequence's own are never read)."""

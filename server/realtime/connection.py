@@ -300,13 +300,13 @@ class Connection:
 
     def _options(self, background: bool) -> DecodeOptions:
         """A turn's decode: the HTTP route's, with the session's language and prompt (then its previous
-        transcripts). A partial one is greedy only, and in the background: a preview, refreshed a second later,
+        transcripts). A partial one is greedy only (one beam, no fallback), and in the background: a preview, refreshed a second later,
         that waits for every other window; the final decode has Whisper's fallback."""
         prompt = " ".join(p for p in (self.session.prompt, self.context) if p) or None
         options = decode_options(Task.TRANSCRIBE, self.session.language, prompt, 0.0, settings=self.settings)
         options = dataclasses.replace(options, logprobs=self.session.logprobs)
         if background:
-            options = dataclasses.replace(options, temperatures=(0.0,), background=True)
+            options = dataclasses.replace(options, temperatures=(0.0,), background=True, beam_size=1)
         return options
 
     async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray, launched: float) -> None:

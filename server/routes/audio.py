@@ -36,8 +36,8 @@ async def _serve(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings,
         logprobs=params.logprobs, languages=params.languages, keywords=params.keywords,
     )  # fmt: skip
-    if params.best_of is not None:
-        options = dataclasses.replace(options, best_of=params.best_of)
+    if overrides := params.decoding_overrides():
+        options = dataclasses.replace(options, **overrides)
 
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)

@@ -214,6 +214,8 @@ def test_word_timestamps_sampling_and_chunked_mode_do_not_depend_on_the_batch(cu
             DecodeOptions(temperatures=(0.0,), word_timestamps=True),
             DecodeOptions(temperatures=(0.8,), seed=7),  # every token drawn, from the request's own generator
             DecodeOptions(temperatures=(0.0, 0.4, 0.8), compression_ratio_threshold=1.0, seed=3),  # fallbacks
+            DecodeOptions(temperatures=(0.0,), beam_size=5, without_timestamps=True),  # beams: rows of the batch
+            DecodeOptions(temperatures=(0.0,), beam_size=5, word_timestamps=True),
         ]
         for options in cases:
             _alone_and_among_fillers(engine, audios, options, filler_counts=(7, 64))

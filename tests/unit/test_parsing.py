@@ -183,7 +183,11 @@ def test_whisper_extensions_and_unknown_fields():
     assert parse(transcribe(extra_body={"best_of": 5, "beam_size": 1})).best_of == 5
     assert parse(transcribe()).best_of is None
     assert parse(transcribe(extra_body={"some_future_field": "x"})).model == "whisper-1"  # served; logged at debug
-    assert error_of(transcribe(extra_body={"beam_size": 5})).param == "beam_size"
+    beams = parse(transcribe(extra_body={"beam_size": 5, "patience": 1.5, "length_penalty": 0.5}))
+    assert beams.decoding_overrides() == {"beam_size": 5, "patience": 1.5, "length_penalty": 0.5}
+    assert parse(transcribe()).decoding_overrides() == {}
+    assert error_of(transcribe(extra_body={"beam_size": 11})).param == "beam_size"
+    assert error_of(transcribe(extra_body={"length_penalty": -1})).param == "length_penalty"
     assert error_of(transcribe(extra_body={"best_of": 0})).param == "best_of"
 
 

@@ -1,0 +1,185 @@
+"""Beam search inside the shared batch: a window's beams are rows of the running batch.
+
+The device ranks: each step, every beam group's candidates (its beams' running scores plus their next-token
+log-probabilities, over beams x vocabulary) are cut to the best 2B on the device, and only those 2B values and
+indices come to the host (`candidates`). The host applies CTranslate2's rules (faster-whisper's beam search;
+docs/design/beam-search-reference.md), which decide the next beams and the finished hypotheses (`BeamGroup.advance`).
+
+A beam keeps its row and slot while it lives. When beams reorder, a parent's first child continues in the
+parent's slot without a copy; only a second child of one parent takes the slot of a beam that had none, and gets
+its parent's self-attention prefix copied there (`KVCache.copy_self`). Every beam's slot holds a copy of the
+window's cross-attention keys and values, written from the one encoder pass of the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from engine.model.kv_cache import KVCache
+    from engine.sequence import Sequence
+
+NEG_INF = float("-inf")
+
+
+@dataclass(slots=True)
+class Hypothesis:
+    """A finished beam: its tokens (<|endoftext|> excluded), their log-probabilities and its raw score (the sum
+    of its tokens' log-probabilities, <|endoftext|>'s included when it ended with one)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    score: float
+    last_timestamp: int
+
+
+@dataclass(eq=False)
+class BeamGroup:
+    """The beams of one window: `members[b]` is beam b's sequence (its slot and row while the window decodes).
+
+    `patience` and `length_penalty` are faster-whisper's: the search ends once round(beam_size * patience)
+    hypotheses have finished, and hypotheses are ranked by score / length ** length_penalty."""
+
+    members: list[Sequence]
+    patience: float = 1.0
+    length_penalty: float = 1.0
+    scores: list[float] = field(default_factory=list)
+    finished: list[Hypothesis] = field(default_factory=list)
+    step: int = 0
+    max_steps: int | None = None
+    candidates: tuple[list[float], list[int]] | None = None  # this step's 2B best (values, flat indices), read back
+    done: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def leader(self) -> Sequence:
+        """The member that carries the window's result once the search ends."""
+        return self.members[0]
+
+    def running_scores(self) -> list[float]:
+        """Each beam's score entering this step: at the first, only beam 0 is expanded (all beams hold the same
+        prompt, so the others would only repeat its candidates)."""
+        if self.step == 0:
+            return [0.0] + [NEG_INF] * (self.size - 1)
+        return self.scores
+
+    def advance(self, vocab: int, eot: int, timestamp_begin: int, num_cached: int, n_text_ctx: int,
+                cache: KVCache) -> None:  # fmt: skip
+        """Apply one step's candidates: finished hypotheses are kept, the beams move to the best candidates that
+        do not end (copying self-attention prefixes where a parent has two children), and the search ends after
+        enough hypotheses or the last allowed step. `num_cached`: positions cached after this step."""
+        assert self.candidates is not None
+        values, indices = self.candidates
+        self.candidates = None
+        size = self.size
+        if self.max_steps is None:  # CTranslate2: at most half the context, and never past it
+            fixed = self.leader.job.fixed_decode_tokens
+            start = num_cached - 1  # the position of the last prompt token
+            self.max_steps = fixed if fixed is not None else min(n_text_ctx // 2, n_text_ctx - start)
+        last_step = self.step + 1 >= self.max_steps
+        parents = [(list(m.tokens), list(m.logprobs), m.last_timestamp) for m in self.members]
+        old_scores = self.running_scores()
+        chosen: list[tuple[int, int, float]] = []  # (parent beam, token, score) of the next beams
+        refill = size
+        early_end = False
+        for rank in range(size):
+            parent, token = divmod(indices[rank], vocab)
+            value = values[rank]
+            if token == eot or last_step:
+                tokens, logprobs, last_ts = parents[parent]
+                logprob = value - old_scores[parent]
+                if token != eot:
+                    tokens, logprobs = tokens + [token], logprobs + [logprob]
+                    last_ts = token if token >= timestamp_begin else last_ts
+                self.finished.append(Hypothesis(tokens, logprobs, value, last_ts))
+                early_end = early_end or (rank == 0 and token == eot)
+                while refill < len(indices) and indices[refill] % vocab == eot:
+                    refill += 1
+                if refill < len(indices):
+                    chosen.append((*divmod(indices[refill], vocab), values[refill]))
+                    refill += 1
+            else:
+                chosen.append((parent, token, value))
+        self.step += 1
+        if last_step or self._enough(early_end):
+            self._finish()
+            return
+        self._move(chosen[:size], parents, old_scores, num_cached, timestamp_begin, cache)
+
+    def _enough(self, top_ended: bool) -> bool:
+        if self.length_penalty == 0:  # CTranslate2 ends early when the best candidate ended and enough are kept
+            return top_ended and len(self.finished) >= 1
+        return len(self.finished) >= max(1, round(self.size * self.patience))
+
+    def _move(self, chosen: list[tuple[int, int, float]], parents: list[tuple[list[int], list[float], int]],
+              old_scores: list[float], num_cached: int, timestamp_begin: int, cache: KVCache) -> None:  # fmt: skip
+        """The next beams into the members: a parent's first child stays in its slot, other children take the
+        slots of parents without one, with the parent's self-attention prefix copied there."""
+        members = self.members
+        owner: dict[int, int] = {}  # member -> index into chosen
+        extra: list[int] = []
+        for i, (parent, _, _) in enumerate(chosen):
+            if parent not in owner:
+                owner[parent] = i
+            else:
+                extra.append(i)
+        free = [b for b in range(self.size) if b not in owner]
+        copies: list[tuple[int, int]] = []
+        for i, dst in zip(extra, free):
+            owner[dst] = i
+            copies.append((members[chosen[i][0]].slot, members[dst].slot))
+        if copies:
+            cache.copy_self(copies, num_cached)
+        scores = [NEG_INF] * self.size
+        for b, i in owner.items():
+            parent, token, value = chosen[i]
+            tokens, logprobs, last_ts = parents[parent]
+            m = members[b]
+            m.tokens = tokens + [token]
+            m.logprobs = logprobs + [value - old_scores[parent]]
+            m.sum_logprob = value
+            m.last_timestamp = token if token >= timestamp_begin else last_ts
+            m.pending = [token]
+            scores[b] = value
+        self.scores = scores
+
+    def _finish(self) -> None:
+        """The best hypothesis by length-normalized score becomes the leader's result; every member ends."""
+        lp = self.length_penalty
+        best = max(self.finished, key=lambda h: h.score / max(1, len(h.tokens)) ** lp)
+        lead = self.leader
+        lead.tokens, lead.logprobs, lead.sum_logprob = best.tokens, best.logprobs, best.score
+        lead.last_timestamp = best.last_timestamp
+        for m in self.members:
+            m.finished = True
+        self.done = True
+
+
+def candidates(logits: Tensor, groups: list[tuple[BeamGroup, list[int]]], to_device) -> Tensor:
+    """Each group's best 2B (beam, token) candidates by running score plus log-probability, on the device: rows
+    (G * 4B,) float64: per group 2B values, then 2B flat indices (beam * vocab + token), groups in order.
+    `groups`: each group with its members' rows in `logits` (member order). Groups of one beam size share one
+    top-k; the float32 sums are those of CTranslate2's float32 beam search."""
+    out = []
+    by_size: dict[int, list[int]] = {}
+    for i, (g, _) in enumerate(groups):
+        by_size.setdefault(g.size, []).append(i)
+    parts: dict[int, Tensor] = {}
+    for size, which in by_size.items():
+        rows = to_device([groups[i][1] for i in which])  # (G, B)
+        scores = to_device([groups[i][0].running_scores() for i in which]).float()
+        logp = torch.log_softmax(logits[rows].float(), dim=-1)  # (G, B, V)
+        total = (scores[:, :, None] + logp).flatten(1)
+        values, indices = total.topk(2 * size, dim=-1)
+        both = torch.cat([values.double(), indices.double()], dim=1)
+        for j, i in enumerate(which):
+            parts[i] = both[j]
+    out = [parts[i] for i in range(len(groups))]
+    return torch.cat(out)
