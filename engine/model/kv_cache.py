@@ -106,7 +106,6 @@ class KVCache:
                 if t is not None:
                     _copy_bytes(t[:, dst : dst + n], t[:, src : src + n])
 
-
     def copy_self(self, copies: list[tuple[int, int]], num_positions: int) -> None:
         """Copy self-attention prefixes between slots (a beam forking from another): (source, destination) per
         copy, no slot both. One gather and one scatter for all of them."""

@@ -98,3 +98,19 @@ def test_best_of_over_http_is_the_engines_best_of(server, data_dir, tiny_engine,
     engine = tiny_engine.transcribe(load_clip(clip), DecodeOptions(temperatures=(1.0,), best_of=5, seed=0))
     single = tiny_engine.transcribe(load_clip(clip), DecodeOptions(temperatures=(1.0,), seed=0))
     assert body.text == engine.text.strip() != single.text.strip()
+
+
+def test_beam_size_over_http_is_the_engines_beam_search(server, data_dir, tiny_engine, load_clip):
+    """The `beam_size` extension reaches the engine: the transcript of its beam_size=5 decode, which differs from
+    greedy on this clip, with word timestamps from the chosen hypothesis."""
+    from engine import DecodeOptions
+
+    clip = "g1_en_jfk.flac"
+    body = server.client().audio.transcriptions.create(
+        file=data_dir / clip, model="whisper-1", response_format="verbose_json", timestamp_granularities=["word"],
+        extra_body={"beam_size": 5, "patience": 1.0, "length_penalty": 1.0},
+    )  # fmt: skip
+    beams = tiny_engine.transcribe(load_clip(clip), DecodeOptions(beam_size=5, word_timestamps=True))
+    greedy = tiny_engine.transcribe(load_clip(clip))
+    assert body.text == beams.text.strip() != greedy.text.strip()
+    assert [w.word for w in body.words] == [w.word.strip() for s in beams.segments for w in s.words]
