@@ -145,7 +145,9 @@ def test_hostile_prompts_answer_quickly_and_leave_a_request_beside_them_alone(se
         beside_s = time.perf_counter() - start
         thread.join(timeout=300)
     assert not thread.is_alive()
-    assert max(latencies) < 0.3, sorted(latencies)[-3:]
+    # tokenizing the whole megabyte held the loop for 1.6 s; two shared cores running the client, this probe and
+    # the server's decodes have shown one probe at 0.4 s without any such stall
+    assert max(latencies) < 0.8, sorted(latencies)[-3:]
     assert outcome["status"] == 200 or outcome.get("error") == "decode_budget_exceeded", outcome
     assert outcome["seconds"] < 60, outcome
     assert beside == alone and contains_words(beside, JFK_WORDS)

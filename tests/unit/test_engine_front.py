@@ -15,6 +15,7 @@ class Front(EngineFront):
         self.config = config
         self.tokenizer = Tokenizer.for_model(resolve_model("tiny.en").config_dir / "tokenizer.json", DUMMY_DIMS["tiny.en"])
         self.n_text_ctx = 448
+        self.num_slots = 32
 
 
 def test_prepare_fills_the_engine_seed_and_budget_unless_the_request_sets_them():
