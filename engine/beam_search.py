@@ -52,11 +52,14 @@ class BeamGroup:
     step: int = 0
     max_steps: int | None = None
     candidates: tuple[list[float], list[int]] | None = None  # this step's 2B best (values, flat indices), read back
-    done: bool = False
 
     @property
     def size(self) -> int:
         return len(self.members)
+
+    @property
+    def done(self) -> bool:
+        return self.leader.finished
 
     @property
     def leader(self) -> Sequence:
@@ -84,7 +87,8 @@ class BeamGroup:
             start = num_cached - 1  # the position of the last prompt token
             self.max_steps = fixed if fixed is not None else min(n_text_ctx // 2, n_text_ctx - start)
         last_step = self.step + 1 >= self.max_steps
-        parents = [(list(m.tokens), list(m.logprobs), m.last_timestamp) for m in self.members]
+        # the members' lists are replaced, never changed in place, so these stay each parent's history
+        parents = [(m.tokens, m.logprobs, m.last_timestamp) for m in self.members]
         old_scores = self.running_scores()
         chosen: list[tuple[int, int, float]] = []  # (parent beam, token, score) of the next beams
         refill = size
@@ -159,27 +163,24 @@ class BeamGroup:
         lead.last_timestamp = best.last_timestamp
         for m in self.members:
             m.finished = True
-        self.done = True
 
 
-def candidates(logits: Tensor, groups: list[tuple[BeamGroup, list[int]]], to_device) -> Tensor:
-    """Each group's best 2B (beam, token) candidates by running score plus log-probability, on the device: rows
-    (G * 4B,) float64: per group 2B values, then 2B flat indices (beam * vocab + token), groups in order.
-    `groups`: each group with its members' rows in `logits` (member order). Groups of one beam size share one
-    top-k; the float32 sums are those of CTranslate2's float32 beam search."""
-    out = []
-    by_size: dict[int, list[int]] = {}
-    for i, (g, _) in enumerate(groups):
-        by_size.setdefault(g.size, []).append(i)
-    parts: dict[int, Tensor] = {}
-    for size, which in by_size.items():
-        rows = to_device([groups[i][1] for i in which])  # (G, B)
-        scores = to_device([groups[i][0].running_scores() for i in which]).float()
+def candidates(
+    logits: Tensor, groups: list[tuple[BeamGroup, list[int]]], to_device
+) -> tuple[Tensor, list[BeamGroup]]:
+    """Each group's best 2B (beam, token) candidates by running score plus log-probability, on the device, and the
+    groups in the order of the result: (G * 4B,) float64, per group 2B values then 2B flat indices
+    (beam * vocab + token). `groups`: each group with its members' rows in `logits` (member order). Groups of one
+    beam size share one top-k; the float32 sums are those of CTranslate2's float32 beam search."""
+    by_size: dict[int, list[tuple[BeamGroup, list[int]]]] = {}
+    for g, rows in groups:
+        by_size.setdefault(g.size, []).append((g, rows))
+    parts, order = [], []
+    for size, chosen in by_size.items():
+        rows = to_device([r for _, r in chosen])  # (G, B)
+        scores = to_device([g.running_scores() for g, _ in chosen]).float()
         logp = torch.log_softmax(logits[rows].float(), dim=-1)  # (G, B, V)
-        total = (scores[:, :, None] + logp).flatten(1)
-        values, indices = total.topk(2 * size, dim=-1)
-        both = torch.cat([values.double(), indices.double()], dim=1)
-        for j, i in enumerate(which):
-            parts[i] = both[j]
-    out = [parts[i] for i in range(len(groups))]
-    return torch.cat(out)
+        values, indices = (scores[:, :, None] + logp).flatten(1).topk(2 * size, dim=-1)
+        parts.append(torch.cat([values.double(), indices.double()], dim=1).flatten())
+        order += [g for g, _ in chosen]
+    return torch.cat(parts), order

@@ -283,14 +283,13 @@ class Engine(EngineFront):
                 seq.settle(token)
             if r.output is Output.FORCED or seq.finished:
                 continue
-            if seq.beam is not None and r.output is Output.TOKEN:  # the group's candidates decide, below
-                beams.setdefault(id(seq.beam), r)
-                continue
             t = seq.job.transcription
             if t.first_token_at is None:
                 t.first_token_at = now
             if r.output is Output.LANGUAGE:
                 seq.language = tok.language_codes[token]
+            elif seq.beam is not None:  # the group's candidates decide, below
+                beams.setdefault(id(seq.beam), r)
             elif seq.append(token, logprob, r.num_cached, tok.eot, tok.timestamp_begin, self.runner.n_text_ctx):
                 self.num_tokens += 1
         for r in beams.values():

@@ -116,7 +116,7 @@ class ModelRunner:
             max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
             device=self.device,
         )
-        self.io = StepInputs(self.device, self.logits_processor, frozenset(tok.language_ids.values()))
+        self.io = StepInputs(self.device, self.logits_processor)
         self.multi_step = config.multi_step or (MULTI_STEP_GPU if self.on_gpu else 1)
         self.graphs: GraphRunner | None = None
         if self.on_gpu and not config.enforce_eager:
@@ -363,18 +363,17 @@ class ModelRunner:
                 state = new if every else state.index_copy(0, rows, new)
             self.io.keep(tokens, state)
         parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
+        beams: list[beam_search.BeamGroup] = []
         if groups:
-            parts.append(beam_search.candidates(logits, groups, self.io.to_device))
-        return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows], [g for g, _ in groups])
+            ranked, beams = beam_search.candidates(logits, groups, self.io.to_device)
+            parts.append(ranked)
+        return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows], beams)
 
 
 def beam_rows(seqs: list[Sequence]) -> list[tuple[beam_search.BeamGroup, list[int]]]:
     """The beam groups choosing their next tokens in this step, each with its members' rows (member order)."""
+    chosen = {id(s.beam): s.beam for s in seqs if s.beam is not None and s.sampling}
+    if not chosen:  # the common step: no row map built
+        return []
     row = {id(s): i for i, s in enumerate(seqs)}
-    groups, seen = [], set()
-    for s in seqs:
-        g = s.beam
-        if g is not None and s.sampling and id(g) not in seen:
-            seen.add(id(g))
-            groups.append((g, [row[id(m)] for m in g.members]))
-    return groups
+    return [(g, [row[id(m)] for m in g.members]) for g in chosen.values()]

@@ -56,7 +56,8 @@ class LogitsProcessor:
         self.ts_offsets = torch.arange(n_vocab - self.ts_begin, device=device)
         self.suppress_ids = torch.tensor(sorted({i for i in suppress_tokens if 0 <= i < n_vocab}), device=device)
         self.begin_suppress_ids = torch.tensor(sorted(set(begin_suppress_tokens)), device=device)
-        self.not_language = ~self._mask(list(tokenizer.language_ids.values()), n_vocab, device)
+        self.language_ids = frozenset(tokenizer.language_ids.values())  # a request's languages may exclude some
+        self.not_language = ~self._mask(list(self.language_ids), n_vocab, device)
         # `logits[rows, cols] = float("-inf")` copies the scalar to the GPU from pageable memory, which waits for
         # every queued kernel: the host would sit idle until the decoder step finished instead of queueing the rules
         # and the sampling behind it. A device value does not.

@@ -53,21 +53,7 @@ class Scheduler:
         slots = self.num_slots - len(self.running)
         free = min(slots, self.max_encoder_batch, self.num_waiting)
         free = self.admissible(free) if free else 0
-        jobs: list[WindowJob] = []
-        used = 0
-        for queue in self.queues:
-            while queue and len(jobs) < free:
-                job = queue[0]
-                if job.transcription.aborted:
-                    queue.popleft()
-                    continue
-                if used + job.beam_size > slots:  # first come, first served: no later window jumps ahead
-                    break
-                jobs.append(queue.popleft())
-                used += job.beam_size
-            else:
-                continue
-            break
+        jobs = self._take(free, slots)
         start = len(self.running)
         admitted = [self._sequence(job, start + i) for i, job in enumerate(jobs)]
         followers: list[Sequence] = []
@@ -85,6 +71,23 @@ class Scheduler:
         admitted += followers
         self.running.extend(admitted)
         return admitted
+
+    def _take(self, free: int, slots: int) -> list[WindowJob]:
+        """Up to `free` waiting windows, in queue order, whose beams fit in `slots` together; first come, first
+        served: no later window jumps ahead of one that does not fit."""
+        jobs: list[WindowJob] = []
+        used = 0
+        for queue in self.queues:
+            while queue and len(jobs) < free:
+                job = queue[0]
+                if job.transcription.aborted:
+                    queue.popleft()
+                    continue
+                if used + job.beam_size > slots:
+                    return jobs
+                jobs.append(queue.popleft())
+                used += job.beam_size
+        return jobs
 
     @staticmethod
     def _sequence(job: WindowJob, slot: int) -> Sequence:

@@ -21,9 +21,8 @@ from engine.sequence import ON_DEVICE, Sequence
 class StepInputs:
     """Builds launches' inputs; keeps the last launch's sampled tokens and rule state on the device (`keep`)."""
 
-    def __init__(self, device: torch.device, processor: LogitsProcessor, language_ids: frozenset[int]):
+    def __init__(self, device: torch.device, processor: LogitsProcessor):
         self.device = device
-        self.language_ids = language_ids  # every language token (a request's languages may exclude some)
         self.on_gpu = device.type == "cuda"
         self.processor = processor
         self.prev: tuple[Tensor, Tensor | None] | None = None  # the last launch's tokens and rule state, kept
@@ -87,7 +86,7 @@ class StepInputs:
             if s.detecting and not s.forced:
                 detect.append(i)
                 if s.job.languages is not None:
-                    banned = self.language_ids.difference(s.job.languages)
+                    banned = self.processor.language_ids.difference(s.job.languages)
                     banned_rows += [i] * len(banned)
                     banned_tokens += banned
             if not s.sampling:
