@@ -10,7 +10,7 @@ from openai.types.audio.transcription_text_done_event import Usage as TokenUsage
 from openai.types.audio.transcription_text_done_event import UsageInputTokenDetails
 from openai.types.audio.transcription_word import TranscriptionWord
 
-from engine import LANGUAGES, TOKENS_PER_SECOND, Segment, Task, TranscriptionResult
+from engine import LANGUAGES, TOKENS_PER_SECOND, Segment, Task, TokenLogprob, TranscriptionResult
 
 from .protocol import (
     DurationUsage,
@@ -65,9 +65,56 @@ def token_logprobs(segments: list[Segment], start: int = 0, end: int | None = No
     for segment in segments:
         for item in segment.logprobs or ():
             if first <= position < last or (position < first < position + len(item.bytes)):
-                items.append({"token": item.token, "bytes": list(item.bytes), "logprob": _finite(item.logprob, -1e9)})
+                items.append(_logprob_item(item))
             position += len(item.bytes)
     return items
+
+
+class LogprobStream:
+    """token_logprobs of consecutive character ranges [0, a), [a, b), ... of a transcript that grows segment by
+    segment (a stream's deltas): each token is looked at once, however long the stream, where calling
+    token_logprobs on all the segments so far for each delta would walk them all again each time."""
+
+    def __init__(self) -> None:
+        self.text = ""  # the segments' texts joined
+        self.items: list[TokenLogprob] = []
+        self.starts: list[int] = []  # each item's first byte in the joined texts
+        self.size = 0  # bytes of the items so far
+        self.lead: int | None = None  # characters of leading whitespace, fixed by the first range taken
+        self.chars = 0  # characters of the (stripped) transcript taken so far
+        self.first = 0  # their end, in bytes of the joined texts
+        self.next = 0  # the first item not taken yet
+
+    def add(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            self.text += segment.text
+            for item in segment.logprobs or ():
+                self.items.append(item)
+                self.starts.append(self.size)
+                self.size += len(item.bytes)
+
+    def take(self, start: int, end: int) -> list[dict]:
+        """The items of characters [start, end): `start` is where the last range ended."""
+        if self.lead is None:
+            self.lead = len(self.text) - len(self.text.lstrip())
+            self.first = len(self.text[: self.lead].encode())
+        assert start == self.chars, (start, self.chars)
+        first = self.first
+        last = first + len(self.text[self.lead + start : self.lead + end].encode())
+        items, starts, i = self.items, self.starts, self.next
+        chosen = []
+        if i > 0 and starts[i - 1] < first < starts[i - 1] + len(items[i - 1].bytes):  # spans into this range
+            chosen.append(items[i - 1])
+        while i < len(items) and starts[i] < last:
+            if starts[i] >= first or starts[i] + len(items[i].bytes) > first:
+                chosen.append(items[i])
+            i += 1
+        self.next, self.chars, self.first = i, end, last
+        return [_logprob_item(item) for item in chosen]
+
+
+def _logprob_item(item: TokenLogprob) -> dict:
+    return {"token": item.token, "bytes": list(item.bytes), "logprob": _finite(item.logprob, -1e9)}
 
 
 def _finite(value: float, default: float) -> float:

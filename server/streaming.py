@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from engine import DecodeOptions, EngineError, EngineLike, RequestHandle, Segment, TranscriptionResult
+from engine import DecodeOptions, EngineError, EngineLike, RequestHandle, TranscriptionResult
 
 from .drain import Drain, shutting_down
 from .errors import APIError, ClientDisconnectedError, from_engine_error
-from .formatting import token_logprobs, token_usage
+from .formatting import LogprobStream, token_logprobs, token_usage
 from .protocol import Logprob
 
 
@@ -115,14 +115,15 @@ async def transcript_events(
     finished = False
     try:
         deltas = DeltaText()
-        segments: list[Segment] = []
+        tokens = LogprobStream()
         try:
             async for event in handle.events():
-                segments += event.segments
+                if logprobs:
+                    tokens.add(event.segments)
                 start = len(deltas.sent)
                 delta = deltas.add("".join(segment.text for segment in event.segments))
                 if delta:
-                    items = token_logprobs(segments, start, len(deltas.sent)) if logprobs else None
+                    items = tokens.take(start, len(deltas.sent)) if logprobs else None
                     yield sse_event(TextDelta(type="transcript.text.delta", delta=delta, logprobs=items))
             result = await handle.result()
         except EngineError as exc:

@@ -166,3 +166,24 @@ def test_non_finite_numbers_never_reach_json():
     raw = json.loads(render(result, ResponseFormat.VERBOSE_JSON, Task.TRANSCRIBE).content)  # strict JSON
     TranscriptionVerbose.model_validate(raw)
     assert all(math.isfinite(raw["segments"][0][k]) for k in ("avg_logprob", "compression_ratio", "no_speech_prob"))
+
+
+def test_a_streams_logprobs_are_those_of_each_delta_taken_from_all_segments_so_far():
+    """LogprobStream walks each token once; what it gives each delta is token_logprobs over every segment so far."""
+    from engine.request import TokenLogprob
+    from server.formatting import LogprobStream, token_logprobs
+    from server.streaming import DeltaText
+
+    def segment(i: int, pieces: list[str]) -> Segment:
+        items = [TokenLogprob(token=p, bytes=p.encode(), logprob=-0.1 * k) for k, p in enumerate(pieces)]
+        return Segment(i, 0, 0.0, 1.0, "".join(pieces), [], 0.0, -0.1, 1.0, 0.0, logprobs=items)
+
+    windows = [[segment(0, ["  ", " Grüß", " Gott", ","])], [segment(1, [" ça", " va", "  "])],
+               [segment(2, [" bien", " 日本", "語", " "]), segment(3, [" end", "."])]]  # fmt: skip
+    stream, deltas, so_far = LogprobStream(), DeltaText(), []
+    for window in windows:
+        so_far += window
+        stream.add(window)
+        start = len(deltas.sent)
+        if deltas.add("".join(s.text for s in window)):
+            assert stream.take(start, len(deltas.sent)) == token_logprobs(so_far, start, len(deltas.sent))
