@@ -284,3 +284,31 @@ def test_overlapped_steps_never_wait_for_the_gpu(graph_engine, gpu_clips, read_w
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert "ask not what your country can do for you" in text
+
+
+def test_beams_keywords_logprobs_and_best_of_on_graphs(graph_engine, eager_engine, gpu_clips, read_wav):
+    """The 2026 fields and beam search on the default kernels with graphs and overlapped steps: beams and keyword
+    rows keep the host in the loop (their steps are read before the next launch), best_of draws on the device.
+    Graphs give eager's transcripts within the float16 near-tie test_engine_graphs_give_eager_tokens allows."""
+    audios = [read_wav(p) for p in gpu_clips]
+    beams = DecodeOptions(temperatures=(0.0,), beam_size=5)
+    keywords = DecodeOptions(temperatures=(0.0,), keywords=("Marianne", "Elinor", "Dashwood"), logprobs=True)
+
+    def run(engine, options):
+        handles = [engine.submit(a, options) for a in audios]
+        return [h.wait(timeout=300) for h in handles]
+
+    for options in (beams, keywords):
+        with_graphs, eager = run(graph_engine, options), run(eager_engine, options)
+        differ = [p.name for p, g, e in zip(gpu_clips, with_graphs, eager) if g.text != e.text]
+        assert len(differ) <= 1, differ
+        for g, e in zip(with_graphs, eager):
+            assert jiwer.wer(e.text.lower(), g.text.lower()) < 0.05
+    greedy = run(graph_engine, DecodeOptions(temperatures=(0.0,)))
+    assert any(b.text != g.text for b, g in zip(run(graph_engine, beams), greedy))  # the beams searched
+    for result in run(graph_engine, keywords):  # every text token's log-probability, and its bytes
+        items = [t for s in result.segments for t in s.logprobs]
+        assert b"".join(t.bytes for t in items).decode().strip() == result.text.strip()
+        assert all(t.logprob <= 0 for t in items)
+    sampled = run(graph_engine, DecodeOptions(temperatures=(1.0,), best_of=5, seed=3))
+    assert all(r.segments and r.segments[0].temperature == 1.0 for r in sampled)
