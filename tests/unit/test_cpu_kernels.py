@@ -57,17 +57,21 @@ def test_one_openmp_runtime(kernels):
 @pytest.mark.parametrize("k, n", [(384, 384), (384, 1152), (1536, 384), (1280, 5120)])
 @torch.inference_mode()
 def test_linear_matches_torch(kernels, k, n):
+    torch.manual_seed(k + n)
     x, w, b, r = torch.randn(1, 1, k), torch.randn(n, k), torch.randn(n), torch.randn(1, 1, n)
     w_t = w.t().contiguous()
     assert kernels.supports_linear(w_t) and not kernels.supports_linear(w.t())
-    torch.testing.assert_close(kernels.linear(x, w_t, b), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(kernels.linear(x, w_t, None, residual=r), F.linear(x, w) + r, rtol=1e-4, atol=1e-4)
+    # float32 sums of k products in another order: their round-off grows with k (1.2e-4 seen once at k = 1280
+    # on unseeded inputs, against a bound of 1e-4 made for k = 384)
+    tol = 1e-4 * max(1.0, k / 384)
+    torch.testing.assert_close(kernels.linear(x, w_t, b), F.linear(x, w, b), rtol=tol, atol=tol)
+    torch.testing.assert_close(kernels.linear(x, w_t, None, residual=r), F.linear(x, w) + r, rtol=tol, atol=tol)
     ln = torch.nn.LayerNorm(k)
     torch.nn.init.normal_(ln.weight)
     torch.nn.init.normal_(ln.bias)
     want = F.gelu(F.linear(ln(x * 5 + 3), w, b))  # off-centre input: the norm must centre it
     got = kernels.linear(x * 5 + 3, w_t, b, norm=ln, gelu=True)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
 @native
