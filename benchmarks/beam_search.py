@@ -1,7 +1,7 @@
 """Beam search: tokens against faster-whisper's, word error rate against greedy, and the cost on a GPU.
 
     python benchmarks/beam_search.py parity [--models tiny.en base]     # CPU, float32, ../shared/data
-    python benchmarks/beam_search.py cost --model large-v3 [--windows 1 64 256] [--tokens 100]   # GPU, dummy weights
+    python benchmarks/beam_search.py cost --model large-v3 [--windows 1 64 256] [--tokens 100] [--max-num-seqs N]  # GPU
 
 parity: every clip of one window (tiny.en: the English ones; base: all) decoded with beam_size=5 at temperature 0
 without timestamps, all submitted at once (the beams share the batch), against faster-whisper's
@@ -137,22 +137,25 @@ def longform(engine, fw, audio) -> None:
         print("  faster-whisper:", "".join(s.text for s in theirs).strip())
 
 
-def cost(model: str, windows: list[int], tokens: int, tokenizer: str | None) -> None:
+def cost(model: str, windows: list[int], tokens: int, tokenizer: str | None, max_num_seqs: int | None,
+         max_text_ctx: int | None) -> None:
     import numpy as np
     import torch
 
     from engine import DecodeOptions, Engine, EngineConfig
 
-    engine = Engine(EngineConfig(model=model, dummy_weights=True, tokenizer=tokenizer, max_waiting=4096))
+    config = EngineConfig(model=model, dummy_weights=True, tokenizer=tokenizer, max_waiting=4096,
+                          max_num_seqs=max_num_seqs, max_text_ctx=max_text_ctx)  # fmt: skip
+    engine = Engine(config)
     engine.start()
     runner = engine.runner
-    per_slot = runner.cache.cross_k[:, 0].nbytes * 2 + (
-        runner.cache.cross_k_scale[:, 0].nbytes * 2 if runner.cache.cross_k_scale is not None else 0
-    )
+    cache = runner.cache
+    per_cross = sum(t[:, 0].nbytes for t in (cache.cross_k, cache.cross_v, cache.cross_k_scale, cache.cross_v_scale)
+                    if t is not None)  # fmt: skip
     rng = np.random.default_rng(0)
     audio = [rng.standard_normal(16000 * 30).astype(np.float32) * 0.1 for _ in range(max(windows))]
-    print(f"{model}: {runner.num_slots} slots, cross cache {per_slot / 2**20:.0f} MiB per slot")
-    print("| windows | greedy s/window | beam 5 s/window | ratio | peak slots greedy | peak slots beam 5 |")
+    print(f"{model}: {runner.num_slots} rows, {runner.num_cross_slots} cross slots of {per_cross / 2**20:.0f} MiB")
+    print("| windows | greedy s/window | beam 5 s/window | ratio | peak rows, cross slots (GiB) greedy | beam 5 |")
     print("|---|---|---|---|---|---|")
     for n in windows:
         row = [str(n)]
@@ -160,7 +163,7 @@ def cost(model: str, windows: list[int], tokens: int, tokenizer: str | None) -> 
         for beam in (1, 5):
             opts = DecodeOptions(language="en", without_timestamps=True, fixed_decode_tokens=tokens, beam_size=beam)
             engine.transcribe(audio[0], opts)  # warm: graphs of this batch shape
-            peak, done = [0], threading.Event()
+            peak, done = [0, 0], threading.Event()
             watcher = threading.Thread(target=watch, args=(engine, peak, done))
             watcher.start()
             start = time.perf_counter()
@@ -170,7 +173,7 @@ def cost(model: str, windows: list[int], tokens: int, tokenizer: str | None) -> 
             row.append(f"{(time.perf_counter() - start) / n:.4f}")
             done.set()
             watcher.join()
-            peaks.append(f"{peak[0]} ({peak[0] * per_slot / 2**30:.1f} GiB cross)")
+            peaks.append(f"{peak[0]}, {peak[1]} ({peak[1] * per_cross / 2**30:.1f})")
         row.append(f"{float(row[2]) / float(row[1]):.2f}")
         print("| " + " | ".join(row + peaks) + " |")
         if torch.cuda.is_available():
@@ -179,9 +182,11 @@ def cost(model: str, windows: list[int], tokens: int, tokenizer: str | None) -> 
 
 
 def watch(engine, peak: list[int], done: threading.Event) -> None:
-    """The most sequences running at once, sampled until `done`."""
+    """The most rows and cross slots held at once, sampled until `done`."""
     while not done.is_set():
-        peak[0] = max(peak[0], len(engine.scheduler.running))
+        running = list(engine.scheduler.running)
+        peak[0] = max(peak[0], len(running))
+        peak[1] = max(peak[1], len({s.cross_slot for s in running}))
         time.sleep(0.0005)
 
 
@@ -195,11 +200,13 @@ def main() -> None:
     c.add_argument("--windows", nargs="+", type=int, default=[1, 64, 256])
     c.add_argument("--tokens", type=int, default=100)
     c.add_argument("--tokenizer", default=None, help="tokenizer.json (or its folder) for dummy multilingual weights")
+    c.add_argument("--max-num-seqs", type=int, default=None, help="decode rows (default: the engine's)")
+    c.add_argument("--max-text-ctx", type=int, default=None, help="self-attention positions per row")
     args = ap.parse_args()
     if args.what == "parity":
         parity(args.models)
     else:
-        cost(args.model, args.windows, args.tokens, args.tokenizer)
+        cost(args.model, args.windows, args.tokens, args.tokenizer, args.max_num_seqs, args.max_text_ctx)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Cross-attention of a decode step on a GPU: the int8 cache's CUDA and Triton kernels against cuDNN SDPA on float16.
 
-    python benchmarks/int8_cross_attention.py [--batch 1 8 64 256] [--heads 20] [--sweep] [--sweep-cuda]
+    python benchmarks/int8_cross_attention.py [--batch 1 8 64 256] [--heads 20] [--sweep] [--sweep-cuda] [--beams 5]
 
 One query per row against 1,500 encoder positions, K and V read in place from a cache slice (as in the engine).
 Prints GPU microseconds per call (20 calls captured in a CUDA graph, as the engine runs them: the Python launch
@@ -8,7 +8,8 @@ paths would otherwise be what is timed at small batches), the bytes each reads a
 the speed-ups; then the quantization of one layer's keys for 32 windows, the separate torch ops against the one
 kernel the engine uses. --sweep also times the Triton kernel's block size and warp count choices
 (int8_attention.BLOCK_N, NUM_WARPS, NUM_STAGES), --sweep-cuda the CUDA kernel's compile-time settings
-(int8_attention.CUDA_SETTINGS) and its key splits, so the defaults can be checked on a new card.
+(int8_attention.CUDA_SETTINGS) and its key splits, so the defaults can be checked on a new card. --beams B also
+times rows that read their cache slots through an index, B rows per slot as a beam search's (beam_rows).
 """
 
 from __future__ import annotations
@@ -81,12 +82,43 @@ def sweep_cuda(int8_args) -> list[str]:
     return [c for _, c in sorted(cells)]
 
 
+def beam_rows(batches: list[int], beams: int, h: int, d: int, n: int, dev: str) -> None:
+    """Rows reading cache slots through an index, `beams` rows per slot (a beam search's), their slots scattered
+    over the cache as a running batch's are: the kernels' time walking the rows in order, and in the order that
+    puts one slot's rows side by side (the engine's), against as many rows each with a slot of its own."""
+    print(f"\n{beams} rows per slot (beam search), int8 CUDA kernel, through the slot index; us per call")
+    print("| rows | own slot each | shared, rows in order | shared, one slot's rows side by side | side by side vs own |")
+    print("|---|---|---|---|---|")
+    kernels = KernelOptions(int8_attention="cuda")
+    for b in batches:
+        windows = max(1, b // beams)
+        slots = b + 1
+        k16, v16 = (torch.randn(slots, h, n, d, device=dev, dtype=torch.float16) for _ in "kv")
+        (kq, ks), (vq, vs) = int8_attention.quantize(k16), int8_attention.quantize(v16)
+        del k16, v16
+        q = torch.randn(b, h, 1, d, device=dev, dtype=torch.float16)
+        gen = torch.Generator().manual_seed(0)
+        window_slot = torch.randperm(slots, generator=gen)[:windows]
+        rows = torch.randperm(b, generator=gen)  # the group's rows scattered, as after compactions
+        shared = window_slot[torch.arange(b) % windows][rows].to(torch.int32)
+        own = torch.randperm(slots, generator=gen)[:b].to(torch.int32)
+        order = torch.sort(shared.long(), stable=True).indices.to(torch.int32)
+        shared, own, order = shared.to(dev), own.to(dev), order.to(dev)
+
+        def call(index, walk):
+            return lambda: int8_attention.indexed_attention(q, kq, ks, vq, vs, index, walk, kernels)
+
+        t_own, t_plain, t_sorted = (time_us(f) for f in (call(own, None), call(shared, None), call(shared, order)))
+        print(f"| {b} | {t_own:.1f} | {t_plain:.1f} | {t_sorted:.1f} | {t_own / t_sorted:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 8, 64, 256])
     ap.add_argument("--heads", type=int, default=20)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-cuda", action="store_true")
+    ap.add_argument("--beams", type=int, default=0, help="also time rows that share slots, this many per slot")
     args = ap.parse_args()
     h, d, n, dev = args.heads, 64, 1500, "cuda"
     print(f"{torch.cuda.get_device_name()}, {h} heads x {d}, {n} keys; us per call, TB/s of K/V bytes read")
@@ -122,6 +154,8 @@ def main() -> None:
             print(f"|   sweep {b} (block/warps/stages: us, fastest first) | " + ", ".join(c for _, c in cells[:12]) + " |")
         if args.sweep_cuda:
             print(f"|   CUDA sweep {b} (us, fastest first) | " + ", ".join(sweep_cuda(int8_args)[:12]) + " |")
+    if args.beams:
+        beam_rows(args.batch, args.beams, h, d, n, dev)
     x = torch.randn(32, n, h * d, device=dev, dtype=torch.float16).view(32, n, h, d).transpose(1, 2)
     values = torch.zeros(32, h, n, d, dtype=torch.int8, device=dev)
     scale = torch.zeros(32, h, n, dtype=int8_attention.SCALE_DTYPE, device=dev)

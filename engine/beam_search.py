@@ -5,10 +5,10 @@ log-probabilities, over beams x vocabulary) are cut to the best 2B on the device
 indices come to the host (`candidates`). The host applies CTranslate2's rules (faster-whisper's beam search;
 docs/design/beam-search-reference.md), which decide the next beams and the finished hypotheses (`BeamGroup.advance`).
 
-A beam keeps its row and slot while it lives. When beams reorder, a parent's first child continues in the
-parent's slot without a copy; only a second child of one parent takes the slot of a beam that had none, and gets
-its parent's self-attention prefix copied there (`KVCache.copy_self`). Every beam's slot holds a copy of the
-window's cross-attention keys and values, written from the one encoder pass of the window.
+A beam keeps its row while it lives. When beams reorder, a parent's first child continues in the parent's row
+without a copy; only a second child of one parent takes the row of a beam that had none, and gets its parent's
+self-attention prefix copied there (`KVCache.copy_self`, one call for every group's copies of a step). The beams
+of a window read one cross slot, written by the one encoder pass of the window (engine/model/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from engine.model.kv_cache import KVCache
     from engine.sequence import Sequence
 
 NEG_INF = float("-inf")
@@ -74,10 +73,11 @@ class BeamGroup:
         return self.scores
 
     def advance(self, vocab: int, eot: int, timestamp_begin: int, num_cached: int, n_text_ctx: int,
-                cache: KVCache) -> None:  # fmt: skip
+                copies: list[tuple[int, int]]) -> None:  # fmt: skip
         """Apply one step's candidates: finished hypotheses are kept, the beams move to the best candidates that
-        do not end (copying self-attention prefixes where a parent has two children), and the search ends after
-        enough hypotheses or the last allowed step. `num_cached`: positions cached after this step."""
+        do not end, and the search ends after enough hypotheses or the last allowed step. `num_cached`: positions
+        cached after this step. Where a parent has two children, (parent's row, child's row) joins `copies`: the
+        caller copies those self-attention prefixes before the next step."""
         assert self.candidates is not None
         values, indices = self.candidates
         self.candidates = None
@@ -115,7 +115,7 @@ class BeamGroup:
         if last_step or self._enough(early_end):
             self._finish()
             return
-        self._move(chosen[:size], parents, old_scores, num_cached, timestamp_begin, cache)
+        self._move(chosen[:size], parents, old_scores, timestamp_begin, copies)
 
     def _enough(self, top_ended: bool) -> bool:
         if self.length_penalty == 0:  # CTranslate2 ends early when the best candidate ended and enough are kept
@@ -123,9 +123,9 @@ class BeamGroup:
         return len(self.finished) >= max(1, round(self.size * self.patience))
 
     def _move(self, chosen: list[tuple[int, int, float]], parents: list[tuple[list[int], list[float], int]],
-              old_scores: list[float], num_cached: int, timestamp_begin: int, cache: KVCache) -> None:  # fmt: skip
-        """The next beams into the members: a parent's first child stays in its slot, other children take the
-        slots of parents without one, with the parent's self-attention prefix copied there."""
+              old_scores: list[float], timestamp_begin: int, copies: list[tuple[int, int]]) -> None:  # fmt: skip
+        """The next beams into the members: a parent's first child stays in its row, other children take the
+        rows of parents without one, with the parent's self-attention prefix to copy there (`copies`)."""
         members = self.members
         owner: dict[int, int] = {}  # member -> index into chosen
         extra: list[int] = []
@@ -135,12 +135,9 @@ class BeamGroup:
             else:
                 extra.append(i)
         free = [b for b in range(self.size) if b not in owner]
-        copies: list[tuple[int, int]] = []
         for i, dst in zip(extra, free):
             owner[dst] = i
             copies.append((members[chosen[i][0]].slot, members[dst].slot))
-        if copies:
-            cache.copy_self(copies, num_cached)
         scores = [NEG_INF] * self.size
         for b, i in owner.items():
             parent, token, value = chosen[i]

@@ -77,7 +77,9 @@ class Engine(EngineFront):
         stepwise = config.stepwise_prompt_tokens
         self.stepwise_prompt_tokens = stepwise if stepwise is not None else (8 if self.runner.on_gpu else 0)
         runner = self.runner
-        self.scheduler = Scheduler(runner.num_slots, runner.max_encoder_batch, runner.admissible_encoder_batch)
+        self.scheduler = Scheduler(
+            runner.num_slots, runner.max_encoder_batch, runner.admissible_encoder_batch, runner.num_cross_slots
+        )
         # On a GPU step N+1 is launched before step N's tokens are read, so the host's work between steps (reading,
         # bookkeeping, the next step's inputs and rules) runs while the GPU computes instead of leaving it idle.
         # A CPU computes while the host works anyway: there each step is read right after it is launched.
@@ -236,12 +238,9 @@ class Engine(EngineFront):
             return new
         for seq in new:
             self._mark_started(seq.job.transcription.request_id)
-        # one encoder pass per window: a beam search's other beams (admitted after every window) get copies
+        # one encoder pass and one cross slot per window, which a beam search's beams share
         windows = [s for s in new if not s.beam_follower]
-        runner.encode_into_slots([s.job.mel for s in windows], new[0].slot)
-        for seq in windows:
-            if seq.beam is not None:
-                runner.cache.copy_cross(seq.slot, [m.slot for m in seq.beam.members[1:]])
+        runner.encode_into_slots([s.job.mel for s in windows], [s.cross_slot for s in windows])
         short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
         small_batch = len(sched.running) - len(new) < STEPWISE_MAX_RUNNING and not sched.num_waiting
         if short and small_batch and not runner.prompt_graph_fits(new):
@@ -292,11 +291,16 @@ class Engine(EngineFront):
                 beams.setdefault(id(seq.beam), r)
             elif seq.append(token, logprob, r.num_cached, tok.eot, tok.timestamp_begin, self.runner.n_text_ctx):
                 self.num_tokens += 1
+        copies: list[tuple[int, int]] = []  # every group's forks of this step, copied in one call
+        positions = 0
         for r in beams.values():
             group = r.seq.beam
             group.advance(self.runner.vocab_size, tok.eot, tok.timestamp_begin, r.num_cached,
-                          self.runner.n_text_ctx, self.runner.cache)  # fmt: skip
+                          self.runner.n_text_ctx, copies)  # fmt: skip
+            positions = max(positions, r.num_cached)  # positions past a row's own are never read
             self.num_tokens += group.size
+        if copies:
+            self.runner.cache.copy_self(copies, positions)
         self._finish_windows()
 
     def _finish_windows(self) -> None:

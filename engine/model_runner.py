@@ -99,13 +99,14 @@ class ModelRunner:
         self.cache_shape = CacheShape.for_model(dims, config.max_audio_ctx, config.max_text_ctx)
         self.n_text_ctx = self.cache_shape.n_text_ctx
         self.vocab_size = dims.n_vocab
-        planned, why = plan_num_slots(
+        self.num_slots, self.num_cross_slots, why = plan_num_slots(
             self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, self._activation_reserve(),
-            int8_cross,
+            int8_cross, config.max_num_seqs or self._default_max_slots(), rows_asked=bool(config.max_num_seqs),
         )  # fmt: skip
-        self.num_slots = min(planned, config.max_num_seqs or self._default_max_slots())
-        log.info("memory plan: %d decode slots (%s)", self.num_slots, why)
-        self.cache = KVCache(self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross)
+        log.info("memory plan: %d decode rows, %d cross slots (%s)", self.num_slots, self.num_cross_slots, why)
+        self.cache = KVCache(
+            self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross, self.num_cross_slots
+        )
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
         tok = self.tokenizer
         self.logits_processor = LogitsProcessor(
@@ -194,16 +195,16 @@ class ModelRunner:
         return LogMelBuilder(self.log_mel, audio, piece_frames=N_FRAMES)
 
     @torch.inference_mode()
-    def encode_into_slots(self, mels: list[Tensor], slot_start: int) -> None:
-        """Run the encoder on a batch of windows and write their cross-attention K/V into consecutive slots."""
+    def encode_into_slots(self, mels: list[Tensor], cross_slots: list[int]) -> None:
+        """Run the encoder on a batch of windows and write their cross-attention K/V into their cross slots."""
         batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
         assert batch.shape[-1] == N_FRAMES
         encode = self.graphs.encode if self.graphs else self.backend.encode
         if self.backend.encodes_alone:  # one window per pass: the same shapes, so the same kernels, for each
-            for i in range(len(mels)):
-                self.model.decoder.fill_cross_cache(encode(batch[i : i + 1]), self.cache, slot_start + i)
+            for i, slot in enumerate(cross_slots):
+                self.model.decoder.fill_cross_cache(encode(batch[i : i + 1]), self.cache, [slot])
             return
-        self.model.decoder.fill_cross_cache(encode(batch), self.cache, slot_start)
+        self.model.decoder.fill_cross_cache(encode(batch), self.cache, cross_slots)
 
     def admissible_encoder_batch(self, n: int) -> int:
         return self.graphs.admissible_encoder_batch(n) if self.graphs else n
@@ -224,6 +225,7 @@ class ModelRunner:
     def prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
         """Feed each new sequence its whole prompt (right-padded); sample each one's first output (waits for it)."""
         slot_start = seqs[0].slot
+        self.map_rows(seqs)
         lengths = [len(s.pending) for s in seqs]
         width = max(lengths)
         rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
@@ -250,6 +252,7 @@ class ModelRunner:
         A sequence whose next token the host does not know yet (ON_DEVICE: the previous step sampled it and its
         result has not been read) takes it from that step's output on the device, and likewise the state its
         timestamp rules need; everything else comes from the host in one copy."""
+        self.map_rows(seqs)
         tokens, positions, state, _ = self.io.build(seqs)
         tokens = tokens[:, None]
         kv_len = max(s.num_cached for s in seqs) + 1
@@ -272,6 +275,10 @@ class ModelRunner:
         count (multi-step decoding)."""
         hidden = self.backend.eager_step(tokens, positions, self.cache, [s.num_cached + ahead for s in seqs])
         return self.backend.logits(hidden[:, -1])
+
+    def map_rows(self, seqs: list[Sequence]) -> None:
+        """The launch's rows (seqs[i] in row seqs[0].slot + i) to their windows' cross slots."""
+        self.cache.map_rows(seqs[0].slot, [s.cross_slot for s in seqs])
 
     def multi_steps(self, seqs: list[Sequence]) -> int:
         """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence
@@ -303,6 +310,7 @@ class ModelRunner:
         tokens and log-probabilities, step by step (row order within a step); with `keep` the last step's tokens and
         rule state stay on the device for the next launch."""
         k = self.multi_step
+        self.map_rows(seqs)
         # the state is every row's or None: multi_steps allows no mix of windows with and without timestamps
         tokens, positions, state, h = self.io.build(seqs, [int(s.must_not_end) for s in seqs])
         no_eot = h[:, -1] > 0  # the extra column
@@ -334,7 +342,7 @@ class ModelRunner:
         tok = self.tokenizer
         prompt = tok.sot_sequence(language, task)
         tokens = torch.tensor([prompt + [tok.no_timestamps] + text + [tok.eot]], device=self.device)
-        qk, hidden = self.model.decoder.align(tokens, self.cache, seq.slot, self.alignment_heads)
+        qk, hidden = self.model.decoder.align(tokens, self.cache, seq.cross_slot, self.alignment_heads)
         logits = self.backend.logits(hidden)
         # probability of each text token given the ones before it (rows from <|notimestamps|> on)
         probs = logits[len(prompt) : len(prompt) + len(text), : tok.eot].float().softmax(dim=-1)

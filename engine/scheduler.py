@@ -19,8 +19,12 @@ class Scheduler:
     encoder batch between decode steps.
     """
 
-    def __init__(self, num_slots: int, max_encoder_batch: int, admissible: Callable[[int], int] = lambda n: n):
-        self.num_slots = num_slots
+    def __init__(
+        self, num_slots: int, max_encoder_batch: int, admissible: Callable[[int], int] = lambda n: n,
+        num_cross_slots: int | None = None,
+    ):  # fmt: skip
+        self.num_slots = num_slots  # rows: sequences decoded at once
+        self.num_cross_slots = num_cross_slots or num_slots  # windows decoded at once
         self.max_encoder_batch = max_encoder_batch
         self.admissible = admissible  # rounds a batch to a captured encoder size when padding would waste
         self.waiting_next: deque[WindowJob] = deque()  # windows of requests already in flight
@@ -47,30 +51,31 @@ class Scheduler:
             (self.waiting_next if continuing else self.waiting_new).append(job)
 
     def admit(self) -> list[Sequence]:
-        """Give free slots to waiting windows; the new sequences take the slots right after the running ones. A
-        window decoded with beam search takes one slot per beam: its first beam's slot is among the windows' (in
-        admission order, so the encoder writes them in one run), its other beams' come after all of those."""
-        slots = self.num_slots - len(self.running)
-        free = min(slots, self.max_encoder_batch, self.num_waiting)
+        """Give free rows and cross slots to waiting windows; the new sequences take the rows right after the
+        running ones. A window decoded with beam search takes one row per beam, side by side, and one cross slot
+        that its beams share."""
+        rows = self.num_slots - len(self.running)
+        cross = self._free_cross()
+        free = min(rows, len(cross), self.max_encoder_batch, self.num_waiting)
         free = self.admissible(free) if free else 0
-        jobs = self._take(free, slots)
-        start = len(self.running)
-        admitted = [self._sequence(job, start + i) for i, job in enumerate(jobs)]
-        followers: list[Sequence] = []
-        for seq in admitted:
-            if seq.job.beam_size > 1:
-                members = [seq] + [
-                    self._sequence(seq.job, start + len(admitted) + len(followers) + b)
-                    for b in range(seq.job.beam_size - 1)
-                ]
-                options = seq.job.transcription.options
+        admitted: list[Sequence] = []
+        for job, slot in zip(self._take(free, rows), cross):
+            members = [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
+            if job.beam_size > 1:
+                options = job.transcription.options
                 group = BeamGroup(members, options.patience, options.length_penalty)
                 for m in members:
                     m.beam = group
-                followers += members[1:]
-        admitted += followers
+            admitted += members
         self.running.extend(admitted)
         return admitted
+
+    def _free_cross(self) -> list[int]:
+        """Cross slots no running sequence reads, lowest first."""
+        used = {s.cross_slot for s in self.running}
+        if not used:
+            return list(range(self.num_cross_slots))
+        return [c for c in range(self.num_cross_slots) if c not in used]
 
     def _take(self, free: int, slots: int) -> list[WindowJob]:
         """Up to `free` waiting windows, in queue order, whose beams fit in `slots` together; first come, first
@@ -90,8 +95,8 @@ class Scheduler:
         return jobs
 
     @staticmethod
-    def _sequence(job: WindowJob, slot: int) -> Sequence:
-        seq = Sequence(job=job, slot=slot, pending=list(job.prompt))
+    def _sequence(job: WindowJob, slot: int, cross_slot: int) -> Sequence:
+        seq = Sequence(job=job, slot=slot, cross_slot=cross_slot, pending=list(job.prompt))
         seq.detecting = job.detect_language
         return seq
 
@@ -105,7 +110,8 @@ class Scheduler:
                 seq.finished = seq.aborted = True
 
     def release_finished(self, cache: KVCache) -> list[Sequence]:
-        """Remove finished sequences and fill their slots from the tail, so the running range stays contiguous."""
+        """Remove finished sequences and fill their rows from the tail, so the running range stays contiguous (only
+        self-attention caches move; a cross slot is free once no running sequence reads it)."""
         finished = [s for s in self.running if s.finished]
         if not finished:
             return []

@@ -45,7 +45,8 @@ class WindowJob:
 @dataclass(slots=True, eq=False)
 class Sequence:
     job: WindowJob
-    slot: int
+    slot: int  # its row in the running batch, and the row's self-attention cache
+    cross_slot: int = 0  # where its window's cross-attention cache lives (a beam search's rows share one)
     num_cached: int = 0  # positions written (or queued to be written) in this slot's self-attention cache
     pending: list[int] = field(default_factory=list)  # tokens to feed at the next forward (or ON_DEVICE)
     row: int | None = None  # row in the last launched decode step while its output is still only on the device

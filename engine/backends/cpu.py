@@ -84,6 +84,7 @@ class CpuNativeBackend(CpuTorchBackend):
     def _step_one(self, x: Tensor, cache: KVCache, slot: int, position: int) -> Tensor:
         """One token of the sequence in `slot` at `position`: x (1, 1, n_state) -> hidden (1, 1, n_state)."""
         kernels, d = self.native, cache.head_dim
+        cross_slot = cache.row_cross[slot]
         for i, block in enumerate(self.decoder.blocks):
             attn = block.attn
             qkv = kernels.linear(x, attn.qkv_weight.t(), attn.qkv_bias, norm=block.attn_ln).view(3, attn.n_head, d)
@@ -92,7 +93,7 @@ class CpuNativeBackend(CpuTorchBackend):
             x = kernels.linear(o.view(x.shape), attn.out.weight.t(), attn.out.bias, residual=x)
             cross = block.cross_attn
             q = kernels.linear(x, cross.query.weight.t(), cross.query.bias, norm=block.cross_attn_ln)
-            k, v, _, _ = cache.cross_layer(i, slice(slot, slot + 1))
+            k, v, _, _ = cache.cross_layer(i, slice(cross_slot, cross_slot + 1))
             o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], k.shape[2])
             x = kernels.linear(o.view(x.shape), cross.out.weight.t(), cross.out.bias, residual=x)
             fc1, fc2 = block.mlp[0], block.mlp[2]
@@ -106,6 +107,7 @@ class CpuNativeBackend(CpuTorchBackend):
         kernels, b = self.native, x.shape[0]
         slots = slice(slot_start, slot_start + b)
         pos = positions.reshape(b).contiguous()
+        cross_slots, _ = cache.cross_slots_of(slot_start, b)  # each row's window's cross slot
         x = x.reshape(b, -1)
         for i, block in enumerate(self.decoder.blocks):
             attn = block.attn
@@ -114,8 +116,8 @@ class CpuNativeBackend(CpuTorchBackend):
             x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
             cross = block.cross_attn
             q = linear(cross.query, norm(block.cross_attn_ln, x))
-            k, v, _, _ = cache.cross_layer(i, slots)
-            x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2]))
+            k, v, _, _ = cache.cross_layer(i, slice(None))
+            x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots))
             x = x + block.feed_forward(norm(block.mlp_ln, x))
         return norm(self.decoder.ln, x).view(b, 1, -1)
 

@@ -109,7 +109,7 @@ class GpuBackend(DecodeBackend):
                 o = attn.merge_heads(decode_self_attention(qkv[:, :, 0].transpose(1, 2), k, v, mask))
             x, h = add_norm(x, linear(attn.out, o, pdl), block.cross_attn_ln)
             cross = block.cross_attn
-            o = cross_attention(cross.split_heads(linear(cross.query, h, pdl)), cache, i, slots, self.kernels)
+            o = cross_attention(cross.split_heads(linear(cross.query, h, pdl)), cache, i, slot_start, self.kernels)
             x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), pdl), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h, self.kernels), next_norm)
         return h
@@ -118,7 +118,7 @@ class GpuBackend(DecodeBackend):
         """One sequence's step, x (1, 1, n_state) -> hidden (1, 1, n_state): each sub-layer's residual add, norm
         and first product in one kernel. Same arithmetic as _rows_step up to the summation order inside
         products."""
-        pdl, slots = self.kernels.pdl, slice(slot, slot + 1)
+        pdl = self.kernels.pdl
         y = None  # the last sub-layer's output, added to the residual stream x by the next fused kernel
         for i, block in enumerate(self.decoder.blocks):
             attn, cross, fc1 = block.attn, block.cross_attn, block.mlp[0]
@@ -128,7 +128,7 @@ class GpuBackend(DecodeBackend):
             x, q = add_norm_linear(
                 x, linear(attn.out, o, pdl), block.cross_attn_ln, cross.query.weight, cross.query.bias, pdl=pdl
             )
-            o = cross.merge_heads(cross_attention(cross.split_heads(q), cache, i, slots, self.kernels))
+            o = cross.merge_heads(cross_attention(cross.split_heads(q), cache, i, slot, self.kernels))
             x, f = add_norm_linear(
                 x, linear(cross.out, o, pdl), block.mlp_ln, fc1.weight, fc1.bias, gelu=True, pdl=pdl
             )

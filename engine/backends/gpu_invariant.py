@@ -91,6 +91,7 @@ class BatchInvariantGpuBackend(GpuBackend):
         dec, kernels, linear = self.decoder, self.kernels, invariant_ops.linear
         rows = x.shape[0]
         slots = slice(slot_start, slot_start + rows // per_slot)
+        cross_rows = cache.cross_slots_of(slot_start, rows // per_slot)  # each slot's row reads its window's
         h = norm_rows(dec.blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in list(dec.blocks)[1:]] + [dec.ln]
         for i, (block, next_norm) in enumerate(zip(dec.blocks, next_norms)):
@@ -106,8 +107,8 @@ class BatchInvariantGpuBackend(GpuBackend):
             x, h = add_norm(x, linear(o, attn.out.weight, attn.out.bias), block.cross_attn_ln)
             q = linear(h, cross.query.weight, cross.query.bias)
             q = q.view(rows // per_slot, per_slot, cross.n_head, -1).transpose(1, 2)  # (slots, heads, t, dim)
-            k, v, k_scale, v_scale = cache.cross_layer(i, slots)
-            o = fixed_split_attention(q, k, v, k_scale, v_scale, kernels)
+            k, v, k_scale, v_scale = cache.cross_layer(i, slice(None))
+            o = fixed_split_attention(q, k, v, k_scale, v_scale, kernels, *cross_rows)
             o = o.transpose(1, 2).reshape(rows, 1, -1)
             x, h = add_norm(x, linear(o, cross.out.weight, cross.out.bias), block.mlp_ln)
             f = linear(h, fc1.weight, fc1.bias, gelu=True)

@@ -117,7 +117,7 @@ class CpuKernels:
         lib.whisper_gemv.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
-        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]
+        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_rows.restype = None
 
     @staticmethod
@@ -160,8 +160,12 @@ class CpuKernels:
         )  # fmt: skip
         return out
 
-    def attend_rows(self, q: Tensor, k: Tensor, v: Tensor, n: int, positions: Tensor | None = None) -> Tensor:
-        """Row r of the batch against slot r of k, v (slots, heads, positions, 64); returns (rows, heads * 64).
+    def attend_rows(
+        self, q: Tensor, k: Tensor, v: Tensor, n: int, positions: Tensor | None = None,
+        cross_slots: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        """Row r of the batch against slot r of k, v (slots, heads, positions, 64), or slot cross_slots[r] (an int64
+        tensor) when given; returns (rows, heads * 64).
         Cross-attention: q (rows, heads * 64) against the first n positions of each slot. Self-attention: q is the
         fused (rows, 3 * heads * 64) q/k/v projection and positions (rows,) int64 each row's position p; the row's
         new key and value are written there and it attends over 0..p (n: the slots' capacity)."""
@@ -170,7 +174,8 @@ class CpuKernels:
         scratch = torch.empty(rows * heads * n)
         self.lib.whisper_attend_rows(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows, heads, n,
-            positions.data_ptr() if positions is not None else None, k.stride(0), k.stride(1), HEAD_DIM**-0.5,
+            positions.data_ptr() if positions is not None else None,
+            cross_slots.data_ptr() if cross_slots is not None else None, k.stride(0), k.stride(1), HEAD_DIM**-0.5,
             scratch.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         return out

@@ -106,24 +106,45 @@ def dequantize(values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def int8_attention(
-    q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, kernels: KernelOptions = DEFAULT_KERNELS
+    q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, kernels: KernelOptions = DEFAULT_KERNELS,
+    index: Tensor | None = None, order: Tensor | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d)) v with k, v stored as int8 and per-vector scales.
 
     q (batch, heads, t, dim); k, v (batch, heads, n, dim) int8; k_scale, v_scale (batch, heads, n).
     Views with a unit last stride (slices of the cache) are read in place. `kernels`: which kernel runs
     (int8_attention: the NVRTC kernel where it compiles and the layout suits it, else Triton; int8_lone_row;
-    pdl)."""
+    pdl). `index` (batch,) int32: q's row b reads k, v (slots, heads, n, dim) at slot index[b]; `order`: a
+    permutation of the rows to walk them in (see indexed_attention)."""
     if not _kernels_apply(q):
+        if index is not None:
+            k, k_scale, v, v_scale = (x.index_select(0, index.long()) for x in (k, k_scale, v, v_scale))
         return F.scaled_dot_product_attention(q, dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype))
     pdl = kernels.pdl
     if kernels.int8_lone_row and _lone_row_applies(q, k, pdl):
-        return _lone_row_attention(q, k, k_scale, v, v_scale, pdl)
+        return _lone_row_attention(q, k, k_scale, v, v_scale, pdl, index)
     use_cuda = kernels.int8_attention == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale)
     kernel = _cuda_kernel(q) if use_cuda else None
     if kernel is not None:
-        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, pdl)
-    return _triton_attention(q, k, k_scale, v, v_scale, pdl)
+        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, pdl, index=index, order=order)
+    return _triton_attention(q, k, k_scale, v, v_scale, pdl, index=index, order=order)
+
+
+def indexed_attention(
+    q: Tensor, k: Tensor, k_scale: Tensor | None, v: Tensor, v_scale: Tensor | None, index: Tensor,
+    order: Tensor | None, kernels: KernelOptions = DEFAULT_KERNELS,
+) -> Tensor:
+    """Cross-attention of q's row b (batch, heads, t, dim) against slot index[b] of the cache k, v (slots, heads,
+    n, dim): int8 with scales, or the model's dtype (k_scale None). Rows of one beam search read one slot; `order`
+    (a permutation of at least q's rows, or None) is the order in which the kernels take the rows, those reading
+    one slot side by side, so their programs run together and the slot's bytes come from the L2 cache for all but
+    the first. Without the GPU kernels the rows' slots are gathered (a copy: correct, not fast)."""
+    if k_scale is not None:
+        return int8_attention(q, k, k_scale, v, v_scale, kernels, index, order)
+    if not _kernels_apply(q):
+        idx = index.long()
+        return F.scaled_dot_product_attention(q, k.index_select(0, idx), v.index_select(0, idx))
+    return _triton_attention(q, k, None, v, None, kernels.pdl, index=index, order=order)
 
 
 def _splits(rows: int, target: int, max_splits: float = MAX_SPLITS) -> int:
@@ -167,7 +188,8 @@ def _cuda_layout_fits(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale:
 
 
 def _cuda_attention(
-    kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool, splits: int | None = None
+    kernel, q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool, splits: int | None = None,
+    index: Tensor | None = None, order: Tensor | None = None,
 ) -> Tensor:
     b, h, t, d = q.shape
     n = k.shape[2]
@@ -183,6 +205,7 @@ def _cuda_attention(
             q, k, k_scale, v, v_scale, out, m, lse, acc,
             *q.stride()[:3], *k.stride()[:3], *k_scale.stride()[:2], *v.stride()[:3], *v_scale.stride()[:2],
             *out.stride()[:3], h, t, n, keys_per_split, d**-0.5, splits,
+            q if index is None else index, q if order is None else order, int(index is not None), int(order is not None),
         ],
     )  # fmt: skip
     return _combined(m, lse, acc, out, splits, pdl)
@@ -195,9 +218,12 @@ def _lone_row_applies(q: Tensor, k: Tensor, pdl: bool) -> bool:
     return b * t == 1 and pdl_applies(q.device, pdl) and -(-k.shape[2] // MAX_SPLITS) <= LONE_ROW_MAX_KEYS
 
 
-def _lone_row_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool) -> Tensor:
+def _lone_row_attention(
+    q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor, pdl: bool, index: Tensor | None = None
+) -> Tensor:
     """One query row per head, its keys split MAX_SPLITS ways; each program reads its split's keys and values
-    before waiting for the kernel that makes the query (see _prefetched_split)."""
+    before waiting for the kernel that makes the query (see _prefetched_split). `index` (1,): the slot of k, v
+    to read (else slot 0)."""
     _, h, _, d = q.shape
     n = k.shape[2]
     assert k.stride(-1) == v.stride(-1) == k_scale.stride(-1) == v_scale.stride(-1) == 1 and q.stride(-1) == 1
@@ -205,10 +231,11 @@ def _lone_row_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scal
     keys_per_split = -(-n // MAX_SPLITS)
     m, lse, acc = _split_buffers(h, MAX_SPLITS, d, out)
     _prefetched_split[(h, MAX_SPLITS)](
-        q, k, k_scale, v, v_scale, m, lse, acc, q.stride(1), k.stride(1), k.stride(2), k_scale.stride(1),
-        v.stride(1), v.stride(2), v_scale.stride(1), n, keys_per_split, d**-0.5,
-        HEAD_DIM=d, KEYS=triton.next_power_of_2(keys_per_split), NUM_SPLITS=MAX_SPLITS, num_warps=4,
-        **dependent_launch(q.device, pdl),
+        q, k, k_scale, v, v_scale, m, lse, acc, q if index is None else index, q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), k_scale.stride(0), k_scale.stride(1),
+        v.stride(0), v.stride(1), v.stride(2), v_scale.stride(0), v_scale.stride(1), n, keys_per_split, d**-0.5,
+        HEAD_DIM=d, KEYS=triton.next_power_of_2(keys_per_split), NUM_SPLITS=MAX_SPLITS, INDEXED=index is not None,
+        num_warps=4, **dependent_launch(q.device, pdl),
     )  # fmt: skip
     return _combined(m, lse, acc, out, MAX_SPLITS, pdl)
 
@@ -233,25 +260,27 @@ def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int, pdl
 
 
 def fixed_split_attention(
-    q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor | None, v_scale: Tensor | None, kernels: KernelOptions
+    q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor | None, v_scale: Tensor | None, kernels: KernelOptions,
+    index: Tensor | None = None, order: Tensor | None = None,
 ) -> Tensor:
     """Cross-attention whose sums for a (row, head, query) run in one order whatever the batch: the keys split
     INVARIANT_SPLITS ways for every batch size (the kernels above choose the split from the row count), each split
     by the same kernel, the splits combined in order. The int8 cache through the CUDA kernel where it builds (else
-    Triton's); a float16 or bfloat16 cache through the Triton kernel without scales. The batch-invariant backend's
-    cross-attention (engine/backends/gpu_invariant.py)."""
+    Triton's); a float16 or bfloat16 cache through the Triton kernel without scales. `index`, `order`: as
+    indexed_attention's (they pick the bytes and the programs' order, not the arithmetic). The batch-invariant
+    backend's cross-attention (engine/backends/gpu_invariant.py)."""
     if k_scale is None:
-        return _triton_attention(q, k, None, v, None, pdl=False, splits=INVARIANT_SPLITS)
+        return _triton_attention(q, k, None, v, None, False, INVARIANT_SPLITS, index, order)
     use_cuda = kernels.int8_attention == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale)
     kernel = _cuda_kernel(q) if use_cuda else None
     if kernel is not None:
-        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, pdl=False, splits=INVARIANT_SPLITS)
-    return _triton_attention(q, k, k_scale, v, v_scale, pdl=False, splits=INVARIANT_SPLITS)
+        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, False, INVARIANT_SPLITS, index, order)
+    return _triton_attention(q, k, k_scale, v, v_scale, False, INVARIANT_SPLITS, index, order)
 
 
 def _triton_attention(
     q: Tensor, k: Tensor, k_scale: Tensor | None, v: Tensor, v_scale: Tensor | None, pdl: bool,
-    splits: int | None = None,
+    splits: int | None = None, index: Tensor | None = None, order: Tensor | None = None,
 ) -> Tensor:
     """k_scale/v_scale None: a float16 or bfloat16 cache (the same kernel without the scales)."""
     b, h, t, d = q.shape
@@ -270,11 +299,12 @@ def _triton_attention(
     keys_per_split = -(-n // (splits * BLOCK_N)) * BLOCK_N
     m, lse, acc = _split_buffers(rows, splits, d, out)
     _attention_blocks[(rows, splits)](
-        q, k, k_scale, v, v_scale, out, m, lse, acc,
+        q, k, k_scale, v, v_scale, out, m, lse, acc, q if index is None else index, q if order is None else order,
         *q.stride()[:3], *k.stride()[:3], *scale_strides[:2], *v.stride()[:3], *scale_strides[2:],
         *out.stride()[:3],
         h, t, n, keys_per_split, d**-0.5,
-        HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, SCALED=scaled, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        HEAD_DIM=d, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, SCALED=scaled, INDEXED=index is not None,
+        ORDERED=order is not None, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return _combined(m, lse, acc, out, splits, pdl)
 
@@ -286,19 +316,26 @@ if triton is not None:
     # ~1 s, while requests wait. Left: NUM_SPLITS, whose variants the decoder graphs' capture compiles.
     @triton.jit(do_not_specialize=["sqb", "sqh", "sqt", "sob", "soh", "sot", "T", "keys_per_split"])
     def _attention_blocks(
-        Q, K, KS, V, VS, O, M, L, ACC,
+        Q, K, KS, V, VS, O, M, L, ACC, SLOT, ORDER,
         sqb, sqh, sqt, skb, skh, skn, sksb, sksh, svb, svh, svn, svsb, svsh, sob, soh, sot,
         H, T, N, keys_per_split, sm_scale,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SCALED: tl.constexpr,
+        INDEXED: tl.constexpr, ORDERED: tl.constexpr,
     ):  # fmt: skip
-        # SCALED: an int8 cache with a scale per vector; else keys and values in the model's dtype, KS/VS unread
+        # SCALED: an int8 cache with a scale per vector; else keys and values in the model's dtype, KS/VS unread.
+        # INDEXED: batch row b reads cache slot SLOT[b] (else b); ORDERED: programs take the rows in ORDER's order.
         row = tl.program_id(0)
         split = tl.program_id(1)
+        if ORDERED:
+            row = (tl.load(ORDER + row // (T * H)) * H + (row // T) % H) * T + row % T
         t = row % T
         h = (row // T) % H
         b = row // (T * H)
+        q_row = b
+        if INDEXED:
+            b = tl.load(SLOT + b).to(tl.int64)
         dim = tl.arange(0, HEAD_DIM)
-        q = tl.load(Q + b * sqb + h * sqh + t * sqt + dim).to(tl.float32) * sm_scale
+        q = tl.load(Q + q_row * sqb + h * sqh + t * sqt + dim).to(tl.float32) * sm_scale
         start = split * keys_per_split
         end = tl.minimum(start + keys_per_split, N)
         # Each of the BLOCK_N lanes keeps its own running max, sum and weighted values: the block loop then
@@ -331,7 +368,7 @@ if triton is not None:
         l_sum = tl.sum(l * weight, axis=0)
         out = tl.sum(acc * weight[:, None], axis=0)
         if NUM_SPLITS == 1:
-            tl.store(O + b * sob + h * soh + t * sot + dim, (out / l_sum).to(O.dtype.element_ty))
+            tl.store(O + q_row * sob + h * soh + t * sot + dim, (out / l_sum).to(O.dtype.element_ty))
         else:
             part = row * NUM_SPLITS + split
             tl.store(M + part, m_max)
@@ -340,8 +377,10 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["sqh"])
     def _prefetched_split(
-        Q, K, KS, V, VS, M, L, ACC, sqh, skh, skn, sksh, svh, svn, svsh, N, keys_per_split, sm_scale,
-        HEAD_DIM: tl.constexpr, KEYS: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
+        Q, K, KS, V, VS, M, L, ACC, SLOT, sqh, skb, skh, skn, sksb, sksh, svb, svh, svn, svsb, svsh, N,
+        keys_per_split, sm_scale,
+        HEAD_DIM: tl.constexpr, KEYS: tl.constexpr, NUM_SPLITS: tl.constexpr, INDEXED: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         # One (head, split) of a lone query row. The slot's keys and values were written by the prompt's fill and
         # are never written during decoding, so with PDL they are read (~12 KB per program) while the kernel
@@ -353,6 +392,13 @@ if triton is not None:
         keys = split * keys_per_split + idx
         valid = (idx < keys_per_split) & (keys < N)
         dim = tl.arange(0, HEAD_DIM)
+        slot = 0
+        if INDEXED:  # written before the graph launched: readable before the wait
+            slot = tl.load(SLOT).to(tl.int64)
+        K += slot * skb
+        KS += slot * sksb
+        V += slot * svb
+        VS += slot * svsb
         k = tl.load(K + h * skh + keys[:, None] * skn + dim[None, :], mask=valid[:, None], other=0)
         ks = tl.load(KS + h * sksh + keys, mask=valid, other=0).to(tl.float32)
         v = tl.load(V + h * svh + keys[:, None] * svn + dim[None, :], mask=valid[:, None], other=0)

@@ -38,12 +38,15 @@ class CacheShape:
             n_audio_ctx=dims.n_audio_ctx,
         )
 
-    def bytes_per_slot(self, dtype: torch.dtype, int8_cross: bool = False) -> int:
+    def self_bytes(self, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        vectors = 2 * self.n_layer * self.n_head  # K and V, every layer
+        return 2 * self.n_layer * self.n_head * self.n_text_ctx * self.head_dim * elem  # K and V, every layer
+
+    def cross_bytes(self, dtype: torch.dtype, int8_cross: bool = False) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
         scale = torch.empty((), dtype=SCALE_DTYPE).element_size()
         cross = self.head_dim + scale if int8_cross else self.head_dim * elem  # int8 values and their scale
-        return vectors * (self.n_text_ctx * self.head_dim * elem + self.n_audio_ctx * cross)
+        return 2 * self.n_layer * self.n_head * self.n_audio_ctx * cross
 
 
 class KVCache:
@@ -55,12 +58,14 @@ class KVCache:
     n_audio_ctx) their bfloat16 scales (engine/kernels/int8_attention.py); otherwise the scales are None."""
 
     def __init__(
-        self, shape: CacheShape, num_slots: int, dtype: torch.dtype, device: torch.device, int8_cross: bool = False
-    ):
+        self, shape: CacheShape, num_slots: int, dtype: torch.dtype, device: torch.device, int8_cross: bool = False,
+        num_cross_slots: int | None = None,
+    ):  # fmt: skip
         self.shape = shape
         self.num_slots = num_slots
+        self.num_cross_slots = num_cross_slots or num_slots
         self.head_dim = shape.head_dim
-        common = (shape.n_layer, num_slots, shape.n_head)
+        common = (shape.n_layer, self.num_cross_slots, shape.n_head)
         self.self_kv = torch.zeros(
             shape.n_layer, 2, num_slots, shape.n_head, shape.n_text_ctx, shape.head_dim, dtype=dtype, device=device
         )
@@ -82,6 +87,17 @@ class KVCache:
         if int8_cross:
             self.cross_scale_layers = list(zip(self.cross_k_scale.unbind(0), self.cross_v_scale.unbind(0)))
 
+        # Which cross slot each row (self slot) reads, on the host and on the device (the kernels read it; a graph
+        # reads it where it lives). Rows of one beam search share their window's cross slot. `cross_order`: the
+        # running rows sorted by cross slot, then the other rows in order, a permutation the GPU kernels walk so
+        # that the rows reading one slot run side by side and its bytes come from the L2 cache after the first.
+        index_dtype = torch.int64 if device.type == "cpu" else torch.int32  # the CPU kernels take C longs
+        self.row_cross = [i % self.num_cross_slots for i in range(num_slots)]
+        self._row_maps = torch.tensor([self.row_cross, list(range(num_slots))], dtype=index_dtype, device=device)
+        self.cross_index, self.cross_order = self._row_maps.unbind(0)
+        self._runs: dict[tuple[int, int], list[tuple[int, int, int, bool]]] = {}
+        self._order_rows = -1  # how many leading rows cross_order sorts
+
     @property
     def int8_cross(self) -> bool:
         return self.cross_k_scale is not None
@@ -95,31 +111,63 @@ class KVCache:
         k_scale, v_scale = self.cross_scale_layers[layer]
         return k, v, k_scale[slots], v_scale[slots]
 
+    def map_rows(self, start: int, cross_slots: list[int]) -> None:
+        """Rows start.. read the cross slots `cross_slots` (one per row) from the next launch on. The device maps
+        are written only when they change (admissions and releases), in one copy ordered after the steps already
+        queued."""
+        end = start + len(cross_slots)
+        if self.row_cross[start:end] == cross_slots and self._order_rows == end:
+            return
+        self.row_cross[start:end] = cross_slots
+        order = sorted(range(end), key=self.row_cross.__getitem__) + list(range(end, self.num_slots))
+        self._row_maps.copy_(torch.tensor([self.row_cross, order], dtype=self._row_maps.dtype), non_blocking=True)
+        self._order_rows = end
+        self._runs.clear()
+
+    def cross_runs(self, start: int, n: int) -> list[tuple[int, int, int, bool]]:
+        """Rows start..start+n as runs a slice of the cross cache serves: (first row - start, end row - start,
+        first cross slot, shared), where a run either reads consecutive cross slots, one per row, or (shared) one
+        slot for all its rows (a beam search's). Without beams and with a fresh layout: one run."""
+        key = (start, n)
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = self._runs[key] = _cross_runs(self.row_cross[start : start + n])
+        return runs
+
+    def cross_slots_of(self, start: int, n: int) -> tuple[Tensor, Tensor | None]:
+        """The device index of rows start..start+n into the cross cache, and the order in which to walk them (rows
+        sharing a slot side by side) where the rows start at 0 (the running rows; else None: in order)."""
+        return self.cross_index[start : start + n], self.cross_order if start == 0 else None
+
     def move_slots(self, moves: list[tuple[int, int, int]]) -> None:
-        """Copy sequences' caches to other slots (keeps running sequences contiguous): (source, destination, cached
-        self positions) per sequence, sources and destinations disjoint. A run of consecutive sources going to
-        consecutive destinations moves in one copy per tensor (a finished admission batch frees a run of slots
-        that the last-admitted run fills)."""
+        """Copy sequences' self-attention caches to other rows (keeps running sequences contiguous): (source,
+        destination, cached self positions) per sequence, sources and destinations disjoint. A run of consecutive
+        sources going to consecutive destinations moves in one copy. The cross caches stay where they are: a row
+        finds its own through `row_cross`."""
         for src, dst, n, self_len in _runs(moves):
             _copy_bytes(self.self_kv[:, :, dst : dst + n, :, :self_len], self.self_kv[:, :, src : src + n, :, :self_len])
-            for t in (self.cross_k, self.cross_v, self.cross_k_scale, self.cross_v_scale):
-                if t is not None:
-                    _copy_bytes(t[:, dst : dst + n], t[:, src : src + n])
 
     def copy_self(self, copies: list[tuple[int, int]], num_positions: int) -> None:
-        """Copy self-attention prefixes between slots (a beam forking from another): (source, destination) per
-        copy, no slot both. One gather and one scatter for all of them."""
-        src = torch.tensor([c[0] for c in copies], device=self.self_kv.device)
-        dst = torch.tensor([c[1] for c in copies], device=self.self_kv.device)
+        """Copy self-attention prefixes between rows (beams forking from others): (source, destination) per copy,
+        no row both. One gather and one scatter for all of them, queued without waiting for the device (a
+        blocking copy of the indices would wait for the steps in flight)."""
+        pairs = torch.tensor(copies, dtype=torch.int64).t().contiguous()
+        src, dst = pairs.to(self.self_kv.device, non_blocking=True).unbind(0)
         prefix = self.self_kv[:, :, :, :, :num_positions]
         prefix.index_copy_(2, dst, prefix.index_select(2, src))
 
-    def copy_cross(self, source: int, destinations: list[int]) -> None:
-        """The cross-attention keys and values (and scales) of slot `source` into each slot of `destinations`."""
-        for t in (self.cross_k, self.cross_v, self.cross_k_scale, self.cross_v_scale):
-            if t is not None:
-                for dst in destinations:
-                    _copy_bytes(t[:, dst], t[:, source])
+
+def _cross_runs(cross: list[int]) -> list[tuple[int, int, int, bool]]:
+    runs: list[list] = []  # [start, end, first cross slot, kind: None (one row), "seq" or "shared"]
+    for row, slot in enumerate(cross):
+        last = runs[-1] if runs else None
+        if last is not None and last[3] != "shared" and slot == last[2] + (last[1] - last[0]):
+            last[1], last[3] = row + 1, "seq"
+        elif last is not None and last[3] != "seq" and slot == last[2]:
+            last[1], last[3] = row + 1, "shared"
+        else:
+            runs.append([row, row + 1, slot, None])
+    return [(a, b, c, kind == "shared") for a, b, c, kind in runs]
 
 
 def _runs(moves: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:
@@ -167,24 +215,36 @@ def plan_num_slots(
     memory_fraction: float,
     reserve_bytes: int,
     int8_cross: bool = False,
-) -> tuple[int, str]:
-    """Slots that fit in the device memory left after weights and activations; with a log line saying why."""
-    per_slot = shape.bytes_per_slot(dtype, int8_cross)
+    max_rows: int | None = None,
+    rows_asked: bool = False,
+) -> tuple[int, int, str]:
+    """Rows (self-attention slots: sequences decoded at once) and cross slots (windows decoded at once) that fit in
+    the device memory left after weights and activations, with a log line saying why. A row and a cross slot come
+    in pairs, as many as fit up to `max_rows`; when the rows were asked for (`rows_asked`: --max-num-seqs) and
+    their pairs do not fit, all the rows are kept and the cross slots take what memory is left: a window's beams
+    are rows that share one cross slot."""
+    per_row, per_cross = shape.self_bytes(dtype), shape.cross_bytes(dtype, int8_cross)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * memory_fraction) - (total - free) - reserve_bytes
     else:
         # On CPU the caches live in RAM; a fixed budget keeps the footprint predictable.
         budget = 4 * 1024**3
-    num = budget // per_slot
+    pairs = budget // (per_row + per_cross)
+    rows = cross = min(pairs, max_rows) if max_rows else pairs
+    if rows_asked and max_rows and pairs < max_rows:
+        rows = max_rows
+        cross = min(rows, (budget - rows * per_row) // per_cross)
+        if cross < 1:
+            rows = cross = pairs
     why = (
-        f"{per_slot / 2**20:.1f} MiB per slot (self {shape.n_text_ctx} + cross {shape.n_audio_ctx} positions"
-        f"{', int8 cross' if int8_cross else ''}, "
-        f"{shape.n_layer} layers), budget {max(budget, 0) / 2**30:.2f} GiB"
+        f"{per_row / 2**20:.1f} MiB per row (self {shape.n_text_ctx} positions), {per_cross / 2**20:.1f} MiB per "
+        f"cross slot ({shape.n_audio_ctx} positions{', int8' if int8_cross else ''}), {shape.n_layer} layers, "
+        f"budget {max(budget, 0) / 2**30:.2f} GiB"
     )
-    if num < 1:
+    if cross < 1:
         raise RuntimeError(
-            f"Not even one decode slot fits: {why}. Each slot needs {per_slot / 2**20:.1f} MiB. "
+            f"Not even one decode slot fits: {why}. Each window needs {(per_row + per_cross) / 2**20:.1f} MiB. "
             "Raise --gpu-memory-fraction, free GPU memory, or use a smaller model or dtype."
         )
-    return int(num), why
+    return int(rows), int(cross), why

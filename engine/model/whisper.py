@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 from engine.kernels.fused_ops import add_norm, linear, linear_gelu, norm
-from engine.kernels.int8_attention import dequantize, int8_attention, quantize_into
+from engine.kernels.int8_attention import dequantize, indexed_attention, int8_attention, quantize_into
 from engine.kernels.options import DEFAULT_KERNELS, KernelOptions
 from engine.model.dims import ModelDimensions
 from engine.model.kv_cache import KVCache
@@ -23,9 +23,33 @@ from engine.model.kv_cache import KVCache
 NEG_INF = float("-inf")
 
 
-def cross_attention(q: Tensor, cache: KVCache, layer: int, slots: slice, kernels: KernelOptions) -> Tensor:
-    """q (batch, heads, t, dim) against the slots' encoder K/V, read where they live: no gather, no copy."""
-    k, v, k_scale, v_scale = cache.cross_layer(layer, slots)
+def cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: int, kernels: KernelOptions) -> Tensor:
+    """q (rows, heads, t, dim) of the rows row_start.. against each row's encoder K/V (its window's cross slot, which
+    a beam search's rows share), read where they live. On a GPU the kernels take the rows' slot index (a graph
+    replays with whatever the index holds); elsewhere each run of rows that a slice of the cache serves is one call
+    (a shared slot's rows become that many more query positions), which is one call without beams."""
+    b = q.shape[0]
+    k, v, k_scale, v_scale = cache.cross_layer(layer, slice(None))
+    if q.is_cuda:
+        index, order = cache.cross_slots_of(row_start, b)
+        return indexed_attention(q, k, k_scale, v, v_scale, index, order, kernels)
+    outs = []
+    for r0, r1, slot, shared in cache.cross_runs(row_start, b):
+        rows = q[r0:r1]
+        n = 1 if shared else r1 - r0
+        sl = slice(slot, slot + n)
+        ks, vs = (k_scale[sl], v_scale[sl]) if k_scale is not None else (None, None)
+        if shared:  # the rows' queries as more positions of one: (1, heads, rows * t, dim)
+            m, h, t, d = rows.shape
+            o = _attend(rows.transpose(0, 1).reshape(1, h, m * t, d), k[sl], ks, v[sl], vs, kernels)
+            o = o.view(h, m, t, d).transpose(0, 1)
+        else:
+            o = _attend(rows, k[sl], ks, v[sl], vs, kernels)
+        outs.append(o)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _attend(q: Tensor, k: Tensor, k_scale: Tensor | None, v: Tensor, v_scale: Tensor | None, kernels) -> Tensor:
     if k_scale is not None:
         return int8_attention(q, k, k_scale, v, v_scale, kernels)
     return F.scaled_dot_product_attention(q, k, v)
@@ -174,19 +198,22 @@ class TextDecoder(nn.Module):
         """tokens, positions (batch, q) -> the residual stream entering the first block (batch, q, n_text_state)"""
         return self.token_embedding(tokens) + self.positional_embedding[positions]
 
-    def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, slot_start: int) -> None:
-        """Project encoder output to cross-attention K/V once and store it in the slots."""
-        slots = slice(slot_start, slot_start + audio_features.shape[0])
+    def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, cross_slots: int | list[int]) -> None:
+        """Project encoder output to cross-attention K/V once and store it in the cross slots: `cross_slots` one
+        per window, or the first of consecutive ones."""
+        if isinstance(cross_slots, int):
+            cross_slots = list(range(cross_slots, cross_slots + audio_features.shape[0]))
         for i, block in enumerate(self.blocks):
             attn = block.cross_attn
             k, v = attn.split_heads(attn.key(audio_features)), attn.split_heads(attn.value(audio_features))
-            ck, cv, k_scale, v_scale = cache.cross_layer(i, slots)
-            if k_scale is not None:
-                quantize_into(k, ck, k_scale)
-                quantize_into(v, cv, v_scale)
-            else:
-                ck.copy_(k)
-                cv.copy_(v)
+            for w0, w1, slot in _consecutive(cross_slots):
+                ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(slot, slot + w1 - w0))
+                if k_scale is not None:
+                    quantize_into(k[w0:w1], ck, k_scale)
+                    quantize_into(v[w0:w1], cv, v_scale)
+                else:
+                    ck.copy_(k[w0:w1])
+                    cv.copy_(v[w0:w1])
 
     def forward(
         self,
@@ -233,7 +260,7 @@ class TextDecoder(nn.Module):
             x, h = add_norm(x, linear(attn.out, o, self.kernels.pdl), block.cross_attn_ln)
             cross = block.cross_attn
             q = cross.split_heads(linear(cross.query, h, self.kernels.pdl))
-            o = cross_attention(q, cache, i, slots, self.kernels)
+            o = cross_attention(q, cache, i, slot_start, self.kernels)
             x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), self.kernels.pdl), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h, self.kernels), next_norm)
         return h
@@ -247,10 +274,10 @@ class TextDecoder(nn.Module):
         return self(tokens, positions, cache, slot_start, width, causal)
 
     def align(
-        self, tokens: Tensor, cache: KVCache, slot: int, heads: list[tuple[int, int]]
+        self, tokens: Tensor, cache: KVCache, cross_slot: int, heads: list[tuple[int, int]]
     ) -> tuple[Tensor, Tensor]:
         """
-        Teacher-forced pass of one sequence against its slot's cross cache, for word timestamps.
+        Teacher-forced pass of one sequence against its window's cross cache, for word timestamps.
         tokens : (1, T); returns (the alignment heads' pre-softmax cross-attention (n_heads, T, n_audio_ctx),
         hidden states (T, n_text_state) after the final norm). Self-attention runs over the tokens directly; the
         slot's self cache is untouched.
@@ -267,7 +294,7 @@ class TextDecoder(nn.Module):
             x = x + attn.out(attn.merge_heads(o))
             cross, h = block.cross_attn, block.cross_attn_ln(x)
             q = cross.split_heads(cross.query(h))
-            ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(slot, slot + 1))
+            ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(cross_slot, cross_slot + 1))
             if k_scale is not None:  # one sequence, once per window: plain values are simplest here
                 ck, cv = dequantize(ck, k_scale, q.dtype), dequantize(cv, v_scale, q.dtype)
             layer_heads = [head for layer, head in heads if layer == i]
@@ -287,6 +314,17 @@ class TextDecoder(nn.Module):
         """(..., n_text_state) -> float32 (..., n_vocab): the output projection tied to the token embedding, as
         written; each backend computes the same numbers in the layout its device reads fastest."""
         return F.linear(hidden, self.token_embedding.weight).float()
+
+
+def _consecutive(slots: list[int]) -> list[tuple[int, int, int]]:
+    """(first index, end index, first slot) of each run of `slots` that steps by one."""
+    runs: list[list[int]] = []
+    for i, slot in enumerate(slots):
+        if runs and slot == runs[-1][2] + (i - runs[-1][0]):
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1, slot])
+    return [(a, b, c) for a, b, c in runs]
 
 
 class Whisper(nn.Module):

@@ -64,6 +64,41 @@ def test_lone_row_kernel_matches_dequantized_sdpa(cuda, n, dtype):
     assert (out - ref).abs().max().item() < tolerance * ref.abs().max().item()
 
 
+@pytest.mark.parametrize("path", ["cuda", "triton", "lone", "float16", "invariant"])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_indexed_kernels_read_each_rows_slot(cuda, path, ordered):
+    """Rows reading cache slots through an index (a beam search's rows share one; the others any free slot), walked
+    in the order that puts one slot's rows side by side: each row equals its slot's reference. Every kernel that
+    reads the cross cache: CUDA, Triton, the lone row's (one row), the float16 cache's, the batch-invariant one's."""
+    gen = torch.Generator(cuda).manual_seed(9)
+    slots, heads, n, dim = 9, 20, 1500, 64
+    k_cache, v_cache = (torch.randn(slots, heads, n, dim, device=cuda, generator=gen) * 4 for _ in "kv")
+    (kq, ks), (vq, vs) = quantize(k_cache), quantize(v_cache)
+    cross = [1, 1, 1, 1, 1, 7, 0, 4, 4, 4, 2] if path != "lone" else [6]
+    if path == "lone" and torch.cuda.get_device_capability(cuda)[0] < 9:
+        pytest.skip("dependent launches need Hopper or later")
+    index = torch.tensor(cross, dtype=torch.int32, device=cuda)
+    order = None
+    if ordered:
+        order = torch.tensor(sorted(range(len(cross)), key=cross.__getitem__), dtype=torch.int32, device=cuda)
+    q = torch.randn(len(cross), heads, 1, dim, device=cuda, generator=gen, dtype=torch.float16) * 3
+    kernels = KernelOptions(int8_attention="triton" if path == "triton" else "cuda")
+    if path == "float16":
+        k16, v16 = k_cache.half(), v_cache.half()
+        out = int8_attention.indexed_attention(q, k16, None, v16, None, index, order, kernels)
+        refs = [(k16[c : c + 1].float(), v16[c : c + 1].float()) for c in cross]
+    else:
+        if path == "invariant":
+            out = int8_attention.fixed_split_attention(q, kq, vq, ks, vs, kernels, index, order)
+        else:
+            out = int8_attention.indexed_attention(q, kq, ks, vq, vs, index, order, kernels)
+        refs = [(dequantize(kq[c : c + 1], ks[c : c + 1], torch.float32),
+                 dequantize(vq[c : c + 1], vs[c : c + 1], torch.float32)) for c in cross]  # fmt: skip
+    for row, (k, v) in enumerate(refs):
+        ref = F.scaled_dot_product_attention(q[row : row + 1].float(), k, v)
+        assert (out[row : row + 1].float() - ref).abs().max().item() < 2e-3 * ref.abs().max().item(), row
+
+
 def test_misaligned_cache_views_fall_back_to_triton(cuda):
     """A view whose vectors do not start on 16 bytes cannot take the CUDA kernel's loads: the Triton kernel serves."""
     gen = torch.Generator(cuda).manual_seed(5)

@@ -36,7 +36,10 @@ def group(size: int, patience: float = 1.0, length_penalty: float = 1.0) -> Beam
 def step(g: BeamGroup, cache: FakeCache, picks: list[tuple[int, int, float]], num_cached: int = 4) -> None:
     """Feed one step's 2B candidates, (beam, token, score) best first."""
     g.candidates = ([p[2] for p in picks], [p[0] * V + p[1] for p in picks])
-    g.advance(V, EOT, TS, num_cached, 448, cache)
+    copies: list[tuple[int, int]] = []
+    g.advance(V, EOT, TS, num_cached, 448, copies)
+    if copies:
+        cache.copy_self(copies, num_cached)
 
 
 def test_first_step_expands_one_beam_and_later_children_copy_only_when_a_parent_forks():

@@ -1,15 +1,19 @@
-"""Slot moves: what the scheduler relies on to keep running sequences contiguous."""
+"""The caches' rows and cross slots: what the scheduler relies on to keep running sequences contiguous and to let
+a window's beams share one cross slot."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from engine.kernels.options import DEFAULT_KERNELS
 from engine.model.dims import DUMMY_DIMS
-from engine.model.kv_cache import CacheShape, KVCache
+from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
+from engine.model.whisper import cross_attention
 
 
-def filled_cache(int8_cross: bool, n_audio_ctx: int) -> KVCache:
+def filled_cache(int8_cross: bool, n_audio_ctx: int, rows: int = 12, cross: int | None = None) -> KVCache:
     shape = CacheShape.for_model(DUMMY_DIMS["tiny"], n_audio_ctx, 32)
-    cache = KVCache(shape, 12, torch.float32, torch.device("cpu"), int8_cross)
+    cache = KVCache(shape, rows, torch.float32, torch.device("cpu"), int8_cross, cross)
     gen = torch.Generator().manual_seed(0)
     for t in (cache.self_kv, cache.cross_k, cache.cross_v, cache.cross_k_scale, cache.cross_v_scale):
         if t is not None:
@@ -18,25 +22,70 @@ def filled_cache(int8_cross: bool, n_audio_ctx: int) -> KVCache:
     return cache
 
 
-def slot_views(cache: KVCache, slot: int, self_len: int) -> list[torch.Tensor]:
-    views = [cache.self_kv[:, :, slot, :, :self_len], cache.cross_k[:, slot], cache.cross_v[:, slot]]
-    if cache.int8_cross:
-        views += [cache.cross_k_scale[:, slot], cache.cross_v_scale[:, slot]]
-    return views
+def cross_tensors(cache: KVCache) -> list[torch.Tensor]:
+    return [t for t in (cache.cross_k, cache.cross_v, cache.cross_k_scale, cache.cross_v_scale) if t is not None]
 
 
 @pytest.mark.parametrize("int8_cross", [False, True])
 @pytest.mark.parametrize("n_audio_ctx", [1500, 1501])  # 1501: rows that no wider integer tiles
-def test_moves_copy_each_slot_and_nothing_else(int8_cross, n_audio_ctx):
+def test_moves_copy_each_rows_self_cache_and_leave_the_cross_cache(int8_cross, n_audio_ctx):
     cache = filled_cache(int8_cross, n_audio_ctx)
     before = filled_cache(int8_cross, n_audio_ctx)
     # a run of three (9, 10, 11 -> 0, 1, 2), a lone move (7 -> 4) and differing prefix lengths within the run
     moves = [(9, 0, 5), (10, 1, 9), (11, 2, 3), (7, 4, 6)]
     cache.move_slots(moves)
     for src, dst, self_len in moves:
-        for got, want in zip(slot_views(cache, dst, self_len), slot_views(before, src, self_len)):
-            assert torch.equal(got, want)
+        assert torch.equal(cache.self_kv[:, :, dst, :, :self_len], before.self_kv[:, :, src, :, :self_len])
     untouched = set(range(12)) - {dst for _, dst, _ in moves}
     for slot in untouched:
-        for got, want in zip(slot_views(cache, slot, 32), slot_views(before, slot, 32)):
-            assert torch.equal(got, want)
+        assert torch.equal(cache.self_kv[:, :, slot], before.self_kv[:, :, slot])
+    for got, want in zip(cross_tensors(cache), cross_tensors(before)):
+        assert torch.equal(got, want)  # a row finds its window's cross slot through row_cross: nothing moves
+
+
+def test_cross_runs_cover_the_rows_in_slices_of_the_cache():
+    cache = filled_cache(False, 1500, rows=10, cross=6)
+    assert cache.cross_runs(0, 6) == [(0, 6, 0, False)]  # the initial map: row r reads slot r
+    cache.map_rows(0, [3, 4, 1, 1, 1, 5, 0, 2, 2])
+    assert cache.cross_runs(0, 9) == [(0, 2, 3, False), (2, 5, 1, True), (5, 6, 5, False), (6, 7, 0, False),
+                                      (7, 9, 2, True)]  # fmt: skip
+    assert cache.cross_runs(2, 3) == [(0, 3, 1, True)]
+    assert cache.row_cross[:9] == [3, 4, 1, 1, 1, 5, 0, 2, 2]
+    assert cache.cross_index[:9].tolist() == [3, 4, 1, 1, 1, 5, 0, 2, 2]
+    # rows reading one slot side by side, then the rows past the mapped ones in order: a permutation of all rows
+    order = cache.cross_order.tolist()
+    assert sorted(order) == list(range(10)) and order[9:] == [9]
+    assert [cache.row_cross[r] for r in order[:9]] == sorted(cache.row_cross[:9])
+
+
+@pytest.mark.parametrize("int8_cross", [False, True])
+def test_cross_attention_reads_each_rows_window(int8_cross):
+    """Rows mapped to cross slots in any layout (consecutive, shared by a beam search's rows, out of order) attend
+    exactly as if each row's slot were laid out beside it."""
+    cache = filled_cache(int8_cross, 1500, rows=8, cross=5)
+    if not int8_cross:  # values of the size real keys have, so the softmax is not one-hot
+        cache.cross_k.div_(100)
+        cache.cross_v.div_(100)
+    cache.map_rows(0, [2, 3, 0, 0, 0, 4, 1])
+    shape = cache.shape
+    q = torch.randn(7, shape.n_head, 3, shape.head_dim, generator=torch.Generator().manual_seed(1))
+    got = cross_attention(q, cache, 1, 0, DEFAULT_KERNELS)
+    for row, slot in enumerate(cache.row_cross[:7]):
+        k, v, ks, vs = cache.cross_layer(1, slice(slot, slot + 1))
+        if ks is not None:
+            k, v = k.float() * ks.float()[..., None], v.float() * vs.float()[..., None]
+        want = F.scaled_dot_product_attention(q[row : row + 1], k, v)
+        torch.testing.assert_close(got[row : row + 1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_asked_for_beyond_the_memory_of_pairs_keep_their_count_and_share_fewer_cross_slots():
+    shape = CacheShape.for_model(DUMMY_DIMS["tiny"], None, None)
+    cpu = torch.device("cpu")
+    rows, cross, _ = plan_num_slots(shape, torch.float32, cpu, 0.9, 0, max_rows=32)
+    assert rows == cross == 32
+    per_row, per_cross = shape.self_bytes(torch.float32), shape.cross_bytes(torch.float32)
+    pairs = 4 * 1024**3 // (per_row + per_cross)
+    rows, cross, _ = plan_num_slots(shape, torch.float32, cpu, 0.9, 0, max_rows=pairs + 100)
+    assert (rows, cross) == (pairs, pairs)  # the default cap: rows and cross slots in pairs
+    rows, cross, _ = plan_num_slots(shape, torch.float32, cpu, 0.9, 0, max_rows=pairs + 100, rows_asked=True)
+    assert rows == pairs + 100 and cross == (4 * 1024**3 - rows * per_row) // per_cross < pairs

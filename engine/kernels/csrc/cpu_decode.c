@@ -115,13 +115,14 @@ void whisper_attend_one(const float *q, const float *k, const float *v, float *o
  * its new key and value at its own position p, then attends over positions 0..p (n: the slots' capacity, for the
  * scratch). out: (rows, heads, 64); scratch: rows * heads * n floats. */
 void whisper_attend_rows(const float *q, float *k, float *v, float *out, int rows, int heads, int n,
-                         const long *positions, long slot_stride, long head_stride, float scale, float *scratch,
-                         int threads) {
+                         const long *positions, const long *slots, long slot_stride, long head_stride, float scale,
+                         float *scratch, int threads) {
     int width = heads * 64, q_stride = positions ? 3 * width : width;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int task = 0; task < rows * heads; task++) {
         int r = task / heads, h = task % heads;
-        float *kh = k + r * slot_stride + h * head_stride, *vh = v + r * slot_stride + h * head_stride;
+        long slot = slots ? slots[r] : r; /* cross-attention: each row's window's slot */
+        float *kh = k + slot * slot_stride + h * head_stride, *vh = v + slot * slot_stride + h * head_stride;
         const float *qh = q + (size_t)r * q_stride + 64 * h;
         int len = n;
         if (positions) {

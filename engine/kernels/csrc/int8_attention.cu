@@ -129,16 +129,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) int8_attention
     const signed char *__restrict__ V, const u16 *__restrict__ VS, u16 *__restrict__ O, float *__restrict__ M,
     float *__restrict__ L, float *__restrict__ ACC, int sqb, int sqh, int sqt, int skb, int skh, int skn, int sksb,
     int sksh, int svb, int svh, int svn, int svsb, int svsh, int sob, int soh, int sot, int H, int T, int N,
-    int keys_per_split, double sm_scale, int num_splits) {
-    const int row = blockIdx.x, split = blockIdx.y;
+    int keys_per_split, double sm_scale, int num_splits, const int *__restrict__ SLOT,
+    const int *__restrict__ ORDER, int use_slot, int use_order) {
+    /* SLOT (use_slot): the cache slot each batch row reads; ORDER (use_order): the batch rows in the order the
+       blocks take them, rows reading one slot side by side so that its bytes come from L2 after the first */
+    const int split = blockIdx.y;
+    int row = blockIdx.x;
+    if (use_order) row = (ORDER[row / (T * H)] * H + (row / T) % H) * T + row % T;
     const int t = row % T, h = (row / T) % H, b = row / (T * H);
+    const int kb = use_slot ? SLOT[b] : b;
     const int tid = threadIdx.x, group = tid / TPK, part = tid % TPK;
     const int d0 = part * DPT;
 
-    const signed char *k_row = K + (long long)b * skb + (long long)h * skh + d0;
-    const signed char *v_row = V + (long long)b * svb + (long long)h * svh + d0;
-    const u16 *ks_row = KS + (long long)b * sksb + (long long)h * sksh;
-    const u16 *vs_row = VS + (long long)b * svsb + (long long)h * svsh;
+    const signed char *k_row = K + (long long)kb * skb + (long long)h * skh + d0;
+    const signed char *v_row = V + (long long)kb * svb + (long long)h * svh + d0;
+    const u16 *ks_row = KS + (long long)kb * sksb + (long long)h * sksh;
+    const u16 *vs_row = VS + (long long)kb * svsb + (long long)h * svsh;
 
     float q[DPT];
     const u16 *q_row = Q + (long long)b * sqb + (long long)h * sqh + (long long)t * sqt + d0;
