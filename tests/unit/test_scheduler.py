@@ -1,0 +1,49 @@
+"""Admission to rows and cross slots: a window takes one row per beam and one cross slot, which its beams share;
+a cross slot is free again once no running sequence reads it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from engine.model.dims import DUMMY_DIMS
+from engine.model.kv_cache import CacheShape, KVCache
+from engine.scheduler import Scheduler
+from engine.sequence import WindowJob
+
+
+def job(beam_size: int = 1) -> WindowJob:
+    options = SimpleNamespace(background=False, patience=1.0, length_penalty=1.0)
+    transcription = SimpleNamespace(options=options, aborted=False)
+    return WindowJob(transcription, torch.zeros(1), [1, 2], 0.0, False, beam_size=beam_size)  # type: ignore[arg-type]
+
+
+def test_beams_share_their_windows_cross_slot_and_rows_sit_side_by_side():
+    sched = Scheduler(num_slots=12, max_encoder_batch=8, num_cross_slots=4)
+    jobs = [job(1), job(3), job(1), job(5), job(1)]
+    for j in jobs:
+        sched.add(j, continuing=False)
+    admitted = sched.admit()
+    # 1 + 3 + 1 + 5 rows fit in 12; the last window waits for a cross slot (4 of 4 held), not for rows (2 left)
+    assert [s.slot for s in admitted] == list(range(10))
+    assert [s.cross_slot for s in admitted] == [0, 1, 1, 1, 2, 3, 3, 3, 3, 3]
+    assert [s.job for s in admitted if not s.beam_follower] == jobs[:4]
+    assert admitted[1].beam is admitted[3].beam and admitted[1].beam.leader is admitted[1]
+    assert sched.num_waiting == 1 and sched.admit() == []
+
+
+def test_a_cross_slot_is_free_once_its_window_leaves_and_rows_stay_contiguous():
+    sched = Scheduler(num_slots=8, max_encoder_batch=8, num_cross_slots=3)
+    for j in (job(1), job(3), job(1), job(1)):
+        sched.add(j, continuing=False)
+    first = sched.admit()
+    assert [s.cross_slot for s in first] == [0, 1, 1, 1, 2]
+    shape = CacheShape.for_model(DUMMY_DIMS["tiny"], None, 32)
+    cache = KVCache(shape, 8, torch.float32, torch.device("cpu"), num_cross_slots=3)
+    for m in first[1].beam.members:  # the beam search ends: its three rows and its slot are free
+        m.finished = True
+    sched.release_finished(cache)
+    assert [(s.slot, s.cross_slot) for s in sched.running] == [(0, 0), (1, 2)]  # the tail row moved into the hole
+    (last,) = sched.admit()
+    assert (last.slot, last.cross_slot) == (2, 1)
