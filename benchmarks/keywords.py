@@ -4,10 +4,10 @@
 
 Speech with rare names and jargon is made with espeak-ng (Debian's `espeak-ng`; a synthetic voice, harder than a
 person), one sentence per case with the keywords it holds. Four ways to decode each: no keywords, the keywords in
-the prompt only (faster-whisper's hotwords), the logit bonus only (engine/keywords.py), both (the server's
-default). Prints each way's keyword recall (keywords found verbatim, ignoring case, over keywords spoken) and the
-WER on the LibriSpeech clips of ../shared/data decoded with every case's keywords as distractors (it should not
-rise). Engine level, CPU.
+the prompt only (faster-whisper's hotwords), the logit bonus only (engine/keywords.py; the server's default),
+both (`keywords_in_prompt`). Prints each way's keyword recall (keywords found verbatim, ignoring case, over
+keywords spoken) and the WER on the LibriSpeech clips of ../shared/data decoded with every case's keywords as
+distractors (it should not rise). Engine level, CPU.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ CASES = [
                                                                                 "Mirabeau"]),
 ]  # fmt: skip
 
-WAYS = {  # name: (keyword_bias, keyword_prompt: None = the keywords' list, () = none)
+WAYS = {  # name: (keyword_bias, keywords_in_prompt)
     "none": None,
-    "prompt only": (0.0, None),
-    "bonus only": (1.0, ()),
-    "both (default)": (1.0, None),
+    "prompt only": (0.0, True),
+    "bonus only (the default)": (1.0, False),
+    "both (keywords_in_prompt)": (1.0, True),
 }
 
 
@@ -77,8 +77,8 @@ def main() -> None:
     def options(way, keywords) -> DecodeOptions:
         if WAYS[way] is None:
             return DecodeOptions()
-        bias, prompt = WAYS[way]
-        return DecodeOptions(keywords=tuple(keywords), keyword_bias=bias, keyword_prompt=prompt)
+        bias, in_prompt = WAYS[way]
+        return DecodeOptions(keywords=tuple(keywords), keyword_bias=bias, keywords_in_prompt=in_prompt)
 
     print(f"{args.model}, {len(CASES)} synthetic sentences ({sum(len(k) for _, k in CASES)} keywords), "
           f"{len(clips)} LibriSpeech clips with {len(distractors)} distractor keywords")  # fmt: skip

@@ -105,7 +105,9 @@ class EngineFront:
                 changes.update(language=known[0] if self.tokenizer.is_multilingual else None, languages=None)
             else:
                 changes["languages"] = tuple(known)
-        if options.keywords and options.keyword_prompt is None:
+        if options.keywords and options.keyword_prompt is None and not options.keywords_in_prompt:
+            changes["keyword_prompt"] = ()
+        elif options.keywords and options.keyword_prompt is None:
             tokens = self.tokenizer.encode(" " + ", ".join(options.keywords))
             limit = self.n_text_ctx // 4  # half of the context Whisper gives previous text, which follows them
             if len(tokens) > limit:

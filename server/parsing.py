@@ -409,6 +409,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         beam_size=fields.beam_size,
         patience=fields.patience,
         length_penalty=fields.length_penalty,
+        keywords_in_prompt=getattr(fields, "keywords_in_prompt", None),
         logprobs="logprobs" in (getattr(fields, "include", None) or ()),
         languages=languages,
         keywords=keywords,
@@ -452,6 +453,7 @@ def thresholds(settings: Settings) -> dict[str, float | int | None]:
         "beam_size": settings.beam_size,
         "patience": settings.patience,
         "length_penalty": settings.length_penalty,
+        "keywords_in_prompt": settings.keywords_in_prompt,
     }
 
 

@@ -80,6 +80,8 @@ class TranscriptionForm(TranslationForm):
     known_speaker_references: list[str] | None = Field(default=None, alias="known_speaker_references[]")
     keywords: list[str] | None = Field(default=None, alias="keywords[]")
     languages: list[str] | None = Field(default=None, alias="languages[]")
+    # Extension: the keywords in the prompt as well as in the logit bonus (faster-whisper's hotwords)
+    keywords_in_prompt: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +113,12 @@ class TranscriptionParams:
     beam_size: int | None = None
     patience: float | None = None
     length_penalty: float | None = None
+    keywords_in_prompt: bool | None = None
 
-    def decoding_overrides(self) -> dict[str, int | float]:
+    def decoding_overrides(self) -> dict[str, int | float | bool]:
         """The knobs this request sets, as DecodeOptions fields."""
         knobs = {"best_of": self.best_of, "beam_size": self.beam_size, "patience": self.patience,
-                 "length_penalty": self.length_penalty}  # fmt: skip
+                 "length_penalty": self.length_penalty, "keywords_in_prompt": self.keywords_in_prompt}  # fmt: skip
         return {k: v for k, v in knobs.items() if v is not None}
 
 

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     """Beam search ends once round(beam_size * patience) hypotheses have finished (faster-whisper's patience)."""
     length_penalty: float = Field(default=1.0, ge=0, le=2)
     """Beam hypotheses are ranked by their log-probability over length ** length_penalty (faster-whisper's)."""
+    keywords_in_prompt: bool = False
+    """keywords[] in every window's prompt as well as in the logit bonus (faster-whisper's hotwords): more of the
+    names come out right, and the words around them can change where they are not spoken (BENCHMARKS.md); a
+    request's `keywords_in_prompt` field overrides it."""
     seed: int = 0
     """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
     only on it and the request's own audio, never on what else the engine decodes."""

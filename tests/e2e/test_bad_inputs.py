@@ -58,7 +58,10 @@ BAD_FIELDS = {
     "beam_size too large": ({"extra_body": {"beam_size": 11}}, "beam_size"),
     "patience zero": ({"extra_body": {"beam_size": 2, "patience": 0}}, "patience"),
     "best_of too large": ({"extra_body": {"best_of": 11}}, "best_of"),
-    "keywords past the prompt": ({"keywords": [f"Zyx{i}qw" for i in range(40)]}, "keywords"),
+    "keywords past the prompt": (
+        {"keywords": [f"Zyx{i}qw" for i in range(40)], "extra_body": {"keywords_in_prompt": True}},
+        "keywords",
+    ),
     "chunking_strategy unknown": ({"chunking_strategy": "manual"}, "chunking_strategy"),
     "chunking_strategy threshold": (
         {"chunking_strategy": {"type": "server_vad", "threshold": 1.5}},
