@@ -6,6 +6,7 @@ engine/README.md.
 
 from engine.audio import SAMPLE_RATE, TOKENS_PER_SECOND, AudioDecodeError, AudioTooLongError, decode_audio
 from engine.config import EngineConfig
+from engine.diarization import DiarizedSegment, SpeakerDiarizer, SpeakerTurn, diarized_segments, speaker_labels
 from engine.engine import Engine
 from engine.engine_process import EngineProcess
 from engine.frontend import EngineLike, Handle, RequestHandle
@@ -54,6 +55,7 @@ __all__ = [
     "ChunkingOptions",
     "DecodeBudgetExceededError",
     "DecodeOptions",
+    "DiarizedSegment",
     "Engine",
     "EngineConfig",
     "EngineDeadError",
@@ -69,12 +71,16 @@ __all__ = [
     "RequestHandle",
     "Segment",
     "SegmentEvent",
+    "SpeakerDiarizer",
+    "SpeakerTurn",
     "Task",
     "TokenLogprob",
     "TranscriptionResult",
     "VoiceActivityDetector",
     "Word",
     "decode_audio",
+    "diarized_segments",
     "resolve_device",
+    "speaker_labels",
     "start_engine",
 ]

@@ -5,12 +5,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from openai.types.audio.transcription_diarized import TranscriptionDiarized, UsageDuration
+from openai.types.audio.transcription_diarized_segment import TranscriptionDiarizedSegment
 from openai.types.audio.transcription_language import TranscriptionLanguage
 from openai.types.audio.transcription_text_done_event import Usage as TokenUsage
 from openai.types.audio.transcription_text_done_event import UsageInputTokenDetails
 from openai.types.audio.transcription_word import TranscriptionWord
 
-from engine import LANGUAGES, TOKENS_PER_SECOND, Segment, Task, TokenLogprob, TranscriptionResult
+from engine import (
+    LANGUAGES,
+    TOKENS_PER_SECOND,
+    DiarizedSegment,
+    Segment,
+    Task,
+    TokenLogprob,
+    TranscriptionResult,
+    speaker_labels,
+)
 
 from .protocol import (
     DurationUsage,
@@ -171,6 +182,28 @@ def transcription_verbose_json(
     )
 
 
+def transcription_diarized(result: TranscriptionResult, segments: list[DiarizedSegment]) -> TranscriptionDiarized:
+    """OpenAI's diarized_json: the transcript in segments of one speaker each, labelled A, B, ... in order of
+    first appearance."""
+    order: dict[int, int] = {}
+    for s in segments:
+        order.setdefault(s.speaker, len(order))
+    labels = speaker_labels(len(order))
+    return TranscriptionDiarized(
+        task="transcribe",
+        duration=float(result.duration),
+        text=result.text.strip(),
+        segments=[
+            TranscriptionDiarizedSegment(
+                type="transcript.text.segment", id=f"seg_{i}", start=round(s.start, 3), end=round(s.end, 3),
+                text=s.text, speaker=labels[order[s.speaker]],
+            )
+            for i, s in enumerate(segments)
+        ],  # fmt: skip
+        usage=UsageDuration(type="duration", seconds=math.ceil(result.duration)),
+    )
+
+
 def translation_json(result: TranscriptionResult) -> TranslationJSON:
     return TranslationJSON(text=result.text.strip())
 
@@ -225,8 +258,13 @@ def render(
     granularities: frozenset[str] = frozenset({"segment"}),
     logprobs: bool = False,
     languages: bool = False,
+    diarized: list[DiarizedSegment] | None = None,
 ) -> FormattedBody:
-    """The exact body OpenAI sends for `response_format`."""
+    """The exact body OpenAI sends for `response_format`; `diarized`: the speakers' segments of diarized_json."""
+    if response_format is ResponseFormat.DIARIZED_JSON:
+        assert diarized is not None
+        return FormattedBody(transcription_diarized(result, diarized).model_dump_json(exclude_none=True),
+                             JSON_MEDIA_TYPE)  # fmt: skip
     if response_format is ResponseFormat.TEXT:
         return FormattedBody(format_text(result), TEXT_MEDIA_TYPE)
     if response_format is ResponseFormat.SRT:

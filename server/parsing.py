@@ -217,13 +217,6 @@ def parse_language(language: str | None, param: str = "language") -> str | None:
 
 
 def parse_response_format(value: str) -> ResponseFormat:
-    if value == "diarized_json":
-        raise APIError(
-            400,
-            "response_format 'diarized_json' needs a diarization model; Whisper does not diarize.",
-            param="response_format",
-            code="unsupported_value",
-        )
     try:
         return ResponseFormat(value)
     except ValueError:
@@ -244,7 +237,13 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
     if not isinstance(form, TranscriptionForm):
         if form.stream:  # OpenAI has no streaming translations either
             raise _unsupported("stream", "Translations cannot be streamed; send the request without stream.")
+        if response_format is ResponseFormat.DIARIZED_JSON:
+            raise APIError(400, "response_format 'diarized_json' is for transcriptions, not translations.",
+                           param="response_format", code="invalid_value")  # fmt: skip
         return
+    if form.stream and response_format is ResponseFormat.DIARIZED_JSON:
+        raise _unsupported("stream", "stream=true with response_format 'diarized_json' is not supported yet; send "
+                                     "the request without stream.")  # fmt: skip
     if form.stream and response_format not in STREAM_FORMATS:
         raise APIError(
             400,
@@ -276,7 +275,7 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
                            code="invalid_value")  # fmt: skip
     for name in ("known_speaker_names", "known_speaker_references"):
         if getattr(form, name):
-            raise _unsupported(f"{name}[]", f"{name}[] is not supported for Whisper models (they do not diarize).")
+            raise _unsupported(f"{name}[]", f"{name}[] is not supported yet; speakers are labelled A, B, ...")
     if form.language and form.languages:
         raise APIError(400, "Send either language or languages[], not both.", param="languages[]",
                        code="invalid_value")  # fmt: skip

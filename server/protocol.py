@@ -49,6 +49,7 @@ class ResponseFormat(str, enum.Enum):
     SRT = "srt"
     VERBOSE_JSON = "verbose_json"
     VTT = "vtt"
+    DIARIZED_JSON = "diarized_json"  # transcriptions only: segments with speakers
 
 
 class TranslationForm(BaseModel):

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from functools import partial
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from engine import Task
+from engine import SpeakerDiarizer, SpeakerTurn, Task, diarized_segments
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import render
 from ..parsing import decode_options, decode_upload, parse_transcription
-from ..protocol import TranscriptionForm, TranslationForm
+from ..errors import APIError
+from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
 from ..streaming import sse_response, submit, transcript_events, wait_result
 
 router = APIRouter(tags=["audio"])
+log = logging.getLogger(__name__)
+
+
+async def diarize_turns(diarizer: SpeakerDiarizer, audio: np.ndarray) -> list[SpeakerTurn]:
+    """The recording's speaker turns, off the event loop; a failure fails this request only."""
+    try:
+        return await asyncio.to_thread(diarizer.diarize, audio)
+    except Exception as exc:  # noqa: BLE001 - any failure of the diarization model is this request's 500
+        log.exception("speaker diarization failed")
+        raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
 
 
 def _form_schema(form_cls: type[TranslationForm]) -> dict:
@@ -31,7 +45,8 @@ async def _serve(
 ) -> Response:
     params = await parse_transcription(request, settings, task)
     audio = await decode_upload(params.upload.data, settings.max_audio_seconds)
-    words = "word" in params.granularities
+    diarize = params.response_format is ResponseFormat.DIARIZED_JSON
+    words = "word" in params.granularities or diarize  # a speaker change splits a segment between two words
     options = decode_options(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings,
         logprobs=params.logprobs, languages=params.languages, keywords=params.keywords,
@@ -41,14 +56,22 @@ async def _serve(
 
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)
+    # who spoke when, in a worker thread while the engine decodes; it holds its own reference to the samples
+    turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio)) if diarize else None
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
         events = transcript_events(handle, partial(metrics.observe_result, task), drain, params.logprobs)
         return sse_response(handle, events, drain)
-    result = await wait_result(handle, request, drain)
+    try:
+        result = await wait_result(handle, request, drain)
+    except BaseException:
+        if turns is not None:
+            turns.cancel()
+        raise
     metrics.observe_result(task, result)
+    diarized = diarized_segments(result.segments, await turns) if turns is not None else None
     body = render(result, params.response_format, task, params.granularities, params.logprobs,
-                  languages=params.languages is not None)  # fmt: skip
+                  languages=params.languages is not None, diarized=diarized)  # fmt: skip
     return Response(body.content, media_type=body.media_type)
 
 

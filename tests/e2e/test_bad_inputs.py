@@ -40,7 +40,7 @@ BAD_FIELDS = {
     "temperature not a number": ({"temperature": "hot"}, "temperature"),
     "temperature out of range": ({"temperature": 2.5}, "temperature"),
     "unknown response_format": ({"response_format": "xml"}, "response_format"),
-    "diarized_json": ({"response_format": "diarized_json"}, "response_format"),
+    "diarized_json streamed": ({"response_format": "diarized_json", "stream": True}, "stream"),
     "unknown language": ({"language": "klingon"}, "language"),
     "granularity value": (
         {"timestamp_granularities": ["sentence"], "response_format": "verbose_json"},

