@@ -182,24 +182,35 @@ def transcription_verbose_json(
     )
 
 
+class SpeakerLetters:
+    """OpenAI's speaker labels, A, B, ... in the order speakers first appear in the transcript."""
+
+    def __init__(self) -> None:
+        self.order: dict[int, int] = {}
+
+    def of(self, speaker: int) -> str:
+        return speaker_labels(self.order.setdefault(speaker, len(self.order)) + 1)[-1]
+
+
 def transcription_diarized(result: TranscriptionResult, segments: list[DiarizedSegment]) -> TranscriptionDiarized:
     """OpenAI's diarized_json: the transcript in segments of one speaker each, labelled A, B, ... in order of
     first appearance."""
-    order: dict[int, int] = {}
-    for s in segments:
-        order.setdefault(s.speaker, len(order))
-    labels = speaker_labels(len(order))
+    letters = SpeakerLetters()
     return TranscriptionDiarized(
         task="transcribe",
         duration=float(result.duration),
         text=result.text.strip(),
         segments=[
             TranscriptionDiarizedSegment(
-                type="transcript.text.segment", id=f"seg_{i}", start=round(s.start, 3), end=round(s.end, 3),
-                text=s.text, speaker=labels[order[s.speaker]],
+                type="transcript.text.segment",
+                id=f"seg_{i}",
+                start=round(s.start, 3),
+                end=round(s.end, 3),
+                text=s.text,
+                speaker=letters.of(s.speaker),
             )
             for i, s in enumerate(segments)
-        ],  # fmt: skip
+        ],
         usage=UsageDuration(type="duration", seconds=math.ceil(result.duration)),
     )
 

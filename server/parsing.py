@@ -42,7 +42,8 @@ MAX_KEYWORDS = 100  # keywords[] entries; with MAX_KEYWORD_CHARS, bounds the tri
 MAX_KEYWORD_CHARS = 100
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 RESPONSE_FORMATS = ", ".join(f"'{f.value}'" for f in ResponseFormat)
-STREAM_FORMATS = (ResponseFormat.JSON, ResponseFormat.TEXT)  # the stream carries text only
+# the stream carries text, or (diarized_json) segments with speakers
+STREAM_FORMATS = (ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON)
 # chunking_strategy's server_vad fields (OpenAI's names) and what each must be
 CHUNKING_FIELDS = {
     "threshold": "a number in [0, 1]",
@@ -241,14 +242,11 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
             raise APIError(400, "response_format 'diarized_json' is for transcriptions, not translations.",
                            param="response_format", code="invalid_value")  # fmt: skip
         return
-    if form.stream and response_format is ResponseFormat.DIARIZED_JSON:
-        raise _unsupported("stream", "stream=true with response_format 'diarized_json' is not supported yet; send "
-                                     "the request without stream.")  # fmt: skip
     if form.stream and response_format not in STREAM_FORMATS:
         raise APIError(
             400,
-            f"stream=true sends transcript.text events and needs response_format 'json' or 'text', "
-            f"not '{response_format.value}'.",
+            f"stream=true sends transcript.text events and needs response_format 'json', 'text' or "
+            f"'diarized_json', not '{response_format.value}'.",
             param="stream",
             code="invalid_value",
         )

@@ -8,18 +8,27 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
-from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
+from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent, TranscriptionTextSegmentEvent
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from engine import DecodeOptions, EngineError, EngineLike, RequestHandle, TranscriptionResult
+from engine import (
+    DecodeOptions,
+    EngineError,
+    EngineLike,
+    RequestHandle,
+    Segment,
+    SpeakerTurn,
+    TranscriptionResult,
+    diarized_segments,
+)
 
 from .drain import Drain, shutting_down
 from .errors import APIError, ClientDisconnectedError, from_engine_error
-from .formatting import LogprobStream, token_logprobs, token_usage
+from .formatting import LogprobStream, SpeakerLetters, token_logprobs, token_usage
 from .protocol import Logprob
 
 
@@ -143,6 +152,56 @@ async def transcript_events(
         drain.untrack(handle)
         if not finished:  # cancelled mid-stream: never leave a slot decoding for nobody
             handle.abort()
+
+
+async def diarized_events(
+    handle: RequestHandle, turns: asyncio.Task[list[SpeakerTurn]], on_done: Callable[[TranscriptionResult], None],
+    drain: Drain,
+) -> AsyncIterator[str]:
+    """OpenAI's diarized stream: a `transcript.text.segment` event for each speaker's segment as it becomes final,
+    then `transcript.text.done`. A window's segments are final when the engine has decoded them and the speaker
+    turns of the recording are known (computed beside the decoding, usually before the first windows end);
+    until then they wait. Failures and a client gone away as in transcript_events."""
+    finished = False
+    letters = SpeakerLetters()
+    pending: list[Segment] = []
+    sent = 0
+
+    def segment_events(speaker_turns: list[SpeakerTurn]) -> list[str]:
+        nonlocal sent
+        events = []
+        for s in diarized_segments(pending, speaker_turns):
+            event = TranscriptionTextSegmentEvent(
+                type="transcript.text.segment", id=f"seg_{sent}", start=round(s.start, 3), end=round(s.end, 3),
+                text=s.text, speaker=letters.of(s.speaker),
+            )  # fmt: skip
+            events.append(sse_event(event))
+            sent += 1
+        pending.clear()
+        return events
+
+    try:
+        try:
+            async for event in handle.events():
+                pending.extend(event.segments)
+                if turns.done():
+                    for item in segment_events(turns.result()):
+                        yield item
+            result = await handle.result()
+            for item in segment_events(await turns):
+                yield item
+        except (EngineError, APIError) as exc:
+            finished = True
+            yield sse_event((engine_error(exc, drain) if isinstance(exc, EngineError) else exc).body())
+            return
+        finished = True
+        yield sse_event(TextDone(type="transcript.text.done", text=result.text.strip(), usage=token_usage(result)))
+        on_done(result)
+    finally:
+        drain.untrack(handle)
+        if not finished:
+            handle.abort()
+            turns.cancel()
 
 
 def sse_response(handle: RequestHandle, events: AsyncIterator[str], drain: Drain) -> StreamingResponse:

@@ -13,11 +13,11 @@ from fastapi import APIRouter, Request, Response
 from engine import SpeakerDiarizer, SpeakerTurn, Task, diarized_segments
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
+from ..errors import APIError
 from ..formatting import render
 from ..parsing import decode_options, decode_upload, parse_transcription
-from ..errors import APIError
 from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
-from ..streaming import sse_response, submit, transcript_events, wait_result
+from ..streaming import diarized_events, sse_response, submit, transcript_events, wait_result
 
 router = APIRouter(tags=["audio"])
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ async def diarize_turns(diarizer: SpeakerDiarizer, audio: np.ndarray) -> list[Sp
     """The recording's speaker turns, off the event loop; a failure fails this request only."""
     try:
         return await asyncio.to_thread(diarizer.diarize, audio)
-    except Exception as exc:  # noqa: BLE001 - any failure of the diarization model is this request's 500
+    except Exception as exc:  # any failure of the diarization model fails this request only
         log.exception("speaker diarization failed")
         raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
 
@@ -60,7 +60,10 @@ async def _serve(
     turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio)) if diarize else None
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
-        events = transcript_events(handle, partial(metrics.observe_result, task), drain, params.logprobs)
+        on_done = partial(metrics.observe_result, task)
+        if turns is not None:
+            return sse_response(handle, diarized_events(handle, turns, on_done, drain), drain)
+        events = transcript_events(handle, on_done, drain, params.logprobs)
         return sse_response(handle, events, drain)
     try:
         result = await wait_result(handle, request, drain)

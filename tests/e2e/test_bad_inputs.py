@@ -40,7 +40,10 @@ BAD_FIELDS = {
     "temperature not a number": ({"temperature": "hot"}, "temperature"),
     "temperature out of range": ({"temperature": 2.5}, "temperature"),
     "unknown response_format": ({"response_format": "xml"}, "response_format"),
-    "diarized_json streamed": ({"response_format": "diarized_json", "stream": True}, "stream"),
+    "diarized_json translation-style granularities": (
+        {"response_format": "diarized_json", "timestamp_granularities": ["word"]},
+        "timestamp_granularities[]",
+    ),
     "unknown language": ({"language": "klingon"}, "language"),
     "granularity value": (
         {"timestamp_granularities": ["sentence"], "response_format": "verbose_json"},

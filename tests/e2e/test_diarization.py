@@ -67,3 +67,21 @@ def test_one_reader_is_one_speaker(server, data_dir):
         file=data_dir / "g1_en_jfk.flac", model="whisper-1", response_format="diarized_json"
     )
     assert {s.speaker for s in body.segments} == {"A"} and "country" in body.text
+
+
+def test_the_stream_sends_each_speakers_segments_then_done(server, conversation):
+    """stream=true with diarized_json: the SDK reads `transcript.text.segment` events, the same segments as the
+    body, then `transcript.text.done` with the whole text."""
+    path, _ = conversation
+    client = server.client()
+    body = client.audio.transcriptions.create(file=path, model="whisper-1", response_format="diarized_json")
+    stream = client.audio.transcriptions.create(
+        file=path, model="whisper-1", response_format="diarized_json", stream=True
+    )
+    events = list(stream)
+    segments = [e for e in events if e.type == "transcript.text.segment"]
+    assert [e.type for e in events] == ["transcript.text.segment"] * len(segments) + ["transcript.text.done"]
+    assert [(e.id, e.start, e.end, e.text, e.speaker) for e in segments] == [
+        (s.id, s.start, s.end, s.text, s.speaker) for s in body.segments
+    ]
+    assert events[-1].text == body.text

@@ -158,7 +158,6 @@ def test_every_response_format(fmt):
     ("kwargs", "param"),
     [
         ({"include": ["segments"]}, "include[]"),
-        ({"response_format": "diarized_json", "stream": True}, "stream"),
         ({"known_speaker_names": ["a"]}, "known_speaker_names[]"),
     ],
 )
