@@ -6,7 +6,14 @@ engine/README.md.
 
 from engine.audio import SAMPLE_RATE, TOKENS_PER_SECOND, AudioDecodeError, AudioTooLongError, decode_audio
 from engine.config import EngineConfig
-from engine.diarization import DiarizedSegment, SpeakerDiarizer, SpeakerTurn, diarized_segments, speaker_labels
+from engine.diarization import (
+    Diarization,
+    DiarizedSegment,
+    SpeakerDiarizer,
+    SpeakerTurn,
+    diarized_segments,
+    speaker_labels,
+)
 from engine.engine import Engine
 from engine.engine_process import EngineProcess
 from engine.frontend import EngineLike, Handle, RequestHandle
@@ -55,6 +62,7 @@ __all__ = [
     "ChunkingOptions",
     "DecodeBudgetExceededError",
     "DecodeOptions",
+    "Diarization",
     "DiarizedSegment",
     "Engine",
     "EngineConfig",

@@ -183,19 +183,25 @@ def transcription_verbose_json(
 
 
 class SpeakerLetters:
-    """OpenAI's speaker labels, A, B, ... in the order speakers first appear in the transcript."""
+    """OpenAI's speaker labels: a known speaker's name, else A, B, ... in the order the other speakers first
+    appear in the transcript."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: dict[int, str] | None = None) -> None:
+        self.names = names or {}
         self.order: dict[int, int] = {}
 
     def of(self, speaker: int) -> str:
+        if speaker in self.names:
+            return self.names[speaker]
         return speaker_labels(self.order.setdefault(speaker, len(self.order)) + 1)[-1]
 
 
-def transcription_diarized(result: TranscriptionResult, segments: list[DiarizedSegment]) -> TranscriptionDiarized:
-    """OpenAI's diarized_json: the transcript in segments of one speaker each, labelled A, B, ... in order of
-    first appearance."""
-    letters = SpeakerLetters()
+def transcription_diarized(
+    result: TranscriptionResult, segments: list[DiarizedSegment], names: dict[int, str] | None = None
+) -> TranscriptionDiarized:
+    """OpenAI's diarized_json: the transcript in segments of one speaker each, labelled with the known speakers'
+    names where they matched, else A, B, ... in order of first appearance."""
+    letters = SpeakerLetters(names)
     return TranscriptionDiarized(
         task="transcribe",
         duration=float(result.duration),
@@ -269,12 +275,13 @@ def render(
     granularities: frozenset[str] = frozenset({"segment"}),
     logprobs: bool = False,
     languages: bool = False,
-    diarized: list[DiarizedSegment] | None = None,
+    diarized: tuple[list[DiarizedSegment], dict[int, str]] | None = None,
 ) -> FormattedBody:
-    """The exact body OpenAI sends for `response_format`; `diarized`: the speakers' segments of diarized_json."""
+    """The exact body OpenAI sends for `response_format`; `diarized`: the speakers' segments of diarized_json and
+    the known speakers' names."""
     if response_format is ResponseFormat.DIARIZED_JSON:
         assert diarized is not None
-        return FormattedBody(transcription_diarized(result, diarized).model_dump_json(exclude_none=True),
+        return FormattedBody(transcription_diarized(result, *diarized).model_dump_json(exclude_none=True),
                              JSON_MEDIA_TYPE)  # fmt: skip
     if response_format is ResponseFormat.TEXT:
         return FormattedBody(format_text(result), TEXT_MEDIA_TYPE)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
+import re
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,7 @@ from starlette.types import Message, Receive
 from engine import (
     DEFAULT_TEMPERATURES,
     LANGUAGES,
+    SAMPLE_RATE,
     AudioDecodeError,
     AudioTooLongError,
     ChunkingOptions,
@@ -32,7 +36,14 @@ from .settings import MIB, Settings
 log = logging.getLogger(__name__)
 
 WHISPER_1 = "whisper-1"  # alias accepted for clients that hard-code OpenAI's model id
-FORM_OVERHEAD_BYTES = MIB  # room for the non-file fields and multipart framing
+# room for the non-file fields and multipart framing: up to 4 known speakers' references of 10 s each, as data URLs
+FORM_OVERHEAD_BYTES = 8 * MIB
+JSON_OVERHEAD_BYTES = MIB  # room for a JSON body's text around its base64 audio
+MAX_FIELD_BYTES = 2 * MIB  # one non-file field (a reference's data URL is the largest)
+MAX_KNOWN_SPEAKERS = 4  # OpenAI's limit
+MAX_SPEAKER_NAME_CHARS = 64
+KNOWN_REFERENCE_SECONDS = (2.0, 10.0)  # OpenAI's: a reference holds 2 to 10 s of the speaker
+DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[\w.+=-]+)*;base64,(?P<payload>[A-Za-z0-9+/=\s]*)", re.DOTALL)
 MAX_FORM_FILES = 4
 MAX_FORM_FIELDS = 256
 # A chat body's structure: a transcription request has a few messages of a few parts; far more is refused unread.
@@ -96,7 +107,7 @@ async def read_form(request: Request, max_upload_bytes: int) -> FormData:
     max_body_bytes = max_upload_bytes + FORM_OVERHEAD_BYTES
     try:
         return await limited_request(request, max_body_bytes, max_upload_bytes).form(
-            max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS, max_part_size=FORM_OVERHEAD_BYTES
+            max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES
         )
     except ClientDisconnect as exc:
         raise ClientDisconnectedError() from exc
@@ -106,7 +117,7 @@ async def read_form(request: Request, max_upload_bytes: int) -> FormData:
 
 async def read_json(request: Request, max_upload_bytes: int) -> Any:
     """A JSON body carrying base64 audio of at most `max_upload_bytes`, of bounded structure."""
-    max_body_bytes = max_upload_bytes * 4 // 3 + FORM_OVERHEAD_BYTES  # base64 inflates by 4/3
+    max_body_bytes = max_upload_bytes * 4 // 3 + JSON_OVERHEAD_BYTES  # base64 inflates by 4/3
     try:
         body = await limited_request(request, max_body_bytes, max_upload_bytes).body()
     except ClientDisconnect as exc:
@@ -271,9 +282,11 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
         if response_format is not ResponseFormat.JSON:
             raise APIError(400, "include[]=logprobs needs response_format 'json'.", param="include[]",
                            code="invalid_value")  # fmt: skip
-    for name in ("known_speaker_names", "known_speaker_references"):
-        if getattr(form, name):
-            raise _unsupported(f"{name}[]", f"{name}[] is not supported yet; speakers are labelled A, B, ...")
+    if (form.known_speaker_names or form.known_speaker_references) and response_format is not (
+        ResponseFormat.DIARIZED_JSON
+    ):
+        raise APIError(400, "known_speaker_names[] and known_speaker_references[] need response_format "
+                            "'diarized_json'.", param="known_speaker_names[]", code="invalid_value")  # fmt: skip
     if form.language and form.languages:
         raise APIError(400, "Send either language or languages[], not both.", param="languages[]",
                        code="invalid_value")  # fmt: skip
@@ -287,6 +300,57 @@ def parse_languages(values: list[str] | None) -> tuple[str, ...] | None:
         raise APIError(400, f"languages[] holds at most {len(LANGUAGES)} languages.", param="languages[]",
                        code="invalid_value")  # fmt: skip
     return tuple(dict.fromkeys(parse_language(v, "languages[]") for v in values if v.strip()))
+
+
+def parse_known_speakers(names: list[str] | None, references: list[str] | None) -> tuple[tuple[str, bytes], ...]:
+    """known_speaker_names[] with known_speaker_references[] (data URLs of audio), pairwise: (name, audio bytes)
+    each. Counts, names and the data URLs are checked here; the audio's length once decoded."""
+    names, references = names or [], references or []
+    if not names and not references:
+        return ()
+    if len(names) != len(references):
+        raise APIError(400, f"known_speaker_names[] has {len(names)} entries and known_speaker_references[] "
+                            f"{len(references)}; give one reference per name.", param="known_speaker_references[]",
+                       code="invalid_value")  # fmt: skip
+    if len(names) > MAX_KNOWN_SPEAKERS:
+        raise APIError(400, f"known_speaker_names[] holds at most {MAX_KNOWN_SPEAKERS} speakers.",
+                       param="known_speaker_names[]", code="invalid_value")  # fmt: skip
+    cleaned = [" ".join(n.split()) for n in names]
+    if any(not n or len(n) > MAX_SPEAKER_NAME_CHARS for n in cleaned) or len(set(cleaned)) != len(cleaned):
+        raise APIError(400, f"known_speaker_names[] must be distinct, non-empty names of at most "
+                            f"{MAX_SPEAKER_NAME_CHARS} characters.", param="known_speaker_names[]",
+                       code="invalid_value")  # fmt: skip
+    out = []
+    for name, reference in zip(cleaned, references):
+        match = DATA_URL.fullmatch(reference.strip())
+        if match is None or (match["mime"] and not match["mime"].startswith(("audio/", "video/"))):
+            raise APIError(400, "known_speaker_references[] entries must be data URLs of audio, e.g. "
+                                "'data:audio/wav;base64,...'.", param="known_speaker_references[]",
+                           code="invalid_value")  # fmt: skip
+        try:
+            data = base64.b64decode("".join(match["payload"].split()), validate=True)
+        except binascii.Error:
+            data = b""
+        if not data:
+            raise APIError(400, f"The reference of {name!r} holds no audio (empty or not base64).",
+                           param="known_speaker_references[]", code="invalid_value")  # fmt: skip
+        out.append((name, data))
+    return tuple(out)
+
+
+async def decode_references(references: tuple[tuple[str, bytes], ...]) -> list[tuple[str, np.ndarray]]:
+    """Each known speaker's reference decoded; 2 to 10 s of audio each, as OpenAI asks (400 otherwise)."""
+    low, high = KNOWN_REFERENCE_SECONDS
+    param = "known_speaker_references[]"
+    out = []
+    for name, data in references:
+        audio = await decode_upload(data, high + 0.5, param)
+        seconds = len(audio) / SAMPLE_RATE
+        if not low - 0.05 <= seconds <= high + 0.05:
+            raise APIError(400, f"The reference of {name!r} holds {seconds:.1f} s of audio; a reference holds "
+                                f"{low:g} to {high:g} s of the speaker.", param=param, code="invalid_value")  # fmt: skip
+        out.append((name, audio))
+    return out
 
 
 def parse_keywords(values: list[str] | None) -> tuple[str, ...]:
@@ -388,6 +452,9 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         chunking = parse_chunking(fields.chunking_strategy) if is_transcription else None
         languages = parse_languages(fields.languages) if is_transcription else None
         keywords = parse_keywords(fields.keywords) if is_transcription else ()
+        known_speakers = (
+            parse_known_speakers(fields.known_speaker_names, fields.known_speaker_references) if is_transcription else ()
+        )
         upload = await parse_upload(form, max_bytes)
     finally:
         await form.close()
@@ -410,6 +477,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         logprobs="logprobs" in (getattr(fields, "include", None) or ()),
         languages=languages,
         keywords=keywords,
+        known_speakers=known_speakers,
     )
 
 

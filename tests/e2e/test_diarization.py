@@ -3,7 +3,11 @@ clips of two readers (known turns, pauses of several lengths)."""
 
 from __future__ import annotations
 
+import base64
+import io
+
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from openai.types.audio import TranscriptionDiarized
@@ -85,3 +89,63 @@ def test_the_stream_sends_each_speakers_segments_then_done(server, conversation)
         (s.id, s.start, s.end, s.text, s.speaker) for s in body.segments
     ]
     assert events[-1].text == body.text
+
+
+def data_url(audio: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, 16000, format="WAV", subtype="PCM_16")
+    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_known_speakers_name_their_segments(server, load_clip, tmp_path):
+    """References from other clips of the two readers name their turns; a third reader, with no reference, keeps
+    a letter."""
+    turns = [("g1_en_librispeech-test-other_1688-142285-0000.flac", "Bob"),
+             ("g1_en_librispeech-test-clean_1221-135766-0001.wav", "Ann"),
+             ("g1_en_librispeech-test-clean_1089-134686-0001.wav", "A"),
+             ("g1_en_librispeech-test-other_1688-142285-0001.flac", "Bob")]  # fmt: skip
+    parts, spans, t = [], [], 0.0
+    for clip, who in turns:
+        audio = load_clip(clip)
+        spans.append((t, t + len(audio) / 16000, who))
+        t += len(audio) / 16000 + 0.8
+        parts += [audio, np.zeros(int(0.8 * 16000), dtype=np.float32)]
+    path = tmp_path / "three.wav"
+    sf.write(path, np.concatenate(parts), 16000, subtype="PCM_16")
+    ann = load_clip("g1_en_librispeech-test-clean_1221-135766-0002.wav")  # 4.8 s, not in the recording
+    bob = load_clip("g1_en_librispeech-test-other_1688-142285-0002.flac")  # 2.8 s
+    body = server.client().audio.transcriptions.create(
+        file=path, model="whisper-1", response_format="diarized_json",
+        known_speaker_names=["Ann", "Bob"], known_speaker_references=[data_url(ann), data_url(bob)],
+    )  # fmt: skip
+    assert {s.speaker for s in body.segments} == {"Ann", "Bob", "A"}
+    for s in body.segments:
+        assert s.speaker == reader_at(spans, (s.start + s.end) / 2), s
+
+
+KNOWN_SPEAKER_ERRORS = {
+    "a name without a reference": ({"known_speaker_names": ["Ann"]}, "known_speaker_references[]"),
+    "five speakers": ({"known_speaker_names": list("abcde"), "known_speaker_references": ["data:audio/wav;base64,AA=="] * 5},
+                      "known_speaker_names[]"),
+    "not a data URL": ({"known_speaker_names": ["Ann"], "known_speaker_references": ["https://example.com/a.wav"]},
+                       "known_speaker_references[]"),
+    "a second of voice": ({"known_speaker_names": ["Ann"], "known_speaker_references": ["ONE_SECOND"]},
+                          "known_speaker_references[]"),
+    "not audio": ({"known_speaker_names": ["Ann"], "known_speaker_references": ["data:audio/wav;base64,aGVsbG8="]},
+                  "known_speaker_references[]"),
+    "without diarized_json": ({"known_speaker_names": ["Ann"], "known_speaker_references": ["ONE_SECOND"],
+                               "response_format": "json"}, "known_speaker_names[]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", KNOWN_SPEAKER_ERRORS)
+def test_bad_known_speakers_are_400_naming_the_field(server, data_dir, load_clip, case):
+    kwargs, param = dict(KNOWN_SPEAKER_ERRORS[case][0]), KNOWN_SPEAKER_ERRORS[case][1]
+    one_second = data_url(load_clip("g1_en_jfk.flac")[:16000])
+    if "known_speaker_references" in kwargs:
+        kwargs["known_speaker_references"] = [one_second if r == "ONE_SECOND" else r
+                                              for r in kwargs["known_speaker_references"]]  # fmt: skip
+    kwargs.setdefault("response_format", "diarized_json")
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().audio.transcriptions.create(file=data_dir / "g1_en_jfk.flac", model="whisper-1", **kwargs)
+    assert info.value.body["param"] == param, info.value.body

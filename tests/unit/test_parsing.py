@@ -158,7 +158,6 @@ def test_every_response_format(fmt):
     ("kwargs", "param"),
     [
         ({"include": ["segments"]}, "include[]"),
-        ({"known_speaker_names": ["a"]}, "known_speaker_names[]"),
     ],
 )
 def test_unimplemented_fields_are_refused_by_name(kwargs, param):
