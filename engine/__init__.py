@@ -4,7 +4,14 @@ The server's one door into the engine: everything it uses is imported from here.
 engine/README.md.
 """
 
-from engine.audio import SAMPLE_RATE, TOKENS_PER_SECOND, AudioDecodeError, AudioTooLongError, decode_audio
+from engine.audio import (
+    SAMPLE_RATE,
+    TOKENS_PER_SECOND,
+    AudioDecodeError,
+    AudioTooLongError,
+    decode_audio,
+    decode_channels,
+)
 from engine.config import EngineConfig
 from engine.diarization import (
     Diarization,
@@ -87,6 +94,7 @@ __all__ = [
     "VoiceActivityDetector",
     "Word",
     "decode_audio",
+    "decode_channels",
     "diarized_segments",
     "resolve_device",
     "speaker_labels",

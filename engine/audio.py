@@ -110,6 +110,27 @@ def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np
     return _decode_file(source, max_duration_s)
 
 
+def decode_channels(source: AudioSource, max_duration_s: float | None = None) -> np.ndarray:
+    """decode_audio's samples kept as two channels, (2, samples) float32 at SAMPLE_RATE: a stereo file's left and
+    right (calls often put each party on its own side), a mono file's one channel twice, more channels mixed down
+    to two by FFmpeg's resampler."""
+    if isinstance(source, (str, os.PathLike)):
+        with _open_local_file(source) as file:
+            return _decode_two(file, max_duration_s)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if len(source) == 0:
+            raise AudioDecodeError("The audio file is empty (0 bytes).")
+        source = io.BytesIO(source)
+    return _decode_two(source, max_duration_s)
+
+
+def _decode_two(file: BinaryIO, max_duration_s: float | None) -> np.ndarray:
+    if av is None:
+        raise RuntimeError("decoding this audio needs PyAV: pip install av")
+    interleaved = _pcm16_to_float32(_decode_with_pyav(file, _DurationLimit(max_duration_s), layout="stereo"))
+    return np.ascontiguousarray(interleaved.reshape(-1, 2).T)
+
+
 def duration_s(audio: np.ndarray) -> float:
     """Length in seconds of audio sampled at SAMPLE_RATE (last axis is time)."""
     return audio.shape[-1] / SAMPLE_RATE
@@ -217,12 +238,12 @@ def _read_int16_blocks(f: soundfile.SoundFile) -> list[np.ndarray]:
             return chunks
 
 
-def _decode_with_pyav(file: BinaryIO, limit: _DurationLimit) -> list[np.ndarray]:
+def _decode_with_pyav(file: BinaryIO, limit: _DurationLimit, layout: str = "mono") -> list[np.ndarray]:
     try:
         with _open_container(file) as container:
             stream = _first_audio_stream(container)
             limit.check_claim(_claimed_duration_s(container, stream))
-            return _decode_pcm16(container, stream, limit)
+            return _decode_pcm16(container, stream, limit, layout)
     except AudioDecodeError:
         raise
     except _DECODE_ERRORS as e:
@@ -260,10 +281,11 @@ def _claimed_duration_s(container: av.container.InputContainer, stream: av.audio
 
 
 def _decode_pcm16(
-    container: av.container.InputContainer, stream: av.audio.stream.AudioStream, limit: _DurationLimit
+    container: av.container.InputContainer, stream: av.audio.stream.AudioStream, limit: _DurationLimit,
+    layout: str = "mono",
 ) -> list[np.ndarray]:
-    """Decode the stream to int16 mono chunks at SAMPLE_RATE."""
-    sink = _Pcm16Sink(limit)
+    """Decode the stream to int16 chunks at SAMPLE_RATE, mono or (layout "stereo") interleaved left and right."""
+    sink = _Pcm16Sink(limit, layout)
     for packet in container.demux(stream):
         try:
             frames = packet.decode()
@@ -276,14 +298,15 @@ def _decode_pcm16(
 
 
 class _Pcm16Sink:
-    """Buffers decoded frames and resamples them to int16 mono at SAMPLE_RATE."""
+    """Buffers decoded frames and resamples them to int16 at SAMPLE_RATE, mono (or `layout`)."""
 
-    def __init__(self, limit: _DurationLimit) -> None:
+    def __init__(self, limit: _DurationLimit, layout: str = "mono") -> None:
         self.limit = limit
+        self.layout = layout
         self.chunks: list[np.ndarray] = []
         self.params: tuple[str, str, int] | None = None
         self.fifo = av.AudioFifo()
-        self.resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        self.resampler = av.AudioResampler(format="s16", layout=layout, rate=SAMPLE_RATE)
 
     def write(self, frame: av.AudioFrame) -> None:
         params = (frame.format.name, frame.layout.name, frame.sample_rate)
@@ -294,7 +317,7 @@ class _Pcm16Sink:
             if self.params is not None:
                 self.flush()
                 self.fifo = av.AudioFifo()
-                self.resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+                self.resampler = av.AudioResampler(format="s16", layout=self.layout, rate=SAMPLE_RATE)
             self.params = params
         self.limit.add(frame.samples, frame.sample_rate)
         frame.pts = None  # the fifo rejects timestamp gaps; only the samples matter here

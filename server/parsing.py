@@ -8,6 +8,7 @@ import binascii
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -282,6 +283,11 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
         if response_format is not ResponseFormat.JSON:
             raise APIError(400, "include[]=logprobs needs response_format 'json'.", param="include[]",
                            code="invalid_value")  # fmt: skip
+    if form.speaker_per_channel and response_format is not ResponseFormat.DIARIZED_JSON:
+        raise APIError(400, "speaker_per_channel needs response_format 'diarized_json'.", param="speaker_per_channel",
+                       code="invalid_value")  # fmt: skip
+    if form.speaker_per_channel and (form.stream or form.known_speaker_names):
+        raise _unsupported("speaker_per_channel", "speaker_per_channel works without stream and known speakers.")
     if (form.known_speaker_names or form.known_speaker_references) and response_format is not (
         ResponseFormat.DIARIZED_JSON
     ):
@@ -478,6 +484,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         languages=languages,
         keywords=keywords,
         known_speakers=known_speakers,
+        speaker_per_channel=getattr(fields, "speaker_per_channel", None),
     )
 
 
@@ -522,10 +529,13 @@ def thresholds(settings: Settings) -> dict[str, float | int | None]:
     }
 
 
-async def decode_upload(data: bytes, max_audio_seconds: float, param: str = "file") -> np.ndarray:
-    """Bytes → 16 kHz mono float32, off the event loop; undecodable or too long input is a 400."""
+async def decode_upload(
+    data: bytes, max_audio_seconds: float, param: str = "file", decoder: Callable[..., np.ndarray] = decode_audio
+) -> np.ndarray:
+    """Bytes → 16 kHz mono float32 (or what `decoder` makes), off the event loop; undecodable or too long input is
+    a 400."""
     try:
-        return await asyncio.to_thread(decode_audio, data, max_audio_seconds)
+        return await asyncio.to_thread(decoder, data, max_audio_seconds)
     except AudioTooLongError as exc:
         raise APIError(400, str(exc), param=param, code="audio_too_long") from exc
     except AudioDecodeError as exc:

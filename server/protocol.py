@@ -83,6 +83,8 @@ class TranscriptionForm(TranslationForm):
     languages: list[str] | None = Field(default=None, alias="languages[]")
     # Extension: the keywords in the prompt as well as in the logit bonus (faster-whisper's hotwords)
     keywords_in_prompt: bool | None = None
+    # Extension (diarized_json): each channel of a stereo upload is one speaker; None: when the channels differ
+    speaker_per_channel: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,7 @@ class TranscriptionParams:
     languages: tuple[str, ...] | None = None  # languages[]: detection picks among these ISO codes
     keywords: tuple[str, ...] = ()  # keywords[]: words and phrases the decode is biased toward
     known_speakers: tuple[tuple[str, bytes], ...] = ()  # known_speaker_names[] with their references' audio bytes
+    speaker_per_channel: bool | None = None  # diarized_json: a speaker per channel (None: when the channels differ)
     # Whisper's decoding knobs (extensions), the DecodeOptions fields of the same names; None: the server's setting
     best_of: int | None = None
     beam_size: int | None = None

@@ -4,35 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from functools import partial
 
-import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from engine import Diarization, SpeakerDiarizer, Task, diarized_segments
+from engine import Task, diarized_segments
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
-from ..errors import APIError
 from ..formatting import render
 from ..parsing import decode_options, decode_references, decode_upload, parse_transcription
 from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
+from ..speakers import channels_differ, decode_two_channels, diarize_turns, transcribe_channels
 from ..streaming import diarized_events, sse_response, submit, transcript_events, wait_result
 
 router = APIRouter(tags=["audio"])
-log = logging.getLogger(__name__)
-
-
-async def diarize_turns(
-    diarizer: SpeakerDiarizer, audio: np.ndarray, known: list[tuple[str, np.ndarray]]
-) -> Diarization:
-    """The recording's speaker turns (and known speakers' names), off the event loop; a failure fails this
-    request only."""
-    try:
-        return await asyncio.to_thread(diarizer.diarize, audio, known)
-    except Exception as exc:  # any failure of the diarization model fails this request only
-        log.exception("speaker diarization failed")
-        raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
 
 
 def _form_schema(form_cls: type[TranslationForm]) -> dict:
@@ -47,10 +32,16 @@ async def _serve(
     request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task
 ) -> Response:
     params = await parse_transcription(request, settings, task)
-    audio = await decode_upload(params.upload.data, settings.max_audio_seconds)
-    known = await decode_references(params.known_speakers)
     diarize = params.response_format is ResponseFormat.DIARIZED_JSON
-    words = "word" in params.granularities or diarize  # a speaker change splits a segment between two words
+    channels = None
+    if diarize and params.speaker_per_channel is not False and not params.stream and not params.known_speakers:
+        channels = await decode_two_channels(params.upload.data, settings.max_audio_seconds)
+        if not (params.speaker_per_channel or channels_differ(channels)):
+            channels = None  # one mix: the diarizer finds the speakers
+    audio = None if channels is not None else await decode_upload(params.upload.data, settings.max_audio_seconds)
+    known = await decode_references(params.known_speakers)
+    # word timestamps: a speaker change splits a segment between two words (one speaker per channel needs none)
+    words = "word" in params.granularities or (diarize and channels is None)
     options = decode_options(
         params.task, params.language, params.prompt, params.temperature, params.chunking, words, settings,
         logprobs=params.logprobs, languages=params.languages, keywords=params.keywords,
@@ -59,6 +50,12 @@ async def _serve(
         options = dataclasses.replace(options, **overrides)
 
     drain = request.app.state.drain
+    if channels is not None:
+        result, segments, per_channel = await transcribe_channels(engine, channels, options, request, drain)
+        for r in per_channel:
+            metrics.observe_result(task, r)
+        body = render(result, params.response_format, task, diarized=(segments, {}))
+        return Response(body.content, media_type=body.media_type)
     handle = submit(engine, audio, options, drain)
     # who spoke when, in a worker thread while the engine decodes; it holds its own reference to the samples
     turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio, known)) if diarize else None

@@ -149,3 +149,40 @@ def test_bad_known_speakers_are_400_naming_the_field(server, data_dir, load_clip
     with pytest.raises(openai.BadRequestError) as info:
         server.client().audio.transcriptions.create(file=data_dir / "g1_en_jfk.flac", model="whisper-1", **kwargs)
     assert info.value.body["param"] == param, info.value.body
+
+
+STEREO = "g4_en_stereo-2ch-different-speech_fw.wav"  # different speech on the left and on the right
+
+
+def test_a_stereo_call_is_one_speaker_per_channel(server, data_dir):
+    """The channels differ, so each is transcribed on its own: the left's words are A's, the right's B's (averaged
+    to mono, the two voices over each other come out at 0.71 WER)."""
+    import jiwer
+
+    from tests.helpers.transcripts import normalize_english as normalize
+
+    reference = (data_dir / STEREO.replace(".wav", ".txt")).read_text()
+    left, right = (part.strip() for part in reference.split("LEFT:")[1].split("RIGHT:"))
+    body = server.client().audio.transcriptions.create(
+        file=data_dir / STEREO, model="whisper-1", response_format="diarized_json"
+    )
+    said = {who: " ".join(s.text for s in body.segments if s.speaker == who) for who in ("A", "B")}
+    assert {s.speaker for s in body.segments} == {"A", "B"}
+    assert jiwer.wer(normalize(left), normalize(said["A"])) < 0.2, said
+    assert jiwer.wer(normalize(right), normalize(said["B"])) < 0.2, said
+    assert [s.start for s in body.segments] == sorted(s.start for s in body.segments)
+    assert body.text.split() == " ".join(s.text for s in body.segments).split()
+
+
+def test_speaker_per_channel_can_be_turned_off_and_needs_diarized_json(server, data_dir):
+    client = server.client()
+    mixed = client.audio.transcriptions.create(
+        file=data_dir / STEREO, model="whisper-1", response_format="diarized_json",
+        extra_body={"speaker_per_channel": False},
+    )  # fmt: skip
+    assert mixed.segments and all(s.speaker for s in mixed.segments)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(
+            file=data_dir / STEREO, model="whisper-1", extra_body={"speaker_per_channel": True}
+        )
+    assert info.value.body["param"] == "speaker_per_channel"
