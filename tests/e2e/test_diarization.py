@@ -186,3 +186,10 @@ def test_speaker_per_channel_can_be_turned_off_and_needs_diarized_json(server, d
             file=data_dir / STEREO, model="whisper-1", extra_body={"speaker_per_channel": True}
         )
     assert info.value.body["param"] == "speaker_per_channel"
+
+
+def test_silence_has_no_speakers(server, tmp_path):
+    path = tmp_path / "silence.wav"
+    sf.write(path, np.zeros(16000 * 5, dtype=np.float32), 16000, subtype="PCM_16")
+    body = server.client().audio.transcriptions.create(file=path, model="whisper-1", response_format="diarized_json")
+    assert body.segments == [] and body.text == "" and body.duration == pytest.approx(5.0)
