@@ -36,7 +36,6 @@ from .settings import MIB, Settings
 
 log = logging.getLogger(__name__)
 
-WHISPER_1 = "whisper-1"  # alias accepted for clients that hard-code OpenAI's model id
 # room for the non-file fields and multipart framing: up to 4 known speakers' references of 10 s each, as data URLs
 FORM_OVERHEAD_BYTES = 8 * MIB
 JSON_OVERHEAD_BYTES = MIB  # room for a JSON body's text around its base64 audio
@@ -202,11 +201,11 @@ def validate_model(model_cls: type[BaseModel], fields: dict[str, Any]) -> Any:
 
 
 def check_model(model: str, settings: Settings) -> None:
-    if model not in (settings.model_id, WHISPER_1):
+    if model not in settings.model_ids:
+        also = ", ".join(f"'{m}'" for m in settings.model_ids[1:])
         raise APIError(
             404,
-            f"The model '{model}' does not exist. This server serves '{settings.model_id}' "
-            f"(also reachable as '{WHISPER_1}').",
+            f"The model '{model}' does not exist. This server serves '{settings.model_id}' (also reachable as {also}).",
             param="model",
             code="model_not_found",
         )
@@ -530,12 +529,12 @@ def thresholds(settings: Settings) -> dict[str, float | int | None]:
 
 
 async def decode_upload(
-    data: bytes, max_audio_seconds: float, param: str = "file", decoder: Callable[..., np.ndarray] = decode_audio
+    data: bytes, max_audio_seconds: float, param: str = "file", decoder: Callable[..., np.ndarray] | None = None
 ) -> np.ndarray:
     """Bytes → 16 kHz mono float32 (or what `decoder` makes), off the event loop; undecodable or too long input is
     a 400."""
     try:
-        return await asyncio.to_thread(decoder, data, max_audio_seconds)
+        return await asyncio.to_thread(decoder or decode_audio, data, max_audio_seconds)
     except AudioTooLongError as exc:
         raise APIError(400, str(exc), param=param, code="audio_too_long") from exc
     except AudioDecodeError as exc:

@@ -15,6 +15,8 @@ from engine import EngineConfig, KernelOptions
 MIB = 1024 * 1024
 
 
+WHISPER_1 = "whisper-1"  # an id every server answers to: clients hard-code OpenAI's model id
+
 class Settings(BaseSettings):
     """Server and engine settings. Every field is also `--kebab-case` on the CLI and `WHISPER_UPPER_CASE` in the env."""
 
@@ -32,6 +34,9 @@ class Settings(BaseSettings):
     """Weight and activation dtype; auto is float32 on CPU and float16 on CUDA."""
     served_model_name: str | None = None
     """Model id listed by /v1/models and accepted in requests (default: --model); `whisper-1` is accepted too."""
+    model_alias: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """More ids the model answers to and /v1/models lists, e.g. OpenAI's `gpt-4o-transcribe-diarize` for clients
+    written for it (diarized_json works with any id)."""
     max_upload_mb: float = Field(default=25.0, gt=0)
     """Largest accepted audio upload, in MiB (OpenAI's limit is 25)."""
     max_audio_seconds: float = Field(default=3 * 3600.0, gt=0)
@@ -150,7 +155,7 @@ class Settings(BaseSettings):
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
 
-    @field_validator("api_key", "cors_origins", mode="before")
+    @field_validator("api_key", "cors_origins", "model_alias", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         """`WHISPER_API_KEY=a,b` as well as `--api-key a --api-key b`."""
@@ -181,6 +186,11 @@ class Settings(BaseSettings):
         """The id clients use for this model: --served-model-name, else the model's name without any local path
         (a client must not learn where the weights sit on the server)."""
         return self.served_model_name or public_model_name(self.model)
+
+    @property
+    def model_ids(self) -> list[str]:
+        """Every id requests may name: model_id, `whisper-1` and the aliases, in that order, each once."""
+        return list(dict.fromkeys([self.model_id, WHISPER_1, *self.model_alias]))
 
     def api_keys(self) -> list[str]:
         """The accepted keys: --api-key plus the lines of --api-key-file."""

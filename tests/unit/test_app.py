@@ -37,9 +37,11 @@ def run(coro):
 
 def test_models_list_and_retrieve():
     async def body():
-        async with clients(FakeEngine(), served_model_name="my-whisper") as (sdk, http, _):
+        async with clients(FakeEngine(), served_model_name="my-whisper", model_alias=["gpt-4o-transcribe-diarize"]) as (
+            sdk, http, _,
+        ):  # fmt: skip
             page = await sdk.models.list()
-            assert [m.id for m in page.data] == ["my-whisper", "whisper-1"]
+            assert [m.id for m in page.data] == ["my-whisper", "whisper-1", "gpt-4o-transcribe-diarize"]
             assert all(m.object == "model" and isinstance(m.created, int) for m in page.data)
             assert (await sdk.models.retrieve("whisper-1")).id == "whisper-1"
             with pytest.raises(openai.NotFoundError):

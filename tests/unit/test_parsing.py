@@ -147,6 +147,9 @@ def test_served_model_name_and_alias_accepted_unknown_is_404():
     assert parse(transcribe(model="whisper-1"), settings=settings).model == "whisper-1"
     err = error_of(transcribe(model="tiny.en"), settings=settings)
     assert (err.status_code, err.code, err.param) == (404, "model_not_found", "model")
+    aliased = Settings(model="tiny.en", model_alias=["gpt-4o-transcribe-diarize"])
+    assert parse(transcribe(model="gpt-4o-transcribe-diarize"), settings=aliased).model == "gpt-4o-transcribe-diarize"
+    assert "gpt-4o-transcribe-diarize" in error_of(transcribe(model="x"), settings=aliased).message
 
 
 @pytest.mark.parametrize("fmt", [f.value for f in ResponseFormat])
