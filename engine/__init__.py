@@ -14,8 +14,10 @@ from engine.audio import (
 )
 from engine.config import EngineConfig
 from engine.diarization import (
+    MAX_SPEAKERS,
     Diarization,
     DiarizedSegment,
+    SpeakerCount,
     SpeakerDiarizer,
     SpeakerTurn,
     diarized_segments,
@@ -62,6 +64,7 @@ __all__ = [
     "LANGUAGES",
     "MAX_BEAM_SIZE",
     "MAX_BEST_OF",
+    "MAX_SPEAKERS",
     "SAMPLE_RATE",
     "TOKENS_PER_SECOND",
     "AudioDecodeError",
@@ -86,6 +89,7 @@ __all__ = [
     "RequestHandle",
     "Segment",
     "SegmentEvent",
+    "SpeakerCount",
     "SpeakerDiarizer",
     "SpeakerTurn",
     "Task",

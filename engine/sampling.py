@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.keywords import START_GATE
 from engine.kernels import greedy_pick, row_logsumexp
+from engine.keywords import START_GATE
 from engine.model.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")

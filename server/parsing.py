@@ -21,11 +21,13 @@ from starlette.types import Message, Receive
 from engine import (
     DEFAULT_TEMPERATURES,
     LANGUAGES,
+    MAX_SPEAKERS,
     SAMPLE_RATE,
     AudioDecodeError,
     AudioTooLongError,
     ChunkingOptions,
     DecodeOptions,
+    SpeakerCount,
     Task,
     decode_audio,
 )
@@ -282,6 +284,15 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
         if response_format is not ResponseFormat.JSON:
             raise APIError(400, "include[]=logprobs needs response_format 'json'.", param="include[]",
                            code="invalid_value")  # fmt: skip
+    counts = {"num_speakers": form.num_speakers, "min_speakers": form.min_speakers, "max_speakers": form.max_speakers}
+    given = [name for name, value in counts.items() if value is not None]
+    if given and response_format is not ResponseFormat.DIARIZED_JSON:
+        raise APIError(400, f"{given[0]} needs response_format 'diarized_json'.", param=given[0], code="invalid_value")
+    if form.num_speakers is not None and len(given) > 1:
+        raise APIError(400, "Send num_speakers, or min_speakers and max_speakers, not both.", param=given[1],
+                       code="invalid_value")  # fmt: skip
+    if (form.min_speakers or 1) > (form.max_speakers or MAX_SPEAKERS):
+        raise APIError(400, "min_speakers is above max_speakers.", param="min_speakers", code="invalid_value")
     if form.speaker_per_channel and response_format is not ResponseFormat.DIARIZED_JSON:
         raise APIError(400, "speaker_per_channel needs response_format 'diarized_json'.", param="speaker_per_channel",
                        code="invalid_value")  # fmt: skip
@@ -305,6 +316,15 @@ def parse_languages(values: list[str] | None) -> tuple[str, ...] | None:
         raise APIError(400, f"languages[] holds at most {len(LANGUAGES)} languages.", param="languages[]",
                        code="invalid_value")  # fmt: skip
     return tuple(dict.fromkeys(parse_language(v, "languages[]") for v in values if v.strip()))
+
+
+def parse_speaker_count(form: TranscriptionForm) -> SpeakerCount | None:
+    """num_speakers, or min_speakers and max_speakers (diarized_json's extensions; checked by check_supported)."""
+    if form.num_speakers is None and form.min_speakers is None and form.max_speakers is None:
+        return None
+    if form.num_speakers is not None:
+        return SpeakerCount(exactly=form.num_speakers)
+    return SpeakerCount(at_least=form.min_speakers or 1, at_most=form.max_speakers or MAX_SPEAKERS)
 
 
 def parse_known_speakers(names: list[str] | None, references: list[str] | None) -> tuple[tuple[str, bytes], ...]:
@@ -484,6 +504,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         keywords=keywords,
         known_speakers=known_speakers,
         speaker_per_channel=getattr(fields, "speaker_per_channel", None),
+        speaker_count=parse_speaker_count(fields) if is_transcription else None,
     )
 
 

@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import MAX_BEAM_SIZE, MAX_BEST_OF, ChunkingOptions, Task
+from engine import MAX_BEAM_SIZE, MAX_BEST_OF, MAX_SPEAKERS, ChunkingOptions, SpeakerCount, Task
 
 __all__ = [
     "ChatCompletion",
@@ -85,6 +85,10 @@ class TranscriptionForm(TranslationForm):
     keywords_in_prompt: bool | None = None
     # Extension (diarized_json): each channel of a stereo upload is one speaker; None: when the channels differ
     speaker_per_channel: bool | None = None
+    # Extensions (diarized_json): the number of speakers, or its bounds (pyannote's names)
+    num_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
+    min_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,7 @@ class TranscriptionParams:
     keywords: tuple[str, ...] = ()  # keywords[]: words and phrases the decode is biased toward
     known_speakers: tuple[tuple[str, bytes], ...] = ()  # known_speaker_names[] with their references' audio bytes
     speaker_per_channel: bool | None = None  # diarized_json: a speaker per channel (None: when the channels differ)
+    speaker_count: SpeakerCount | None = None  # diarized_json: num_speakers, min_speakers, max_speakers
     # Whisper's decoding knobs (extensions), the DecodeOptions fields of the same names; None: the server's setting
     best_of: int | None = None
     beam_size: int | None = None

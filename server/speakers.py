@@ -19,6 +19,7 @@ from engine import (
     Diarization,
     DiarizedSegment,
     EngineLike,
+    SpeakerCount,
     SpeakerDiarizer,
     TranscriptionResult,
     decode_channels,
@@ -37,12 +38,12 @@ CHANNELS_DIFFER_RATIO = 0.5
 
 
 async def diarize_turns(
-    diarizer: SpeakerDiarizer, audio: np.ndarray, known: list[tuple[str, np.ndarray]]
+    diarizer: SpeakerDiarizer, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
 ) -> Diarization:
     """The recording's speaker turns (and known speakers' names), off the event loop; a failure fails this
     request only."""
     try:
-        return await asyncio.to_thread(diarizer.diarize, audio, known)
+        return await asyncio.to_thread(diarizer.diarize, audio, known, count)
     except Exception as exc:  # any failure of the diarization model fails this request only
         log.exception("speaker diarization failed")
         raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc

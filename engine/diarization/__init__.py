@@ -8,6 +8,6 @@
 """
 
 from engine.diarization.attribution import DiarizedSegment, diarized_segments, speaker_labels
-from engine.diarization.pipeline import Diarization, SpeakerDiarizer, SpeakerTurn
+from engine.diarization.pipeline import MAX_SPEAKERS, Diarization, SpeakerCount, SpeakerDiarizer, SpeakerTurn
 
-__all__ = ["Diarization", "DiarizedSegment", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "speaker_labels"]
+__all__ = ["MAX_SPEAKERS", "Diarization", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "speaker_labels"]

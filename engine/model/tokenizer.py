@@ -214,7 +214,7 @@ class Tokenizer:
     def non_speech_tokens(self) -> tuple[int, ...]:
         """Tokens for speaker tags and sound annotations (♪, [MUSIC], (laughs)), suppressed by default."""
         symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
-        symbols += "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
+        symbols += ["<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪"]
         # These share their first UTF-8 bytes, so suppressing the first token of each is safe.
         miscellaneous = set("♩♪♫♬♭♮♯")
         # Hyphens and apostrophes are fine inside words, not at their start.

@@ -58,7 +58,9 @@ async def _serve(
         return Response(body.content, media_type=body.media_type)
     handle = submit(engine, audio, options, drain)
     # who spoke when, in a worker thread while the engine decodes; it holds its own reference to the samples
-    turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio, known)) if diarize else None
+    turns = None
+    if diarize:
+        turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio, known, params.speaker_count))
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
         on_done = partial(metrics.observe_result, task)

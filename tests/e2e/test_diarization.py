@@ -193,3 +193,24 @@ def test_silence_has_no_speakers(server, tmp_path):
     sf.write(path, np.zeros(16000 * 5, dtype=np.float32), 16000, subtype="PCM_16")
     body = server.client().audio.transcriptions.create(file=path, model="whisper-1", response_format="diarized_json")
     assert body.segments == [] and body.text == "" and body.duration == pytest.approx(5.0)
+
+
+def test_the_number_of_speakers_can_be_given(server, conversation):
+    """num_speakers=1 puts every segment on one speaker; min_speakers=3 makes a third (the two readers' voices
+    split); both at once, or without diarized_json, are 400s naming the field."""
+    path, _ = conversation
+    client = server.client()
+    one = client.audio.transcriptions.create(
+        file=path, model="whisper-1", response_format="diarized_json", extra_body={"num_speakers": 1}
+    )
+    assert {s.speaker for s in one.segments} == {"A"}
+    three = client.audio.transcriptions.create(
+        file=path, model="whisper-1", response_format="diarized_json", extra_body={"min_speakers": 3}
+    )
+    assert len({s.speaker for s in three.segments}) >= 3
+    for extra, param in (({"num_speakers": 2, "max_speakers": 3}, "max_speakers"), ({"num_speakers": 2}, "num_speakers"),
+                         ({"min_speakers": 4, "max_speakers": 2}, "min_speakers"), ({"num_speakers": 99}, "num_speakers")):
+        fmt = "json" if extra == {"num_speakers": 2} else "diarized_json"
+        with pytest.raises(openai.BadRequestError) as info:
+            client.audio.transcriptions.create(file=path, model="whisper-1", response_format=fmt, extra_body=extra)
+        assert info.value.body["param"] == param, (extra, info.value.body)
