@@ -23,88 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
-RATE = 16000
-
-LIBRISPEECH_1688 = ["g1_en_librispeech-test-other_1688-142285-000%d.flac" % i for i in range(3)]
-LIBRISPEECH_1221 = ["g1_en_librispeech-test-clean_1221-135766-000%d.wav" % i for i in (1, 2)]
-SENSE = ["g1_en_librivox_sense-and-sensibility-0%d.wav" % i for i in (870, 880, 890, 920, 930)]
-FOUR = {
-    "ljspeech": ["g2_en_ljspeech_LJ001-0001_to_0032_concat.flac"],
-    "sonnets": ["g2_en_librivox_shakespeare-sonnets-1-3_concat.mp3"],
-    "reader1688": LIBRISPEECH_1688,
-    "reader1221": LIBRISPEECH_1221,
-}
-EIGHT = {
-    **FOUR,
-    "sense": SENSE,
-    "spontaneous": ["g1_en_spontaneous_mfa-acoustic-corpus.wav"],
-    "harvard": ["g4_en_harvard-sentences_OSR_us_000_0034_8k.wav"],
-    "simplicissimus": ["g3_de_librivox_simplicissimus-titlepage.mp3"],
-}
-
-
-def quiet_cut(audio: np.ndarray, target: int) -> int:
-    """The start of the quietest 100 ms within 1 s of `target` samples (a cut between words, not inside one)."""
-    frame = RATE // 10
-    lo, hi = max(0, target - RATE), min(len(audio) - frame, target + RATE)
-    if hi <= lo:
-        return min(target, len(audio))
-    starts = range(lo, hi, frame // 4)
-    return min(starts, key=lambda s: float(np.square(audio[s : s + frame]).mean())) + frame // 2
-
-
-def assemble(sources: dict[str, list[str]], seconds: float, seed: int = 0):
-    """(samples, [(start, end, speaker)] turns) of about `seconds`, the speakers taking turns."""
-    from engine import decode_audio
-
-    rng = np.random.default_rng(seed)
-    audio = {name: np.concatenate([decode_audio(DATA / f) for f in files]) for name, files in sources.items()}
-    offset = dict.fromkeys(audio, 0)
-    parts, turns, t = [], [], 0.0
-    speakers = list(audio)
-    while t < seconds and any(offset[s] < len(audio[s]) - RATE for s in speakers):
-        for name in speakers:
-            a, start = audio[name], offset[name]
-            if start >= len(a) - RATE:
-                continue
-            end = quiet_cut(a, start + int(rng.uniform(4, 15) * RATE))
-            if len(a) - end < 2 * RATE:
-                end = len(a)
-            piece = a[start:end]
-            offset[name] = end
-            turns.append((t, t + len(piece) / RATE, name))
-            pause = np.zeros(int(rng.uniform(0.2, 1.5) * RATE), dtype=np.float32)
-            parts += [piece, pause]
-            t += (len(piece) + len(pause)) / RATE
-            if t >= seconds:
-                break
-    return np.concatenate(parts).astype(np.float32), turns
-
-
-def reference(samples: np.ndarray, turns, vad):
-    """Each turn's speech regions (Silero VAD), labelled with the turn's speaker, as a pyannote Annotation."""
-    from pyannote.core import Annotation, Segment
-
-    ref = Annotation()
-    for start, end, name in turns:
-        piece = samples[int(start * RATE) : int(end * RATE)]
-        for s, e in vad.speech_spans(piece):
-            ref[Segment(start + s, start + e)] = name
-    return ref
-
-
-def annotation(turns):
-    from pyannote.core import Annotation, Segment
-
-    hyp = Annotation()
-    for t in turns:
-        hyp[Segment(t.start, t.end)] = t.speaker
-    return hyp
+from tests.helpers.conversations import EIGHT, FOUR, RATE, VADSpans, annotation, assemble, reference
 
 
 def main() -> None:
@@ -159,20 +80,6 @@ def main() -> None:
               f"{count} / {len(names)} | {right}/{total} ({right / max(total, 1):.1%}) | {plain:.1f} | "
               f"{diarized:.1f} | {diarized / plain:.2f}x |", flush=True)  # fmt: skip
     engine.shutdown()
-
-
-class VADSpans:
-    """Speech spans (start, end) in seconds of one piece of audio, from the engine's Silero VAD."""
-
-    def __init__(self, vad) -> None:
-        self.vad = vad
-
-    def speech_spans(self, piece: np.ndarray) -> list[tuple[float, float]]:
-        from engine import ChunkingOptions
-
-        # no padding, and a pause of 250 ms ends a span: the reference marks speech, not the breaths around it
-        options = ChunkingOptions(prefix_padding_ms=0, silence_duration_ms=250)
-        return [(s / RATE, e / RATE) for s, e in self.vad.speech_spans(piece, options)]
 
 
 if __name__ == "__main__":
