@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from engine import EngineLike, SpeakerDiarizer, VoiceActivityDetector, resolve_device
+from engine import EngineLike, VoiceActivityDetector, resolve_device
 
 from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
@@ -22,6 +22,7 @@ from .realtime.connection import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime
 from .settings import Settings
+from .speakers import DiarizationWorker
 from .supervisor import EngineSupervisor
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.chat_template = ChatTemplate(settings.chat_template)
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes)  # what the realtime sessions share
     app.state.speech = SpeechBatcher(VoiceActivityDetector())  # their turn detection (Silero loads on first use)
-    app.state.diarizer = SpeakerDiarizer()  # diarized_json's speaker turns (the models load on first use)
+    app.state.diarizer = DiarizationWorker()  # diarized_json's speaker turns (the models load on first use)
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
     # can read a 401), then the key check, which refuses before any body is read.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from starlette.requests import Request
@@ -37,13 +38,27 @@ log = logging.getLogger(__name__)
 CHANNELS_DIFFER_RATIO = 0.5
 
 
+class DiarizationWorker:
+    """The diarizer behind a thread of its own: recordings go through its one pipeline one at a time, and those
+    waiting for it wait here, not in the event loop's default executor (which decodes every upload)."""
+
+    def __init__(self, diarizer: SpeakerDiarizer | None = None) -> None:
+        self.diarizer = diarizer or SpeakerDiarizer()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diarization")
+
+    async def diarize(
+        self, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
+    ) -> Diarization:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self.diarizer.diarize, audio, known, count)
+
+
 async def diarize_turns(
-    diarizer: SpeakerDiarizer, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
+    worker: DiarizationWorker, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
 ) -> Diarization:
-    """The recording's speaker turns (and known speakers' names), off the event loop; a failure fails this
-    request only."""
+    """The recording's speaker turns (and known speakers' names); a failure fails this request only."""
     try:
-        return await asyncio.to_thread(diarizer.diarize, audio, known, count)
+        return await worker.diarize(audio, known, count)
     except Exception as exc:  # any failure of the diarization model fails this request only
         log.exception("speaker diarization failed")
         raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc

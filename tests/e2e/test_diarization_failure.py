@@ -12,12 +12,13 @@ import pytest
 from engine import SpeakerDiarizer
 from server.app import create_app
 from server.settings import Settings
+from server.speakers import DiarizationWorker
 from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 
 def test_a_failing_diarizer_fails_only_the_diarized_request(tiny_engine, data_dir):
     app = create_app(Settings(model="tiny.en"), engine=tiny_engine)
-    app.state.diarizer = SpeakerDiarizer(device="no-such-device")  # its models cannot load
+    app.state.diarizer = DiarizationWorker(SpeakerDiarizer(device="no-such-device"))  # its models cannot load
 
     async def run():
         transport = httpx.ASGITransport(app=app)
