@@ -21,6 +21,7 @@ from engine.diarization import (
     SpeakerDiarizer,
     SpeakerTurn,
     diarized_segments,
+    segment_speakers,
     speaker_labels,
 )
 from engine.engine import Engine
@@ -101,6 +102,7 @@ __all__ = [
     "decode_channels",
     "diarized_segments",
     "resolve_device",
+    "segment_speakers",
     "speaker_labels",
     "start_engine",
 ]

@@ -133,8 +133,9 @@ def _finite(value: float, default: float) -> float:
     return float(value) if math.isfinite(value) else default
 
 
-def segment_model(segment: Segment) -> TranscriptionSegment:
+def segment_model(segment: Segment, **extra: str) -> TranscriptionSegment:
     return TranscriptionSegment(
+        **extra,
         id=segment.id,
         seek=segment.seek,
         start=round(segment.start, 3),
@@ -162,11 +163,15 @@ def transcription_json(
 
 
 def transcription_verbose_json(
-    result: TranscriptionResult, granularities: frozenset[str] = frozenset({"segment"})
+    result: TranscriptionResult, granularities: frozenset[str] = frozenset({"segment"}),
+    speakers: list[str] | None = None,
 ) -> TranscriptionVerboseJSON:
-    """OpenAI sends `segments` for the segment granularity (the default) and `words` for the word one."""
+    """OpenAI sends `segments` for the segment granularity (the default) and `words` for the word one. `speakers`
+    (the `diarize` extension): each segment's speaker (most of its words'), an extra `speaker` field on it."""
     # `probability` (the word's tokens' mean probability, as faster-whisper and openai/whisper report it) is an
     # extra field: the SDK's TranscriptionWord keeps fields it does not declare
+    labels = speakers or [None] * len(result.segments)
+    extra = [{"speaker": label} if label is not None else {} for label in labels]
     words = [
         TranscriptionWord(word=w.word.strip(), start=w.start, end=w.end, probability=round(w.probability, 4))
         for s in result.segments
@@ -176,7 +181,9 @@ def transcription_verbose_json(
         language=language_name(result.language),
         duration=float(result.duration),
         text=result.text.strip(),
-        segments=[segment_model(s) for s in result.segments] if "segment" in granularities else None,
+        segments=[segment_model(s, **x) for s, x in zip(result.segments, extra)]
+        if "segment" in granularities
+        else None,
         words=words if "word" in granularities else None,
         usage=duration_usage(result.duration),
     )
@@ -276,6 +283,7 @@ def render(
     logprobs: bool = False,
     languages: bool = False,
     diarized: tuple[list[DiarizedSegment], dict[int, str]] | None = None,
+    speakers: list[str] | None = None,
 ) -> FormattedBody:
     """The exact body OpenAI sends for `response_format`; `diarized`: the speakers' segments of diarized_json and
     the known speakers' names."""
@@ -293,7 +301,7 @@ def render(
         if task is Task.TRANSLATE:
             verbose = translation_verbose_json(result)
         else:
-            verbose = transcription_verbose_json(result, granularities)
+            verbose = transcription_verbose_json(result, granularities, speakers)
         return FormattedBody(verbose.model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)
     if task is Task.TRANSLATE:
         return FormattedBody(translation_json(result).model_dump_json(exclude_none=True), JSON_MEDIA_TYPE)

@@ -284,10 +284,14 @@ def check_supported(form: TranslationForm, response_format: ResponseFormat) -> N
         if response_format is not ResponseFormat.JSON:
             raise APIError(400, "include[]=logprobs needs response_format 'json'.", param="include[]",
                            code="invalid_value")  # fmt: skip
+    if form.diarize and response_format is not ResponseFormat.VERBOSE_JSON:
+        raise APIError(400, "diarize labels verbose_json's segments; diarized_json needs no flag.", param="diarize",
+                       code="invalid_value")  # fmt: skip
     counts = {"num_speakers": form.num_speakers, "min_speakers": form.min_speakers, "max_speakers": form.max_speakers}
     given = [name for name, value in counts.items() if value is not None]
-    if given and response_format is not ResponseFormat.DIARIZED_JSON:
-        raise APIError(400, f"{given[0]} needs response_format 'diarized_json'.", param=given[0], code="invalid_value")
+    if given and response_format is not ResponseFormat.DIARIZED_JSON and not form.diarize:
+        raise APIError(400, f"{given[0]} needs response_format 'diarized_json' (or 'verbose_json' with diarize).",
+                       param=given[0], code="invalid_value")  # fmt: skip
     if form.num_speakers is not None and len(given) > 1:
         raise APIError(400, "Send num_speakers, or min_speakers and max_speakers, not both.", param=given[1],
                        code="invalid_value")  # fmt: skip
@@ -505,6 +509,7 @@ async def parse_transcription(request: Request, settings: Settings, task: Task) 
         known_speakers=known_speakers,
         speaker_per_channel=getattr(fields, "speaker_per_channel", None),
         speaker_count=parse_speaker_count(fields) if is_transcription else None,
+        diarize=bool(getattr(fields, "diarize", None)),
     )
 
 

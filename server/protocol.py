@@ -85,7 +85,9 @@ class TranscriptionForm(TranslationForm):
     keywords_in_prompt: bool | None = None
     # Extension (diarized_json): each channel of a stereo upload is one speaker; None: when the channels differ
     speaker_per_channel: bool | None = None
-    # Extensions (diarized_json): the number of speakers, or its bounds (pyannote's names)
+    # Extension (verbose_json): each segment (and word) with its `speaker`, as diarized_json labels them
+    diarize: bool | None = None
+    # Extensions (diarized_json, or verbose_json with diarize): the number of speakers, or its bounds (pyannote's)
     num_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
     min_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
@@ -118,6 +120,7 @@ class TranscriptionParams:
     known_speakers: tuple[tuple[str, bytes], ...] = ()  # known_speaker_names[] with their references' audio bytes
     speaker_per_channel: bool | None = None  # diarized_json: a speaker per channel (None: when the channels differ)
     speaker_count: SpeakerCount | None = None  # diarized_json: num_speakers, min_speakers, max_speakers
+    diarize: bool = False  # verbose_json with each segment's speaker
     # Whisper's decoding knobs (extensions), the DecodeOptions fields of the same names; None: the server's setting
     best_of: int | None = None
     beam_size: int | None = None

@@ -7,7 +7,8 @@
   changes.
 """
 
-from engine.diarization.attribution import DiarizedSegment, diarized_segments, speaker_labels
+from engine.diarization.attribution import DiarizedSegment, diarized_segments, segment_speakers, speaker_labels
 from engine.diarization.pipeline import MAX_SPEAKERS, Diarization, SpeakerCount, SpeakerDiarizer, SpeakerTurn
 
-__all__ = ["MAX_SPEAKERS", "Diarization", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "speaker_labels"]
+__all__ = ["MAX_SPEAKERS", "Diarization", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers",
+           "speaker_labels"]

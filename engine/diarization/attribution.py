@@ -71,6 +71,20 @@ def diarized_segments(segments: list[Segment], turns: list[SpeakerTurn]) -> list
     return [s for s in out if s.text]
 
 
+def segment_speakers(segments: list[Segment], turns: list[SpeakerTurn]) -> list[int]:
+    """One speaker per transcript segment, its boundaries kept (verbose_json): the speaker of most of its words,
+    else the one it overlaps most."""
+    index = _Turns(turns)
+    out = []
+    for segment in segments:
+        votes: dict[int, int] = {}
+        for word in segment.words or ():
+            who = index.at((word.start + word.end) / 2)
+            votes[who] = votes.get(who, 0) + 1
+        out.append(max(votes, key=votes.__getitem__) if votes else index.most(segment.start, segment.end))
+    return out
+
+
 def _joined(words: list[Word], speaker: int) -> DiarizedSegment:
     return DiarizedSegment(words[0].start, words[-1].end, "".join(w.word for w in words).strip(), speaker)
 

@@ -8,10 +8,10 @@ from functools import partial
 
 from fastapi import APIRouter, Request, Response
 
-from engine import Task, diarized_segments
+from engine import Task, diarized_segments, segment_speakers
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
-from ..formatting import render
+from ..formatting import SpeakerLetters, render
 from ..parsing import decode_options, decode_references, decode_upload, parse_transcription
 from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
 from ..speakers import channels_differ, decode_two_channels, diarize_turns, transcribe_channels
@@ -32,9 +32,10 @@ async def _serve(
     request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task
 ) -> Response:
     params = await parse_transcription(request, settings, task)
-    diarize = params.response_format is ResponseFormat.DIARIZED_JSON
+    diarized_json = params.response_format is ResponseFormat.DIARIZED_JSON
+    diarize = diarized_json or params.diarize  # diarize: verbose_json's segments labelled with speakers
     channels = None
-    if diarize and params.speaker_per_channel is not False and not params.stream and not params.known_speakers:
+    if diarized_json and params.speaker_per_channel is not False and not params.stream and not params.known_speakers:
         channels = await decode_two_channels(params.upload.data, settings.max_audio_seconds)
         if not (params.speaker_per_channel or channels_differ(channels)):
             channels = None  # one mix: the diarizer finds the speakers
@@ -75,12 +76,16 @@ async def _serve(
             turns.cancel()
         raise
     metrics.observe_result(task, result)
-    diarized = None
+    diarized = labels = None
     if turns is not None:
         speakers = await turns
-        diarized = (diarized_segments(result.segments, speakers.turns), speakers.names)
+        if diarized_json:
+            diarized = (diarized_segments(result.segments, speakers.turns), speakers.names)
+        else:
+            letters = SpeakerLetters(speakers.names)
+            labels = [letters.of(s) for s in segment_speakers(result.segments, speakers.turns)]
     body = render(result, params.response_format, task, params.granularities, params.logprobs,
-                  languages=params.languages is not None, diarized=diarized)  # fmt: skip
+                  languages=params.languages is not None, diarized=diarized, speakers=labels)  # fmt: skip
     return Response(body.content, media_type=body.media_type)
 
 

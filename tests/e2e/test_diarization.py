@@ -214,3 +214,23 @@ def test_the_number_of_speakers_can_be_given(server, conversation):
         with pytest.raises(openai.BadRequestError) as info:
             client.audio.transcriptions.create(file=path, model="whisper-1", response_format=fmt, extra_body=extra)
         assert info.value.body["param"] == param, (extra, info.value.body)
+
+
+def test_verbose_json_segments_carry_their_speaker_with_diarize(server, conversation):
+    """The `diarize` extension labels verbose_json's own segments (boundaries, tokens and seek kept), as
+    diarized_json labels speakers; without it, no `speaker` field; with another format, a 400."""
+    path, spans = conversation
+    client = server.client()
+    body = client.audio.transcriptions.create(
+        file=path, model="whisper-1", response_format="verbose_json", extra_body={"diarize": True}
+    )
+    labels = [s.model_extra["speaker"] for s in body.segments]
+    assert set(labels) == {"A", "B"} and labels[0] == "A"
+    letters = {}
+    for s, label in zip(body.segments, labels):
+        assert letters.setdefault(reader_at(spans, (s.start + s.end) / 2), label) == label, s
+    plain = client.audio.transcriptions.create(file=path, model="whisper-1", response_format="verbose_json")
+    assert all("speaker" not in (s.model_extra or {}) for s in plain.segments)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(file=path, model="whisper-1", extra_body={"diarize": True})
+    assert info.value.body["param"] == "diarize"
