@@ -66,7 +66,8 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.chat_template = ChatTemplate(settings.chat_template)
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes)  # what the realtime sessions share
     app.state.speech = SpeechBatcher(VoiceActivityDetector())  # their turn detection (Silero loads on first use)
-    app.state.diarizer = DiarizationWorker()  # diarized_json's speaker turns (the models load on first use)
+    # diarized_json's speaker turns (the models load on first use)
+    app.state.diarizer = DiarizationWorker(metrics=app.state.metrics)
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
     # can read a 401), then the key check, which refuses before any body is read.

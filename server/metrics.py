@@ -70,6 +70,19 @@ class Metrics:
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
+        self.diarizations = Counter(
+            "whisper_diarizations", "Recordings diarized (diarized_json, diarize), by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        self.diarization_latency = Histogram(
+            "whisper_diarization_duration_seconds",
+            "Seconds from a recording's arrival at the diarizer (one at a time) to its speaker turns.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.diarization_pending = Gauge(
+            "whisper_diarization_pending", "Recordings waiting for or in the diarizer.", registry=self.registry
+        )
         self.batch_invariant = Gauge(
             "whisper_batch_invariant",
             "1 when the engine runs the batch-invariant GPU kernels (a request's tokens do not depend on the batch).",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -28,6 +29,7 @@ from engine import (
 
 from .drain import Drain
 from .errors import APIError
+from .metrics import Metrics
 from .parsing import decode_upload
 from .streaming import submit, wait_result
 
@@ -42,26 +44,32 @@ class DiarizationWorker:
     """The diarizer behind a thread of its own: recordings go through its one pipeline one at a time, and those
     waiting for it wait here, not in the event loop's default executor (which decodes every upload)."""
 
-    def __init__(self, diarizer: SpeakerDiarizer | None = None) -> None:
+    def __init__(self, diarizer: SpeakerDiarizer | None = None, metrics: Metrics | None = None) -> None:
         self.diarizer = diarizer or SpeakerDiarizer()
+        self.metrics = metrics
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diarization")
 
     async def diarize(
         self, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
     ) -> Diarization:
+        """The recording's speaker turns (and known speakers' names); a failure fails this request only."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, self.diarizer.diarize, audio, known, count)
-
-
-async def diarize_turns(
-    worker: DiarizationWorker, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
-) -> Diarization:
-    """The recording's speaker turns (and known speakers' names); a failure fails this request only."""
-    try:
-        return await worker.diarize(audio, known, count)
-    except Exception as exc:  # any failure of the diarization model fails this request only
-        log.exception("speaker diarization failed")
-        raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
+        metrics, start = self.metrics, time.perf_counter()
+        if metrics is not None:
+            metrics.diarization_pending.inc()
+        outcome = "failed"
+        try:
+            result = await loop.run_in_executor(self.pool, self.diarizer.diarize, audio, known, count)
+            outcome = "ok"
+            return result
+        except Exception as exc:  # any failure of the diarization model fails this request only
+            log.exception("speaker diarization failed")
+            raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
+        finally:
+            if metrics is not None:
+                metrics.diarization_pending.dec()
+                metrics.diarizations.labels(outcome).inc()
+                metrics.diarization_latency.observe(time.perf_counter() - start)
 
 
 def channels_differ(channels: np.ndarray) -> bool:

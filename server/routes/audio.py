@@ -14,7 +14,7 @@ from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import SpeakerLetters, render
 from ..parsing import decode_options, decode_references, decode_upload, parse_transcription
 from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
-from ..speakers import channels_differ, decode_two_channels, diarize_turns, transcribe_channels
+from ..speakers import channels_differ, decode_two_channels, transcribe_channels
 from ..streaming import diarized_events, sse_response, submit, transcript_events, wait_result
 
 router = APIRouter(tags=["audio"])
@@ -61,7 +61,7 @@ async def _serve(
     # who spoke when, in a worker thread while the engine decodes; it holds its own reference to the samples
     turns = None
     if diarize:
-        turns = asyncio.create_task(diarize_turns(request.app.state.diarizer, audio, known, params.speaker_count))
+        turns = asyncio.create_task(request.app.state.diarizer.diarize(audio, known, params.speaker_count))
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
         on_done = partial(metrics.observe_result, task)

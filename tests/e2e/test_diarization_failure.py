@@ -18,7 +18,8 @@ from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 def test_a_failing_diarizer_fails_only_the_diarized_request(tiny_engine, data_dir):
     app = create_app(Settings(model="tiny.en"), engine=tiny_engine)
-    app.state.diarizer = DiarizationWorker(SpeakerDiarizer(device="no-such-device"))  # its models cannot load
+    # its models cannot load
+    app.state.diarizer = DiarizationWorker(SpeakerDiarizer(device="no-such-device"), app.state.metrics)
 
     async def run():
         transport = httpx.ASGITransport(app=app)
@@ -30,9 +31,12 @@ def test_a_failing_diarizer_fails_only_the_diarized_request(tiny_engine, data_di
             plain = client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
             outcomes = await asyncio.gather(diarized, plain, return_exceptions=True)
             after = await client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
-            return outcomes, after.text, (await http.get("/health")).status_code
+            metrics = (await http.get("/metrics")).text
+            return outcomes, after.text, (await http.get("/health")).status_code, metrics
 
-    (failed, plain), after, health = asyncio.run(run())
+    (failed, plain), after, health, metrics = asyncio.run(run())
+    assert 'whisper_diarizations_total{outcome="failed"} 1.0' in metrics
+    assert "whisper_diarization_pending 0.0" in metrics
     assert isinstance(failed, openai.InternalServerError)
     assert failed.body["type"] == "server_error" and "diarization" in failed.body["message"]
     assert "no-such-device" not in str(failed.body)  # the cause is logged, not sent
