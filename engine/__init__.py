@@ -22,6 +22,7 @@ from engine.diarization import (
     SpeakerTurn,
     diarized_segments,
     segment_speakers,
+    speaker_label,
     speaker_labels,
 )
 from engine.engine import Engine
@@ -103,6 +104,7 @@ __all__ = [
     "diarized_segments",
     "resolve_device",
     "segment_speakers",
+    "speaker_label",
     "speaker_labels",
     "start_engine",
 ]

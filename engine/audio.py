@@ -100,28 +100,26 @@ def decode_audio(source: AudioSource, max_duration_s: float | None = None) -> np
     Audio longer than max_duration_s raises AudioTooLongError: before decoding when the header
     says so, else as soon as the decoded samples pass the limit.
     """
-    if isinstance(source, (str, os.PathLike)):
-        with _open_local_file(source) as file:
-            return _decode_file(file, max_duration_s)
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        if len(source) == 0:
-            raise AudioDecodeError("The audio file is empty (0 bytes).")
-        source = io.BytesIO(source)
-    return _decode_file(source, max_duration_s)
+    return _from_source(source, _decode_file, max_duration_s)
 
 
 def decode_channels(source: AudioSource, max_duration_s: float | None = None) -> np.ndarray:
     """decode_audio's samples kept as two channels, (2, samples) float32 at SAMPLE_RATE: a stereo file's left and
     right (calls often put each party on its own side), a mono file's one channel twice, more channels mixed down
     to two by FFmpeg's resampler."""
+    return _from_source(source, _decode_two, max_duration_s)
+
+
+def _from_source(source: AudioSource, decode, max_duration_s: float | None) -> np.ndarray:
+    """`decode(file, max_duration_s)` on a path (opened here), bytes or a binary file object."""
     if isinstance(source, (str, os.PathLike)):
         with _open_local_file(source) as file:
-            return _decode_two(file, max_duration_s)
+            return decode(file, max_duration_s)
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise AudioDecodeError("The audio file is empty (0 bytes).")
         source = io.BytesIO(source)
-    return _decode_two(source, max_duration_s)
+    return decode(source, max_duration_s)
 
 
 def _decode_two(file: BinaryIO, max_duration_s: float | None) -> np.ndarray:

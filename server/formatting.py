@@ -20,7 +20,7 @@ from engine import (
     Task,
     TokenLogprob,
     TranscriptionResult,
-    speaker_labels,
+    speaker_label,
 )
 
 from .protocol import (
@@ -200,7 +200,7 @@ class SpeakerLetters:
     def of(self, speaker: int) -> str:
         if speaker in self.names:
             return self.names[speaker]
-        return speaker_labels(self.order.setdefault(speaker, len(self.order)) + 1)[-1]
+        return speaker_label(self.order.setdefault(speaker, len(self.order)))
 
 
 def transcription_diarized(

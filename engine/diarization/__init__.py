@@ -7,8 +7,21 @@
   changes.
 """
 
-from engine.diarization.attribution import DiarizedSegment, diarized_segments, segment_speakers, speaker_labels
-from engine.diarization.pipeline import MAX_SPEAKERS, Diarization, SpeakerCount, SpeakerDiarizer, SpeakerTurn
+from engine.diarization.attribution import (
+    DiarizedSegment,
+    diarized_segments,
+    segment_speakers,
+    speaker_label,
+    speaker_labels,
+)
+from engine.diarization.pipeline import (
+    MAX_SPEAKERS,
+    Diarization,
+    SpeakerCount,
+    SpeakerDiarizer,
+    SpeakerTurn,
+    speaker_turns,
+)
 
-__all__ = ["MAX_SPEAKERS", "Diarization", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers",
-           "speaker_labels"]
+__all__ = ["MAX_SPEAKERS", "Diarization", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label",
+           "speaker_labels", "speaker_turns"]

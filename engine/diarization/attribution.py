@@ -91,13 +91,13 @@ def _joined(words: list[Word], speaker: int) -> DiarizedSegment:
 
 def speaker_labels(count: int) -> list[str]:
     """OpenAI's labels for speakers without names: A, B, ..., Z, then AA, AB, ..."""
-    letters = string.ascii_uppercase
-    labels = []
-    for i in range(count):
-        label = ""
-        i += 1
-        while i:
-            i, r = divmod(i - 1, 26)
-            label = letters[r] + label
-        labels.append(label)
-    return labels
+    return [speaker_label(i) for i in range(count)]
+
+
+def speaker_label(index: int) -> str:
+    """The label of speaker `index` (0: A, 25: Z, 26: AA)."""
+    label, i = "", index + 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        label = string.ascii_uppercase[r] + label
+    return label

