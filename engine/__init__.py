@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.diarization import (
     MAX_SPEAKERS,
     Diarization,
+    DiarizationJob,
     DiarizedSegment,
     SpeakerCount,
     SpeakerDiarizer,
@@ -75,6 +76,7 @@ __all__ = [
     "DecodeBudgetExceededError",
     "DecodeOptions",
     "Diarization",
+    "DiarizationJob",
     "DiarizedSegment",
     "Engine",
     "EngineConfig",

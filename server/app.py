@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from engine import EngineLike, VoiceActivityDetector, resolve_device
+from engine import EngineLike, SpeakerDiarizer, VoiceActivityDetector, resolve_device
 
 from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
@@ -67,7 +67,10 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes)  # what the realtime sessions share
     app.state.speech = SpeechBatcher(VoiceActivityDetector())  # their turn detection (Silero loads on first use)
     # diarized_json's speaker turns (the models load on first use)
-    app.state.diarizer = DiarizationWorker(metrics=app.state.metrics)
+    diarization_device = settings.device if settings.diarization_device == "auto" else settings.diarization_device
+    app.state.diarizer = DiarizationWorker(
+        SpeakerDiarizer(resolve_device(diarization_device).type), metrics=app.state.metrics
+    )
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
     # can read a 401), then the key check, which refuses before any body is read.

@@ -76,8 +76,14 @@ class Metrics:
         )
         self.diarization_latency = Histogram(
             "whisper_diarization_duration_seconds",
-            "Seconds from a recording's arrival at the diarizer (one at a time) to its speaker turns.",
+            "Seconds from a recording's arrival at the diarizer to its speaker turns (its wait for a pass included).",
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.diarization_pass = Histogram(
+            "whisper_diarization_pass_recordings",
+            "Recordings diarized together in one pass of the diarization models.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=self.registry,
         )
         self.diarization_pending = Gauge(

@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     """TCP port of the HTTP server."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device to run the model on; auto picks cuda when available."""
+    diarization_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device of the speaker diarization models (diarized_json); auto: the model's device (--device)."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """Weight and activation dtype; auto is float32 on CPU and float16 on CUDA."""
     served_model_name: str | None = None

@@ -17,8 +17,10 @@ import numpy as np
 from starlette.requests import Request
 
 from engine import (
+    SAMPLE_RATE,
     DecodeOptions,
     Diarization,
+    DiarizationJob,
     DiarizedSegment,
     EngineLike,
     SpeakerCount,
@@ -38,38 +40,88 @@ log = logging.getLogger(__name__)
 # Channels count as different speakers when their difference carries at least half the energy of their mean
 # (identical channels: 0; two unrelated voices: ~4; the data set's mono-as-stereo files: below 0.001).
 CHANNELS_DIFFER_RATIO = 0.5
+# The most audio one diarization pass takes (all its recordings and references together): what bounds the
+# models' memory (about 1 GiB of filterbanks) and the wait of a pass's first caller.
+PASS_SECONDS = 4 * 3600.0
 
 
 class DiarizationWorker:
-    """The diarizer behind a thread of its own: recordings go through its one pipeline one at a time, and those
-    waiting for it wait here, not in the event loop's default executor (which decodes every upload)."""
+    """The diarizer behind a thread of its own, in passes: the recordings that arrive while a pass runs wait for the
+    next, which takes all of them (up to PASS_SECONDS of audio) through each model together
+    (SpeakerDiarizer.diarize_many). Those waiting wait here, not in the event loop's default executor (which
+    decodes every upload)."""
 
     def __init__(self, diarizer: SpeakerDiarizer | None = None, metrics: Metrics | None = None) -> None:
         self.diarizer = diarizer or SpeakerDiarizer()
         self.metrics = metrics
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diarization")
+        self.pending: list[tuple[DiarizationJob, asyncio.Future]] = []
+        self.wake: asyncio.Event | None = None
+        self.worker: asyncio.Task | None = None
 
     async def diarize(
         self, audio: np.ndarray, known: list[tuple[str, np.ndarray]], count: SpeakerCount | None
     ) -> Diarization:
         """The recording's speaker turns (and known speakers' names); a failure fails this request only."""
-        loop = asyncio.get_running_loop()
+        if self.worker is None or self.worker.done():
+            self.wake = asyncio.Event()
+            self.worker = asyncio.ensure_future(self._run())
         metrics, start = self.metrics, time.perf_counter()
         if metrics is not None:
             metrics.diarization_pending.inc()
         outcome = "failed"
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((DiarizationJob(audio, known, count), future))
+        self.wake.set()
         try:
-            result = await loop.run_in_executor(self.pool, self.diarizer.diarize, audio, known, count)
+            result = await future
             outcome = "ok"
             return result
-        except Exception as exc:  # any failure of the diarization model fails this request only
-            log.exception("speaker diarization failed")
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as exc:  # any failure of the diarization models fails this request only
+            log.error("speaker diarization failed", exc_info=exc)
             raise APIError(500, "Speaker diarization failed for this audio.", type="server_error") from exc
         finally:
             if metrics is not None:
                 metrics.diarization_pending.dec()
                 metrics.diarizations.labels(outcome).inc()
                 metrics.diarization_latency.observe(time.perf_counter() - start)
+
+    def _next_pass(self) -> list[tuple[DiarizationJob, asyncio.Future]]:
+        """The waiting recordings whose callers still wait, oldest first, up to PASS_SECONDS of audio (at least
+        one); the rest stay for the pass after."""
+        waiting = [(job, f) for job, f in self.pending if not f.done()]
+        taken, seconds = 0, 0.0
+        for job, _ in waiting:
+            seconds += len(job.audio) / SAMPLE_RATE + sum(len(r) for _, r in job.known or ()) / SAMPLE_RATE
+            if taken and seconds > PASS_SECONDS:
+                break
+            taken += 1
+        self.pending = waiting[taken:]
+        return waiting[:taken]
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while batch := self._next_pass():
+                jobs, futures = zip(*batch)
+                if self.metrics is not None:
+                    self.metrics.diarization_pass.observe(len(jobs))
+                try:
+                    results = await loop.run_in_executor(self.pool, self.diarizer.diarize_many, list(jobs))
+                except Exception as exc:  # noqa: BLE001 - a shared stage failed: handed to every job of the pass
+                    results = [exc] * len(futures)
+                for future, result in zip(futures, results):
+                    if future.done():  # its caller went away
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
 
 
 def channels_differ(channels: np.ndarray) -> bool:

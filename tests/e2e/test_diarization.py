@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import io
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -234,3 +236,38 @@ def test_verbose_json_segments_carry_their_speaker_with_diarize(server, conversa
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.transcriptions.create(file=path, model="whisper-1", extra_body={"diarize": True})
     assert info.value.body["param"] == "diarize"
+
+
+def _passes(server) -> tuple[float, float]:
+    """(passes, recordings) the diarizer has run so far, from /metrics."""
+    values = {}
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith("whisper_diarization_pass_recordings_"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values["whisper_diarization_pass_recordings_count"], values["whisper_diarization_pass_recordings_sum"]
+
+
+def test_concurrent_recordings_share_a_diarization_pass(server, conversation, load_clip):
+    """Recordings that arrive while the diarizer is busy go through its next pass together (one batch through
+    each model), and each gets the speakers it gets alone: its own, with its known speaker's name."""
+    path, _ = conversation
+    # reader 1221's other clip: one of the recording's two readers
+    known = {"known_speaker_names": ["reader"],
+             "known_speaker_references": [data_url(load_clip("g1_en_librispeech-test-clean_1221-135766-0002.wav"))]}
+    client = server.client()
+
+    def ask(i: int):
+        return client.audio.transcriptions.create(
+            file=path, model="whisper-1", response_format="diarized_json", **(known if i % 2 else {})
+        )
+
+    alone = [ask(0), ask(1)]
+    before = _passes(server)
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(ask, range(6)))
+    passes, recordings = (a - b for a, b in zip(_passes(server), before))
+    assert recordings == 6 and passes < 6, (passes, recordings)
+    assert "reader" in {s.speaker for s in alone[1].segments}
+    for i, body in enumerate(together):
+        assert body.segments == alone[i % 2].segments, i

