@@ -35,8 +35,9 @@ class _Turns:
             return 0
         i = bisect.bisect_right(self.starts, time)
         near = [self.turns[j] for j in (i - 1, i) if 0 <= j < len(self.turns)]
-        return min(near, key=lambda t: 0.0 if t.start <= time <= t.end else min(abs(time - t.start),
-                                                                                 abs(time - t.end))).speaker
+        return min(
+            near, key=lambda t: 0.0 if t.start <= time <= t.end else min(abs(time - t.start), abs(time - t.end))
+        ).speaker
 
     def most(self, start: float, end: float) -> int:
         """The speaker with the most time in [start, end] (the one nearest its middle when none overlaps)."""

