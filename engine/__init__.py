@@ -13,6 +13,7 @@ from engine.audio import (
     decode_channels,
 )
 from engine.config import EngineConfig
+from engine.cpus import available_cpus
 from engine.diarization import (
     MAX_SPEAKERS,
     Diarization,
@@ -33,6 +34,7 @@ from engine.kernels.options import KernelOptions
 from engine.longform.vad import VoiceActivityDetector
 from engine.model.tokenizer import LANGUAGES
 from engine.model_runner import resolve_device
+from engine.pool import EnginePool
 from engine.request import (
     DEFAULT_TEMPERATURES,
     MAX_BEAM_SIZE,
@@ -55,9 +57,10 @@ from engine.request import (
 )
 
 
-def start_engine(config: EngineConfig, own_process: bool) -> EngineLike:
-    """Load the model and start serving: in this process (a loop thread) or in a child process of its own."""
-    engine = (EngineProcess if own_process else Engine)(config)
+def start_engine(config: EngineConfig, own_process: bool, gpu: int | None = None) -> EngineLike:
+    """Load the model and start serving: in this process (a loop thread) or in a child process of its own (which
+    sees only GPU `gpu`, when given)."""
+    engine = EngineProcess(config, gpu) if own_process else Engine(config)
     engine.start()
     return engine
 
@@ -84,6 +87,7 @@ __all__ = [
     "EngineError",
     "EngineLike",
     "EngineOverloadedError",
+    "EnginePool",
     "EngineProcess",
     "EngineStats",
     "Handle",
@@ -101,6 +105,7 @@ __all__ = [
     "TranscriptionResult",
     "VoiceActivityDetector",
     "Word",
+    "available_cpus",
     "decode_audio",
     "decode_channels",
     "diarized_segments",

@@ -31,6 +31,9 @@ class EngineConfig:
     max_audio_ctx: int | None = None  # cross-attention cache length; None = the encoder's own (1500)
     max_text_ctx: int | None = None  # self-attention cache length; None = the decoder's own (448)
     gpu_memory_fraction: float = 0.9
+    # Other engines share this GPU (data parallel): gpu_memory_fraction counts this process's memory only
+    # (kv_cache.plan_num_slots).
+    shared_gpu: bool = False
     enforce_eager: bool = False  # no CUDA graphs
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     # The sampling seed of requests that give none (DecodeOptions.seed): temperature-fallback draws then depend only

@@ -17,10 +17,12 @@ so a full pipe never blocks its caller.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import multiprocessing
+import os
 import pickle
 import queue
 import signal
@@ -29,6 +31,7 @@ import threading
 
 import numpy as np
 
+from engine.audio import N_SAMPLES
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.frontend import EngineFront, RequestHandle, check_audio
@@ -63,8 +66,10 @@ SHUTDOWN_TIMEOUT_S = 3.0
 class EngineProcess(EngineFront):
     """Engine's interface (submit, abort, stats, is_alive, tokenizer, start, shutdown) over a child process."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, gpu: int | None = None):
+        """`gpu`: the index of the one GPU the child may see (data parallel: one per engine); None: all of them."""
         self.config = config
+        self.gpu = gpu
         # spawn, not fork: the parent may already hold CUDA or OpenMP state that a forked child cannot use
         ctx = multiprocessing.get_context("spawn")
         self._events, child_out = ctx.Pipe(duplex=False)
@@ -78,7 +83,8 @@ class EngineProcess(EngineFront):
         self._process = ctx.Process(
             target=_child_main, args=(config, setup, child_in, child_out), name="whisper-engine", daemon=True
         )
-        self._process.start()
+        with _visible_gpu(gpu):
+            self._process.start()
         child_in.close()
         child_out.close()  # the parent keeps only its ends, so the child's exit reads as end-of-file here
         try:
@@ -94,6 +100,7 @@ class EngineProcess(EngineFront):
         self._tokens = itertools.count()
         self._lock = threading.Lock()
         self._handles: dict[str, RequestHandle] = {}
+        self._windows: dict[str, int] = {}  # the 30 s windows of each request in flight (EnginePool's load)
         self._unstarted: set[str] = set()  # sent, first window not yet in a slot: bounded by max_waiting
         self._stats: dict[int, tuple[threading.Event, list]] = {}
         self._dead: str | None = None
@@ -135,11 +142,19 @@ class EngineProcess(EngineFront):
                 raise EngineOverloadedError(f"{len(self._unstarted)} requests are already waiting; retry later")
             self._unstarted.add(request_id)
             self._handles[request_id] = handle
+            self._windows[request_id] = -(-len(audio) // N_SAMPLES) or 1
         self._outbox.put((Submit(request_id, options, len(audio)), audio))
         return handle
 
     def abort(self, request_id: str) -> None:
         self._outbox.put((Abort(request_id), None))
+
+    @property
+    def load(self) -> int:
+        """The windows of the requests sent and not yet finished (waiting or decoding): counted here, without a
+        round trip to the child."""
+        with self._lock:
+            return sum(self._windows.values())
 
     def stats(self) -> EngineStats:
         token = next(self._tokens)
@@ -209,6 +224,7 @@ class EngineProcess(EngineFront):
                 self._dead = reason
             handles, self._handles = self._handles, {}
             self._unstarted.clear()
+            self._windows.clear()
         for handle in handles.values():
             handle.emit(EngineDeadError(reason))
 
@@ -217,8 +233,32 @@ class EngineProcess(EngineFront):
         with self._lock:
             handle = self._handles.pop(request_id, None)
             self._unstarted.discard(request_id)
+            self._windows.pop(request_id, None)
         if handle is not None:
             handle.emit(item)
+
+
+_environment = threading.Lock()
+
+
+@contextlib.contextmanager
+def _visible_gpu(gpu: int | None):
+    """The environment a child starts with: CUDA_VISIBLE_DEVICES set to the one GPU, for the child's whole life
+    (set in the child instead, it would come too late if anything there initialised CUDA while importing)."""
+    if gpu is None:
+        yield
+        return
+    with _environment:
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = saved.split(",") if saved else None
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[gpu] if visible else str(gpu)
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["CUDA_VISIBLE_DEVICES"]
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def _picklable(obj):

@@ -13,6 +13,7 @@ from engine.audio import N_FRAMES
 from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
+from engine.cpus import available_cpus
 from engine.cuda_graphs import GraphRunner
 from engine.features import LogMelBuilder, LogMelSpectrogram
 from engine.kernels import int8_attention
@@ -71,8 +72,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
-            if config.num_threads:
-                torch.set_num_threads(config.num_threads)
+            # the cores this process may use (its affinity and its container's CPU quota), not the machine's
+            torch.set_num_threads(config.num_threads or min(torch.get_num_threads(), available_cpus()))
         ckpt = checkpoint or self._load(config)
         self.dims = dims = ckpt.dims
         # A given or shipped tokenizer must fit as is; only dummy weights (benchmarks pass base's tokenizer for
@@ -102,6 +103,7 @@ class ModelRunner:
         self.num_slots, self.num_cross_slots, why = plan_num_slots(
             self.cache_shape, self.dtype, self.device, config.gpu_memory_fraction, self._activation_reserve(),
             int8_cross, config.max_num_seqs or self._default_max_slots(), rows_asked=bool(config.max_num_seqs),
+            shared_gpu=config.shared_gpu,
         )  # fmt: skip
         log.info("memory plan: %d decode rows, %d cross slots (%s)", self.num_slots, self.num_cross_slots, why)
         self.cache = KVCache(

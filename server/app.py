@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -10,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from engine import EngineLike, SpeakerDiarizer, VoiceActivityDetector, resolve_device
+from engine import EngineLike, EnginePool, SpeakerDiarizer, VoiceActivityDetector, resolve_device
 
 from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
@@ -35,6 +37,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         return
     settings: Settings = app.state.settings
+    if settings.data_parallel_size > 1:
+        async with _data_parallel(app, settings):
+            yield
+        return
     config = settings.engine_config()
     logger.info("loading %s (%s)", settings.model_id, config)
     own_process = settings.engine_process == "on" or (
@@ -53,6 +59,34 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await supervisor.shutdown()
+
+
+@asynccontextmanager
+async def _data_parallel(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    """--data-parallel-size engines, each in its own process under its own supervisor, in one pool: the app's
+    engine. They load side by side; a failure to start any of them is the server's start-up failure."""
+    members = settings.engine_members()
+    pool = EnginePool(len(members))
+    supervisors = [
+        EngineSupervisor(config, True, app.state.metrics, functools.partial(pool.set, i), settings.engine_restarts,
+                         gpu=gpu, name=f"engine {i}")
+        for i, (config, gpu) in enumerate(members)
+    ]  # fmt: skip
+    logger.info("loading %s in %d engines (%s)", settings.model_id, len(members), members[0][0])
+    try:
+        engines = await asyncio.gather(*(s.start() for s in supervisors), return_exceptions=True)
+        failed = [e for e in engines if isinstance(e, BaseException)]
+        if failed:  # after all have finished loading, so that the finally below stops every one that started
+            raise failed[0]
+        app.state.engine = pool
+        logger.info(
+            "serving %r (and 'whisper-1') with %d engines: %s", settings.model_id, len(engines),
+            ", ".join(f"process {e.pid}" + (f" on GPU {g}" if g is not None else "") for e, (_, g) in zip(engines, members)),
+        )  # fmt: skip
+        yield
+    finally:
+        app.state.engine = None
+        await asyncio.gather(*(s.shutdown() for s in supervisors), return_exceptions=True)
 
 
 def create_app(settings: Settings | None = None, engine: EngineLike | None = None) -> FastAPI:

@@ -98,13 +98,39 @@ class Metrics:
             "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry
         )
 
+        # data parallel engines, each labelled by its index (--data-parallel-size > 1)
+        self.engine_up = Gauge(
+            "whisper_engine_up", "1 while data parallel engine `engine` runs.", ["engine"], registry=self.registry
+        )
+        self.engine_waiting = Gauge(
+            "whisper_engine_queue_depth", "Requests waiting for a decode slot, by data parallel engine.", ["engine"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.engine_running = Gauge(
+            "whisper_engine_running_sequences", "Sequences being decoded, by data parallel engine.", ["engine"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.engine_member_totals = Gauge(
+            "whisper_engine_member_total", "Engine counters since its start, by data parallel engine and name.",
+            ["engine", "name"], registry=self.registry,
+        )  # fmt: skip
+
     def observe_result(self, task: Task, result: TranscriptionResult) -> None:
         self.audio_seconds.labels(task.value).inc(result.duration)
         if result.time_to_first_token is not None:
             self.time_to_first_token.observe(result.time_to_first_token)
 
-    def render(self, stats: EngineStats | None) -> bytes:
-        """Prometheus text exposition; engine gauges are read at scrape time."""
+    def render(self, stats: EngineStats | None, members: list[tuple[int, EngineStats | None]] | None = None) -> bytes:
+        """Prometheus text exposition; engine gauges are read at scrape time. `members`: each data parallel
+        engine's stats (None: down), for the series labelled by engine; `stats` is then their sum."""
+        for index, each in members or ():
+            engine = str(index)
+            self.engine_up.labels(engine).set(each is not None)
+            if each is not None:
+                self.engine_waiting.labels(engine).set(each.num_waiting)
+                self.engine_running.labels(engine).set(each.num_running)
+                for name, value in each.extra.items():
+                    self.engine_member_totals.labels(engine, name).set(value)
         if stats is not None:
             self.queue_depth.set(stats.num_waiting)
             self.running.set(stats.num_running)

@@ -7,15 +7,16 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from engine import EngineConfig, KernelOptions
+from engine import EngineConfig, KernelOptions, available_cpus, resolve_device
 
 MIB = 1024 * 1024
 
 
 WHISPER_1 = "whisper-1"  # an id every server answers to: clients hard-code OpenAI's model id
+
 
 class Settings(BaseSettings):
     """Server and engine settings. Every field is also `--kebab-case` on the CLI and `WHISPER_UPPER_CASE` in the env."""
@@ -153,6 +154,12 @@ class Settings(BaseSettings):
     """Log level of the server and uvicorn."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """How long a Python thread may hold the GIL while another waits for it (Python's default: 5 ms)."""
+    data_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Engines behind this server, each in a process of its own, requests to the least loaded: one per GPU on CUDA
+    (--data-parallel-gpus), or the CPU's cores split between them (--num-threads each, default an equal share)."""
+    data_parallel_gpus: Annotated[list[int], NoDecode] = Field(default_factory=list)
+    """The GPU of each engine, one index per engine (default 0, 1, ...); a GPU named twice holds two engines, which
+    split --gpu-memory-fraction between them."""
     engine_process: Literal["auto", "on", "off"] = "auto"
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
@@ -164,6 +171,27 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("data_parallel_gpus", mode="before")
+    @classmethod
+    def _gpu_list(cls, value: object) -> object:
+        """`--data-parallel-gpus 0,1` or `--data-parallel-gpus 0 --data-parallel-gpus 1`."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            return [p.strip() for v in value for p in (v.split(",") if isinstance(v, str) else [v]) if str(p).strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _one_gpu_per_engine(self) -> Settings:
+        if self.data_parallel_gpus and len(self.data_parallel_gpus) != self.data_parallel_size:
+            raise ValueError(
+                f"--data-parallel-gpus names {len(self.data_parallel_gpus)} GPUs for {self.data_parallel_size} "
+                "engines (--data-parallel-size): one per engine"
+            )
+        if any(g < 0 for g in self.data_parallel_gpus):
+            raise ValueError("GPU indices are 0 or more")
+        return self
 
     @field_validator("kernels", mode="before")
     @classmethod
@@ -213,6 +241,25 @@ class Settings(BaseSettings):
         if self.batch_invariant:  # the flag is a kernel choice: --kernels '{"batch_invariant": true}' says the same
             config = dataclasses.replace(config, kernels=dataclasses.replace(config.kernels, batch_invariant=True))
         return config
+
+    def engine_members(self) -> list[tuple[EngineConfig, int | None]]:
+        """Each data parallel engine's config and GPU: on CUDA one GPU each (a shared GPU's memory fraction split
+        between its engines), on a CPU an equal share of the cores this process may use."""
+        config, size = self.engine_config(), self.data_parallel_size
+        if resolve_device(config.device).type == "cuda":
+            gpus = self.data_parallel_gpus or list(range(size))
+            fraction = config.gpu_memory_fraction
+            return [
+                (
+                    dataclasses.replace(
+                        config, gpu_memory_fraction=fraction / gpus.count(g), shared_gpu=gpus.count(g) > 1
+                    ),
+                    g,
+                )
+                for g in gpus
+            ]
+        threads = config.num_threads or max(1, available_cpus() // size)
+        return [(dataclasses.replace(config, num_threads=threads), None) for _ in range(size)]
 
 
 def public_model_name(model: str) -> str:

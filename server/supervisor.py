@@ -3,6 +3,8 @@
 A dead engine (its process killed, its loop crashed) fails only the requests it held; the supervisor notices within
 a poll, starts a new one with back-off between attempts, and /health turns 200 again once it is up. After
 `max_restarts` failed starts in a row it gives up and /health stays 503 (an orchestrator then replaces the server).
+Data parallel engines (engine/pool.py) have a supervisor each, which puts its engine in the pool's slot: the
+others serve meanwhile, and /health stays 200 while any is up.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ class EngineSupervisor:
         metrics: Metrics,
         publish: Callable[[EngineLike | None], None],
         max_restarts: int,
+        gpu: int | None = None,
+        name: str = "the engine",
     ):
         self.config = config
+        self.gpu = gpu  # the one GPU its process sees (data parallel)
+        self.name = name  # in log lines: "the engine", or "engine 1" of several
         self.own_process = own_process
         self.metrics = metrics
         self.publish = publish  # where requests find the engine (app.state.engine); None while there is none
@@ -52,7 +58,7 @@ class EngineSupervisor:
 
     async def _load(self) -> EngineLike:
         # Loading weights takes seconds; off the event loop so that the server stays responsive.
-        return await asyncio.to_thread(start_engine, self.config, self.own_process)
+        return await asyncio.to_thread(start_engine, self.config, self.own_process, self.gpu)
 
     async def _watch(self) -> None:
         failures = 0  # restarts since the engine was last up for STABLE_S
@@ -63,7 +69,7 @@ class EngineSupervisor:
                 continue
             if time.monotonic() - up_since > STABLE_S:
                 failures = 0
-            logger.error("the engine stopped (%s); restarting it", self.engine.failure or "no reason given")
+            logger.error("%s stopped (%s); restarting it", self.name, self.engine.failure or "no reason given")
             self.publish(None)
             dead, self.engine = self.engine, None
             await asyncio.to_thread(dead.shutdown)
@@ -75,10 +81,10 @@ class EngineSupervisor:
                 try:
                     engine = await self._load()
                 except Exception:
-                    logger.exception("engine restart %d of %d failed", failures, self.max_restarts)
+                    logger.exception("%s: restart %d of %d failed", self.name, failures, self.max_restarts)
             if engine is None:
                 if not self.stopping:
-                    logger.error("the engine failed %d restarts in a row; giving up (/health stays 503)", failures)
+                    logger.error("%s failed %d restarts in a row; giving up", self.name, failures)
                 return
             if self.stopping:
                 await asyncio.to_thread(engine.shutdown)
@@ -88,8 +94,8 @@ class EngineSupervisor:
             up_since = time.monotonic()
             pid = getattr(engine, "pid", None)
             logger.info(
-                "engine restarted (restart %d of at most %d in a row)%s",
-                failures, self.max_restarts, f"; engine in process {pid}" if pid else "",
+                "%s restarted (restart %d of at most %d in a row)%s",
+                self.name, failures, self.max_restarts, f"; in process {pid}" if pid else "",
             )  # fmt: skip
 
     async def shutdown(self) -> None:

@@ -217,16 +217,22 @@ def plan_num_slots(
     int8_cross: bool = False,
     max_rows: int | None = None,
     rows_asked: bool = False,
+    shared_gpu: bool = False,
 ) -> tuple[int, int, str]:
     """Rows (self-attention slots: sequences decoded at once) and cross slots (windows decoded at once) that fit in
     the device memory left after weights and activations, with a log line saying why. A row and a cross slot come
     in pairs, as many as fit up to `max_rows`; when the rows were asked for (`rows_asked`: --max-num-seqs) and
     their pairs do not fit, all the rows are kept and the cross slots take what memory is left: a window's beams
-    are rows that share one cross slot."""
+    are rows that share one cross slot. On a GPU the budget is `memory_fraction` of its memory less all that is in
+    use; on a GPU `shared_gpu` with other engines (data parallel), less this process's own use only, and never
+    more than is free: the engines' fractions then add up whatever order they start or restart in."""
     per_row, per_cross = shape.self_bytes(dtype), shape.cross_bytes(dtype, int8_cross)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        budget = int(total * memory_fraction) - (total - free) - reserve_bytes
+        if shared_gpu:
+            budget = min(int(total * memory_fraction) - torch.cuda.memory_reserved(device), free) - reserve_bytes
+        else:
+            budget = int(total * memory_fraction) - (total - free) - reserve_bytes
     else:
         # On CPU the caches live in RAM; a fixed budget keeps the footprint predictable.
         budget = 4 * 1024**3

@@ -8,7 +8,7 @@ import asyncio
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine import EngineError
+from engine import EngineError, EnginePool
 
 from ..deps import MetricsDep
 from ..errors import APIError
@@ -26,7 +26,10 @@ async def health(request: Request) -> dict[str, str]:
         raise APIError(503, "The engine is loading or restarting.", code="engine_unavailable")
     if not engine.is_alive:
         raise APIError(503, "The engine is not running.", code="engine_unavailable")
-    return {"status": "ok", "model": request.app.state.settings.model_id}
+    body = {"status": "ok", "model": request.app.state.settings.model_id}
+    if isinstance(engine, EnginePool):  # ready while any engine is: the others are being restarted
+        body["engines"] = f"{len(engine.live())}/{len(engine.engines)}"
+    return body
 
 
 @router.get("/health/live")
@@ -40,10 +43,13 @@ async def metrics(request: Request, metrics: MetricsDep) -> Response:
     engine = request.app.state.engine
     # in a thread: with the engine in its own process, stats are a round trip to it (answered between its steps),
     # which must not hold up the event loop's other requests
-    stats = None
-    if engine is not None and engine.is_alive:
+    stats, members = None, None
+    if isinstance(engine, EnginePool):  # each engine's series, labelled, and their sums unlabelled
+        members = await asyncio.to_thread(engine.member_stats)
+        stats = EnginePool.total([s for _, s in members if s is not None])
+    elif engine is not None and engine.is_alive:
         try:
             stats = await asyncio.to_thread(engine.stats)
         except EngineError:  # it died meanwhile: the supervisor restarts it; the server's own series still count
             stats = None
-    return Response(metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.render(stats, members), media_type=CONTENT_TYPE_LATEST)

@@ -271,3 +271,19 @@ def test_concurrent_recordings_share_a_diarization_pass(server, conversation, lo
     assert "reader" in {s.speaker for s in alone[1].segments}
     for i, body in enumerate(together):
         assert body.segments == alone[i % 2].segments, i
+
+
+def test_chunking_strategy_is_honoured_with_diarized_json(server, conversation):
+    """OpenAI requires chunking_strategy for diarized inputs over 30 s; we accept it (auto or server_vad) and
+    label the VAD-cut transcript's segments with the same readers."""
+    path, spans = conversation
+    client = server.client()
+    for strategy in ("auto", {"type": "server_vad", "silence_duration_ms": 300}):
+        body = client.audio.transcriptions.create(
+            file=path, model="whisper-1", response_format="diarized_json", chunking_strategy=strategy
+        )
+        assert {s.speaker for s in body.segments} == {"A", "B"}, strategy
+        letters = {}
+        for s in body.segments:
+            assert letters.setdefault(reader_at(spans, (s.start + s.end) / 2), s.speaker) == s.speaker, (strategy, s)
+        assert body.text.strip() and " ".join(s.text for s in body.segments).split() == body.text.split()

@@ -54,14 +54,15 @@ def _speaker_audio(data: Path, files: tuple[str, ...]) -> np.ndarray:
     return audio
 
 
-def assemble(sources: dict[str, list[str]], seconds: float, seed: int = 0, data: Path = DATA):
-    """(samples, [(start, end, speaker)] turns) of about `seconds`, the speakers taking turns."""
+def assemble(sources: dict[str, list[str]], seconds: float, seed: int = 0, data: Path = DATA, overlap: float = 0.0):
+    """(samples, [(start, end, speaker)] turns) of about `seconds`, the speakers taking turns; `overlap`: the share
+    of turns that start 0.3-1.5 s before the previous one ends (the two voices mixed) instead of after a pause."""
     rng = np.random.default_rng(seed)
     audio = {name: _speaker_audio(data, tuple(files)) for name, files in sources.items()}
     offset = dict.fromkeys(audio, 0)
-    parts, turns, t = [], [], 0.0
+    placed, turns, position = [], [], 0  # (start sample, piece); the next turn's start sample
     speakers = list(audio)
-    while t < seconds and any(offset[s] < len(audio[s]) - RATE for s in speakers):
+    while position < seconds * RATE and any(offset[s] < len(audio[s]) - RATE for s in speakers):
         for name in speakers:
             a, start = audio[name], offset[name]
             if start >= len(a) - RATE:
@@ -71,13 +72,18 @@ def assemble(sources: dict[str, list[str]], seconds: float, seed: int = 0, data:
                 end = len(a)
             piece = a[start:end]
             offset[name] = end
-            turns.append((t, t + len(piece) / RATE, name))
-            pause = np.zeros(int(rng.uniform(0.2, 1.5) * RATE), dtype=np.float32)
-            parts += [piece, pause]
-            t += (len(piece) + len(pause)) / RATE
-            if t >= seconds:
+            turns.append((position / RATE, (position + len(piece)) / RATE, name))
+            placed.append((position, piece))
+            step = len(piece) + int(rng.uniform(0.2, 1.5) * RATE)
+            if overlap and rng.random() < overlap:
+                step = len(piece) - min(int(rng.uniform(0.3, 1.5) * RATE), len(piece) // 2)
+            position += step
+            if position >= seconds * RATE:
                 break
-    return np.concatenate(parts).astype(np.float32), turns
+    samples = np.zeros(max(position, max(p + len(x) for p, x in placed)), dtype=np.float32)
+    for p, x in placed:
+        samples[p : p + len(x)] += x
+    return samples, turns
 
 
 def reference(samples: np.ndarray, turns, vad: VADSpans):
