@@ -92,6 +92,13 @@ def serve(settings: Settings) -> int:
     # next step while the event loop parses uploads; with Python's 5 ms default it waits a whole interval
     # (`benchmarks/http_load.py --spawn "... --switch-interval-ms 5"` against the default).
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
+    # torch in this process (voice activity, diarization, an in-process engine) uses the cores it may use: its
+    # default is the machine's, whatever a container's CPU quota
+    import torch
+
+    from engine import available_cpus
+
+    torch.set_num_threads(min(torch.get_num_threads(), available_cpus()))
 
     app = create_app(settings)
     config = uvicorn.Config(
