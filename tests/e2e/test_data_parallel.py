@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.realtime import chunks, pcm24k, wav_bytes
 from tests.helpers.server import RemoteServer, metric
 from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
@@ -70,6 +71,28 @@ def test_requests_are_spread_over_both_engines_with_one_engines_transcripts(two_
     # the unlabelled series are the engines' sums
     assert metric(two_engines, "whisper_decode_slots") == 2 * metric(server, "whisper_decode_slots")
     assert metric(two_engines, "whisper_engine_up", '{engine="0"}') == 1.0
+
+
+def test_realtime_sessions_are_served_by_the_engines(two_engines, data_dir):
+    """Two realtime sessions at once, each turn to the least loaded engine: each gets the HTTP transcript."""
+    pcm = pcm24k(data_dir / JFK)
+    http = two_engines.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+
+    def session(_: int) -> str:
+        with two_engines.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            conn.recv()
+            conn.session.update(session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+            conn.recv()
+            for piece in chunks(pcm, 48):
+                conn.input_audio_buffer.append(audio=piece)
+            conn.input_audio_buffer.commit()
+            for ev in conn:
+                if ev.type == "conversation.item.input_audio_transcription.completed":
+                    return ev.transcript
+        return ""
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(session, range(2))) == [http.text] * 2
 
 
 def test_a_killed_engine_fails_only_its_requests_and_is_restarted(two_engines, data_dir):
