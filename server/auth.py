@@ -61,6 +61,21 @@ def bearer_key(headers: Headers) -> str | None:
     return key.strip() if scheme.lower() == "bearer" and key.strip() else None
 
 
+# Browsers cannot set headers on a WebSocket: OpenAI's clients there send the key as a subprotocol instead,
+# `openai-insecure-api-key.<key>`, beside `realtime` (the one the server selects).
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+REALTIME_SUBPROTOCOL = "realtime"
+
+
+def subprotocol_key(headers: Headers) -> str | None:
+    """A browser WebSocket's key, from its offered subprotocols; None if it offers none."""
+    for offered in headers.get("sec-websocket-protocol", "").split(","):
+        offered = offered.strip()
+        if offered.startswith(KEY_SUBPROTOCOL) and len(offered) > len(KEY_SUBPROTOCOL):
+            return offered[len(KEY_SUBPROTOCOL) :]
+    return None
+
+
 class APIKeyMiddleware:
     """Refuses requests without an accepted key on protected paths: every /v1 route (HTTP and WebSocket), and
     /health or /metrics when configured. Runs before routing, so a refused upload is never read."""
@@ -86,7 +101,10 @@ class APIKeyMiddleware:
         if not self.protects(scope):
             await self.app(scope, receive, send)
             return
-        key = bearer_key(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        key = bearer_key(headers)
+        if key is None and scope["type"] == "websocket":
+            key = subprotocol_key(headers)
         error = missing_key() if key is None else None if self.checker.accepts(key) else invalid_key(key)
         if error is None:
             await self.app(scope, receive, send)

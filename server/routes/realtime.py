@@ -6,6 +6,7 @@ import json
 
 from fastapi import APIRouter, WebSocket
 
+from ..auth import REALTIME_SUBPROTOCOL
 from ..realtime.connection import Connection
 from ..realtime.events import error
 
@@ -15,10 +16,13 @@ router = APIRouter(tags=["realtime"])
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket) -> None:
     """A transcription session (the SDK: `client.realtime.connect(extra_query={"intent": "transcription"})`). API
-    keys are checked before the upgrade, as for every /v1 route (auth.APIKeyMiddleware)."""
+    keys are checked before the upgrade, as for every /v1 route (auth.APIKeyMiddleware): in the Authorization
+    header, or from a browser as the subprotocol `openai-insecure-api-key.<key>`."""
     app = websocket.app
     settings, metrics, load = app.state.settings, app.state.metrics, app.state.realtime
-    await websocket.accept()
+    # a browser offers `realtime` (and its key as another subprotocol): the handshake must select one it offered
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
+    await websocket.accept(subprotocol=REALTIME_SUBPROTOCOL if REALTIME_SUBPROTOCOL in offered else None)
     refusal = None
     if websocket.query_params.get("intent") != "transcription":
         refusal = error(

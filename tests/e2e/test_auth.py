@@ -195,3 +195,20 @@ def test_realtime_keys_are_checked_before_the_websocket_upgrade(keyed_server, he
     assert info.value.response.status_code == 401
     with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=30) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+
+
+def test_a_browser_websocket_sends_its_key_as_a_subprotocol(keyed_server):
+    """Browsers cannot set headers on a WebSocket: the key comes as `openai-insecure-api-key.<key>` beside
+    `realtime` (OpenAI's convention), and the handshake selects `realtime`; a wrong key is a 401 all the same."""
+    import json
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = keyed_server.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    with pytest.raises(InvalidStatus) as info:
+        connect(url, subprotocols=["realtime", "openai-insecure-api-key.wrong-key-0123456789"], open_timeout=30)
+    assert info.value.response.status_code == 401
+    with connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"], open_timeout=30) as ws:
+        assert ws.subprotocol == "realtime"
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
