@@ -22,7 +22,7 @@ from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .realtime.connection import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
-from .routes import audio, chat, health, models, realtime
+from .routes import audio, chat, health, models, realtime, ui
 from .settings import Settings
 from .speakers import DiarizationWorker
 from .supervisor import EngineSupervisor
@@ -127,4 +127,6 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     install_error_handlers(app)
     for module in (audio, chat, models, health, realtime):
         app.include_router(module.router)
+    if settings.ui:
+        ui.install(app)
     return app

@@ -160,6 +160,8 @@ class Settings(BaseSettings):
     data_parallel_gpus: Annotated[list[int], NoDecode] = Field(default_factory=list)
     """The GPU of each engine, one index per engine (default 0, 1, ...); a GPU named twice holds two engines, which
     split --gpu-memory-fraction between them."""
+    ui: bool = True
+    """The playground page at / (--no-ui: none, for locked-down deployments; the API is unchanged)."""
     engine_process: Literal["auto", "on", "off"] = "auto"
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
