@@ -248,7 +248,8 @@ class Settings(BaseSettings):
         """Each data parallel engine's config and GPU: on CUDA one GPU each (a shared GPU's memory fraction split
         between its engines), on a CPU an equal share of the cores this process may use."""
         config, size = self.engine_config(), self.data_parallel_size
-        if resolve_device(config.device).type == "cuda":
+        device = resolve_device("auto").type if config.device == "auto" else config.device  # named: no check here
+        if device == "cuda":
             gpus = self.data_parallel_gpus or list(range(size))
             fraction = config.gpu_memory_fraction
             return [

@@ -95,7 +95,7 @@ class EngineSupervisor:
             pid = getattr(engine, "pid", None)
             logger.info(
                 "%s restarted (restart %d of at most %d in a row)%s",
-                self.name, failures, self.max_restarts, f"; in process {pid}" if pid else "",
+                self.name, failures, self.max_restarts, f"; engine in process {pid}" if pid else "",
             )  # fmt: skip
 
     async def shutdown(self) -> None:

@@ -358,8 +358,12 @@ def test_every_engine_config_field_is_a_setting():
     from engine.config import EngineConfig
     from server.settings import Settings
 
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    # shared_gpu is the server's own conclusion from --data-parallel-gpus (Settings.engine_members), not a knob
+    names = {f.name for f in dataclasses.fields(EngineConfig)} - {"shared_gpu"}
     assert names <= set(Settings.model_fields), names - set(Settings.model_fields)
+    members = Settings(device="cuda", data_parallel_size=3, data_parallel_gpus="0,0,1").engine_members()
+    assert [(c.gpu_memory_fraction, c.shared_gpu, g) for c, g in members] == [(0.45, True, 0), (0.45, True, 0),
+                                                                            (0.9, False, 1)]  # fmt: skip
     config = Settings(max_encoder_batch=3, max_text_ctx=224, tokenizer="tok.json").engine_config()
     assert (config.max_encoder_batch, config.max_text_ctx, config.tokenizer) == (3, 224, "tok.json")
     defaults = EngineConfig()
