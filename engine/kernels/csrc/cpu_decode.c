@@ -9,7 +9,8 @@
  * OpenMP threads. Built by engine/kernels/cpu_kernels.py against the OpenMP runtime torch has already loaded, so
  * they share torch's thread team instead of competing with it for the cores.
  *
- * Only float32, contiguous rows; the Python side checks shapes and falls back to torch otherwise. `threads` is
+ * float32 activations; weights float32, or int8 with a scale per output (whisper_gemv_q8); contiguous rows. The
+ * Python side checks shapes and falls back to torch otherwise. `threads` is
  * torch's intra-op thread count, passed in because OpenMP's own default counts logical CPUs.
  */
 #include <immintrin.h>
@@ -60,6 +61,45 @@ void whisper_gemv(const float *x, const float *ln_weight, const float *ln_bias, 
     int tasks = n / COLS;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS, gelu);
+}
+
+/* gemv_block with int8 weights (w8, input-major like w) and one float scale per output column: 8 int8 weights
+ * widened to floats per FMA, the scale applied once to the sum. A quarter of the bytes of float32 weights, which
+ * is what a decode step's time is made of. */
+static void gemv_block_q8(const float *x, const signed char *w8, const float *scale, const float *bias,
+                          const float *residual, float *y, int k, int n, int j0, int gelu) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    for (int i = 0; i < k; i++) {
+        __m256 xi = _mm256_broadcast_ss(x + i);
+        const signed char *row = w8 + (size_t)i * n + j0;
+        for (int t = 0; t < 8; t++) {
+            __m256 wt = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * t))));
+            acc[t] = _mm256_fmadd_ps(xi, wt, acc[t]);
+        }
+    }
+    for (int t = 0; t < 8; t++) {
+        __m256 v = _mm256_mul_ps(acc[t], _mm256_loadu_ps(scale + j0 + 8 * t));
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j0 + 8 * t));
+        if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + j0 + 8 * t));
+        _mm256_storeu_ps(y + j0 + 8 * t, v);
+    }
+    if (gelu)
+        for (int j = j0; j < j0 + COLS; j++) y[j] = 0.5f * y[j] * (1.0f + erff(y[j] * 0.70710678118654752f));
+}
+
+/* whisper_gemv with int8 weights: w8 (k, n) input-major, scale (n,) per output column. */
+void whisper_gemv_q8(const float *x, const float *ln_weight, const float *ln_bias, float eps, const signed char *w8,
+                     const float *scale, const float *bias, const float *residual, float *y, int k, int n, int gelu,
+                     int threads) {
+    float normed[ln_weight ? k : 1];
+    if (ln_weight) {
+        layer_norm(x, ln_weight, ln_bias, eps, normed, k);
+        x = normed;
+    }
+    int tasks = n / COLS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < tasks; b++) gemv_block_q8(x, w8, scale, bias, residual, y, k, n, b * COLS, gelu);
 }
 
 static inline float hsum(__m256 v) {
