@@ -85,12 +85,15 @@ class CpuNativeBackend(CpuTorchBackend):
         return self.native.linear(x, weight.t(), bias, **fused)
 
     def projection(self, hidden: Tensor) -> Tensor:
-        rows = hidden.reshape(-1, hidden.shape[-1])
-        if self.vocab_int8 is None or rows.shape[0] != 1:
+        rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+        if self.vocab_int8 is None:
             return super().projection(hidden)
         n_vocab = self.decoder.token_embedding.weight.shape[0]
-        out = self.native.linear_q8(rows.contiguous(), self.vocab_int8, None)[:, :n_vocab]
-        return out.reshape(*hidden.shape[:-1], n_vocab)
+        if rows.shape[0] == 1:
+            out = self.native.linear_q8(rows, self.vocab_int8, None)
+        else:
+            out = self.native.linear_rows(rows, self.vocab_int8, None)
+        return out[:, :n_vocab].reshape(*hidden.shape[:-1], n_vocab)
 
     def eager_step(
         self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0
@@ -135,17 +138,37 @@ class CpuNativeBackend(CpuTorchBackend):
         pos = positions.reshape(b).contiguous()
         cross_slots, _ = cache.cross_slots_of(slot_start, b)  # each row's window's cross slot
         x = x.reshape(b, -1)
+        if not self.kernels.cpu_decode_rows:
+            for i, block in enumerate(self.decoder.blocks):
+                attn = block.attn
+                qkv = attn.qkv(norm(block.attn_ln, x))
+                k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
+                x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+                cross = block.cross_attn
+                q = linear(cross.query, norm(block.cross_attn_ln, x))
+                k, v, _, _ = cache.cross_layer(i, slice(None))
+                x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots))
+                x = x + block.feed_forward(norm(block.mlp_ln, x))
+            return norm(self.decoder.ln, x).view(b, 1, -1)
+        rows = self._linear_rows
         for i, block in enumerate(self.decoder.blocks):
             attn = block.attn
-            qkv = attn.qkv(norm(block.attn_ln, x))
+            qkv = rows(x, attn.qkv_weight, attn.qkv_bias, norm=block.attn_ln)
             k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
-            x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+            x = rows(kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos), attn.out.weight, attn.out.bias,
+                     residual=x)  # fmt: skip
             cross = block.cross_attn
-            q = linear(cross.query, norm(block.cross_attn_ln, x))
+            q = rows(x, cross.query.weight, cross.query.bias, norm=block.cross_attn_ln)
             k, v, _, _ = cache.cross_layer(i, slice(None))
-            x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots))
-            x = x + block.feed_forward(norm(block.mlp_ln, x))
+            o = kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots)
+            x = rows(o, cross.out.weight, cross.out.bias, residual=x)
+            fc1, fc2 = block.mlp[0], block.mlp[2]
+            x = rows(rows(x, fc1.weight, fc1.bias, norm=block.mlp_ln, gelu=True), fc2.weight, fc2.bias, residual=x)
         return norm(self.decoder.ln, x).view(b, 1, -1)
+
+    def _linear_rows(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
+        """Several rows' product with a decoder weight (out, in), each weight read once for all of them."""
+        return self.native.linear_rows(x, self.int8.get(id(weight), weight.t()), bias, **fused)
 
 
 def lay_out_for_cpu(decoder: TextDecoder, native: bool, vocab_chunks: int = VOCAB_CHUNKS) -> Tensor:

@@ -139,6 +139,8 @@ class CpuKernels:
         lib.whisper_gemv.restype = None
         lib.whisper_gemv_q8.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, i, i, i, i]
         lib.whisper_gemv_q8.restype = None
+        lib.whisper_gemm_rows.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, i]
+        lib.whisper_gemm_rows.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
         lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]
@@ -191,6 +193,34 @@ class CpuKernels:
             x.data_ptr(), ln_w, ln_b, eps, weight.values.data_ptr(), weight.scales.data_ptr(),
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
             y.data_ptr(), k, n, int(gelu), torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+    def linear_rows(
+        self,
+        x: Tensor,
+        weight: Tensor | QuantizedWeight,
+        bias: Tensor | None,
+        residual: Tensor | None = None,
+        norm: nn.LayerNorm | None = None,
+        gelu: bool = False,
+    ) -> Tensor:
+        """gelu?(norm?(x[r]) @ W + bias) (+ residual[r]) for every row of x (rows, in), each weight read once for
+        all of them; W: the (in, out) input-major transpose of a float32 weight, or a QuantizedWeight."""
+        quantized = isinstance(weight, QuantizedWeight)
+        values = weight.values if quantized else weight
+        rows, (k, n) = x.shape[0], values.shape
+        y = torch.empty(rows, n)
+        ln_w, ln_b, eps, scratch = None, None, 0.0, None
+        if norm is not None:
+            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+            scratch = torch.empty(rows, k)
+        self.lib.whisper_gemm_rows(
+            x.data_ptr(), ln_w, ln_b, eps, None if quantized else values.data_ptr(),
+            values.data_ptr() if quantized else None, weight.scales.data_ptr() if quantized else None,
+            bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
+            y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None,
+            torch.get_num_threads(),
         )  # fmt: skip
         return y
 
