@@ -95,8 +95,8 @@ def measure(system: str, args) -> dict:
             p.start()
         try:
             tokens = {label: run(audio) for label, audio in clips.items()}
-            times = {label: median_time(lambda: run(audio), args.repeats) for label, audio in clips.items()}
-            alone = sum(median_time(lambda: run(a), 1) for a in batch)
+            times = {label: median_time(lambda a=audio: run(a), args.repeats) for label, audio in clips.items()}
+            alone = sum(median_time(lambda a=audio: run(a), 1) for audio in batch)
             together = median_time(run_batch, 1)
         finally:
             for p in loads:
