@@ -207,29 +207,6 @@ def test_decode_step_of_several_rows_matches_torch_path(kernels, monkeypatch):
     assert caches[1].self_kv[:, :, 0].abs().sum() == 0 and caches[1].self_kv[:, :, 5].abs().sum() == 0
 
 
-def test_off_switch():
-    model = Whisper(DUMMY_DIMS["tiny"])
-    backend = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions(cpu_decode=False))
-    assert type(backend) is CpuTorchBackend
-
-
-@native
-def test_prebuilt_library_needs_no_compiler(kernels, monkeypatch, tmp_path):
-    # the Docker image builds the kernels at image build time and removes the compiler
-    monkeypatch.setenv("WHISPER_KERNEL_CACHE", str(tmp_path))
-    cpu_kernels.load.cache_clear()
-    try:
-        assert cpu_kernels.load() is not None  # builds into tmp_path
-        cpu_kernels.load.cache_clear()
-        monkeypatch.setattr(cpu_kernels, "_compiler", lambda: None)
-        assert cpu_kernels.load() is not None  # found there, not rebuilt
-        cpu_kernels.load.cache_clear()
-        monkeypatch.setenv("WHISPER_KERNEL_CACHE", str(tmp_path / "empty"))
-        assert cpu_kernels.load() is None  # nothing built and no compiler: torch alone
-    finally:
-        cpu_kernels.load.cache_clear()
-
-
 @native
 def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
     """KernelOptions.cpu_int8_weights on weights that are an int8 checkpoint's (integers times a scale per output):
@@ -261,3 +238,26 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
             logits.append(backend.logits(hidden[:, -1]))
             out.append(torch.cat(logits))
     torch.testing.assert_close(out[1], out[0], rtol=1e-3, atol=1e-3)
+
+
+def test_off_switch():
+    model = Whisper(DUMMY_DIMS["tiny"])
+    backend = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions(cpu_decode=False))
+    assert type(backend) is CpuTorchBackend
+
+
+@native
+def test_prebuilt_library_needs_no_compiler(kernels, monkeypatch, tmp_path):
+    # the Docker image builds the kernels at image build time and removes the compiler
+    monkeypatch.setenv("WHISPER_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is not None  # builds into tmp_path
+        cpu_kernels.load.cache_clear()
+        monkeypatch.setattr(cpu_kernels, "_compiler", lambda: None)
+        assert cpu_kernels.load() is not None  # found there, not rebuilt
+        cpu_kernels.load.cache_clear()
+        monkeypatch.setenv("WHISPER_KERNEL_CACHE", str(tmp_path / "empty"))
+        assert cpu_kernels.load() is None  # nothing built and no compiler: torch alone
+    finally:
+        cpu_kernels.load.cache_clear()
