@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.backends.base import DecodeBackend
-from engine.kernels.cpu_kernels import CpuKernels
+from engine.kernels.cpu_kernels import COLS, CpuKernels, QuantizedWeight
 from engine.kernels.fused_ops import linear, norm
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
@@ -66,6 +66,34 @@ class CpuNativeBackend(CpuTorchBackend):
     def __init__(self, model: Whisper, kernels: KernelOptions, output_chunks: Tensor, native: CpuKernels):
         super().__init__(model, kernels, output_chunks)
         self.native = native
+        # int8 copies of the products a lone sequence's step reads (KernelOptions.cpu_int8_weights), by weight
+        self.int8: dict[int, QuantizedWeight] = {}
+        self.vocab_int8: QuantizedWeight | None = None
+        if kernels.cpu_int8_weights:
+            for block in self.decoder.blocks:
+                for w in (block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight,
+                          block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight):  # fmt: skip
+                    self.int8[id(w)] = QuantizedWeight.of(w.t())
+            embedding = self.decoder.token_embedding.weight
+            self.vocab_int8 = QuantizedWeight.of(embedding.t(), -(-embedding.shape[0] // COLS) * COLS)
+
+    def _linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
+        """One row's product with a decoder weight (out, in), from its int8 copy when there is one."""
+        q = self.int8.get(id(weight))
+        if q is not None:
+            return self.native.linear_q8(x, q, bias, **fused)
+        return self.native.linear(x, weight.t(), bias, **fused)
+
+    def projection(self, hidden: Tensor) -> Tensor:
+        rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+        if self.vocab_int8 is None:
+            return super().projection(hidden)
+        n_vocab = self.decoder.token_embedding.weight.shape[0]
+        if rows.shape[0] == 1:
+            out = self.native.linear_q8(rows, self.vocab_int8, None)
+        else:
+            out = self.native.linear_rows(rows, self.vocab_int8, None)
+        return out[:, :n_vocab].reshape(*hidden.shape[:-1], n_vocab)
 
     def eager_step(
         self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0
@@ -85,20 +113,21 @@ class CpuNativeBackend(CpuTorchBackend):
         """One token of the sequence in `slot` at `position`: x (1, 1, n_state) -> hidden (1, 1, n_state)."""
         kernels, d = self.native, cache.head_dim
         cross_slot = cache.row_cross[slot]
+        linear = self._linear
         for i, block in enumerate(self.decoder.blocks):
             attn = block.attn
-            qkv = kernels.linear(x, attn.qkv_weight.t(), attn.qkv_bias, norm=block.attn_ln).view(3, attn.n_head, d)
+            qkv = linear(x, attn.qkv_weight, attn.qkv_bias, norm=block.attn_ln).view(3, attn.n_head, d)
             cache.self_kv_layers[i][:, slot, :, position] = qkv[1:]
             o = kernels.attend_one(qkv[0], cache.self_k_layers[i][slot], cache.self_v_layers[i][slot], position + 1)
-            x = kernels.linear(o.view(x.shape), attn.out.weight.t(), attn.out.bias, residual=x)
+            x = linear(o.view(x.shape), attn.out.weight, attn.out.bias, residual=x)
             cross = block.cross_attn
-            q = kernels.linear(x, cross.query.weight.t(), cross.query.bias, norm=block.cross_attn_ln)
+            q = linear(x, cross.query.weight, cross.query.bias, norm=block.cross_attn_ln)
             k, v, _, _ = cache.cross_layer(i, slice(cross_slot, cross_slot + 1))
             o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], k.shape[2])
-            x = kernels.linear(o.view(x.shape), cross.out.weight.t(), cross.out.bias, residual=x)
+            x = linear(o.view(x.shape), cross.out.weight, cross.out.bias, residual=x)
             fc1, fc2 = block.mlp[0], block.mlp[2]
-            h = kernels.linear(x, fc1.weight.t(), fc1.bias, norm=block.mlp_ln, gelu=True)
-            x = kernels.linear(h, fc2.weight.t(), fc2.bias, residual=x)
+            h = linear(x, fc1.weight, fc1.bias, norm=block.mlp_ln, gelu=True)
+            x = linear(h, fc2.weight, fc2.bias, residual=x)
         return norm(self.decoder.ln, x)
 
     def _step_rows(self, x: Tensor, cache: KVCache, slot_start: int, positions: Tensor) -> Tensor:
@@ -109,17 +138,37 @@ class CpuNativeBackend(CpuTorchBackend):
         pos = positions.reshape(b).contiguous()
         cross_slots, _ = cache.cross_slots_of(slot_start, b)  # each row's window's cross slot
         x = x.reshape(b, -1)
+        if not self.kernels.cpu_decode_rows:
+            for i, block in enumerate(self.decoder.blocks):
+                attn = block.attn
+                qkv = attn.qkv(norm(block.attn_ln, x))
+                k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
+                x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+                cross = block.cross_attn
+                q = linear(cross.query, norm(block.cross_attn_ln, x))
+                k, v, _, _ = cache.cross_layer(i, slice(None))
+                x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots))
+                x = x + block.feed_forward(norm(block.mlp_ln, x))
+            return norm(self.decoder.ln, x).view(b, 1, -1)
+        rows = self._linear_rows
         for i, block in enumerate(self.decoder.blocks):
             attn = block.attn
-            qkv = attn.qkv(norm(block.attn_ln, x))
+            qkv = rows(x, attn.qkv_weight, attn.qkv_bias, norm=block.attn_ln)
             k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
-            x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+            x = rows(kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos), attn.out.weight, attn.out.bias,
+                     residual=x)  # fmt: skip
             cross = block.cross_attn
-            q = linear(cross.query, norm(block.cross_attn_ln, x))
+            q = rows(x, cross.query.weight, cross.query.bias, norm=block.cross_attn_ln)
             k, v, _, _ = cache.cross_layer(i, slice(None))
-            x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots))
-            x = x + block.feed_forward(norm(block.mlp_ln, x))
+            o = kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots)
+            x = rows(o, cross.out.weight, cross.out.bias, residual=x)
+            fc1, fc2 = block.mlp[0], block.mlp[2]
+            x = rows(rows(x, fc1.weight, fc1.bias, norm=block.mlp_ln, gelu=True), fc2.weight, fc2.bias, residual=x)
         return norm(self.decoder.ln, x).view(b, 1, -1)
+
+    def _linear_rows(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
+        """Several rows' product with a decoder weight (out, in), each weight read once for all of them."""
+        return self.native.linear_rows(x, self.int8.get(id(weight), weight.t()), bias, **fused)
 
 
 def lay_out_for_cpu(decoder: TextDecoder, native: bool, vocab_chunks: int = VOCAB_CHUNKS) -> Tensor:

@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -106,6 +107,27 @@ def load() -> CpuKernels | None:
         return None
 
 
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A linear weight as int8: `values` (in, out) input-major, `scales` (out,) float32, weight = values * scales.
+    Per output the scale is its largest magnitude over 127, CTranslate2's int8 scheme: the weights of an int8
+    checkpoint, dequantized at load, quantize back to exactly their stored integers."""
+
+    values: Tensor
+    scales: Tensor
+
+    @classmethod
+    def of(cls, weight_t: Tensor, columns: int | None = None) -> QuantizedWeight:
+        """weight_t: (in, out); `columns` pads the outputs with zero columns to that many (a multiple of COLS)."""
+        w = weight_t.float()
+        if columns is not None and columns > w.shape[1]:
+            w = torch.cat([w, w.new_zeros(w.shape[0], columns - w.shape[1])], dim=1)
+        scales = w.abs().amax(dim=0) / 127.0
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        values = torch.round(w / scales).clamp(-127, 127).to(torch.int8).contiguous()
+        return cls(values, scales.contiguous())
+
+
 class CpuKernels:
     """Typed wrappers around the two kernels; `supports_*` say whether a tensor suits them (the caller then
     takes the torch path instead), the wrappers themselves do not check."""
@@ -115,6 +137,10 @@ class CpuKernels:
         p, i = ctypes.c_void_p, ctypes.c_int
         lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i, i]
         lib.whisper_gemv.restype = None
+        lib.whisper_gemv_q8.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, i, i, i, i]
+        lib.whisper_gemv_q8.restype = None
+        lib.whisper_gemm_rows.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, i]
+        lib.whisper_gemm_rows.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
         lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]
@@ -144,6 +170,56 @@ class CpuKernels:
         self.lib.whisper_gemv(
             x.data_ptr(), ln_w, ln_b, eps, weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
             residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+    def linear_q8(
+        self,
+        x: Tensor,
+        weight: QuantizedWeight,
+        bias: Tensor | None,
+        residual: Tensor | None = None,
+        norm: nn.LayerNorm | None = None,
+        gelu: bool = False,
+    ) -> Tensor:
+        """linear() with int8 weights (QuantizedWeight: input-major int8 and a scale per output column)."""
+        k, n = weight.values.shape
+        y = torch.empty(*x.shape[:-1], n)
+        ln_w, ln_b, eps = (None, None, 0.0)
+        if norm is not None:
+            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+        self.lib.whisper_gemv_q8(
+            x.data_ptr(), ln_w, ln_b, eps, weight.values.data_ptr(), weight.scales.data_ptr(),
+            bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
+            y.data_ptr(), k, n, int(gelu), torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+    def linear_rows(
+        self,
+        x: Tensor,
+        weight: Tensor | QuantizedWeight,
+        bias: Tensor | None,
+        residual: Tensor | None = None,
+        norm: nn.LayerNorm | None = None,
+        gelu: bool = False,
+    ) -> Tensor:
+        """gelu?(norm?(x[r]) @ W + bias) (+ residual[r]) for every row of x (rows, in), each weight read once for
+        all of them; W: the (in, out) input-major transpose of a float32 weight, or a QuantizedWeight."""
+        quantized = isinstance(weight, QuantizedWeight)
+        values = weight.values if quantized else weight
+        rows, (k, n) = x.shape[0], values.shape
+        y = torch.empty(rows, n)
+        ln_w, ln_b, eps, scratch = None, None, 0.0, None
+        if norm is not None:
+            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+            scratch = torch.empty(rows, k)
+        self.lib.whisper_gemm_rows(
+            x.data_ptr(), ln_w, ln_b, eps, None if quantized else values.data_ptr(),
+            values.data_ptr() if quantized else None, weight.scales.data_ptr() if quantized else None,
+            bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
+            y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None,
             torch.get_num_threads(),
         )  # fmt: skip
         return y

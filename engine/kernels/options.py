@@ -28,6 +28,11 @@ class KernelOptions:
     greedy_pick: bool = True
     # The native CPU decode kernels (kernels/cpu_kernels.py) where they build; off: torch alone.
     cpu_decode: bool = True
+    # With them, a lone sequence's decode products read int8 weights (a scale per output: CTranslate2's scheme)
+    # instead of float32 ones: a quarter of the bytes. Exact for an int8 checkpoint's weights up to rounding.
+    cpu_int8_weights: bool = False
+    # With them, several sequences' decode products too (each weight read once for all rows) instead of torch's.
+    cpu_decode_rows: bool = True
     # On a GPU, kernels whose results for a row do not depend on the batch (engine/backends/gpu_invariant.py):
     # a request's tokens are the same whatever else runs. Its cost is in BENCHMARKS.md; the switches above that
     # concern a lone row's GPU kernels (pdl, norm_product, int8_lone_row) do not apply with it.

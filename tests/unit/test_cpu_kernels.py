@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.backends import select_backend
-from engine.backends.cpu import CpuNativeBackend, CpuTorchBackend
+from engine.backends.cpu import CpuNativeBackend, CpuTorchBackend, lay_out_for_cpu
 from engine.kernels import cpu_kernels
+from engine.kernels.cpu_kernels import QuantizedWeight
 from engine.kernels.options import KernelOptions
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
@@ -72,6 +73,44 @@ def test_linear_matches_torch(kernels, k, n):
     want = F.gelu(F.linear(ln(x * 5 + 3), w, b))  # off-centre input: the norm must centre it
     got = kernels.linear(x * 5 + 3, w_t, b, norm=ln, gelu=True)
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@native
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@torch.inference_mode()
+def test_linear_rows_matches_torch_for_float_and_int8_weights(kernels, rows):
+    """Several rows through one product (each weight read once for all of them), float32 weights and int8 ones,
+    with the LayerNorm, GELU, bias and residual a decode step fuses into it."""
+    torch.manual_seed(rows)
+    k, n = 384, 1152
+    x, w, b, r = torch.randn(rows, k) * 5 + 3, torch.randn(n, k) * 0.05, torch.randn(n), torch.randn(rows, n)
+    ln = torch.nn.LayerNorm(k)
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+    q = QuantizedWeight.of(w.t())
+    dequantized = (q.values.float() * q.scales).t()  # what the int8 weights stand for
+    for weight, want_w in ((w.t().contiguous(), w), (q, dequantized)):
+        torch.testing.assert_close(kernels.linear_rows(x, weight, b, residual=r), F.linear(x, want_w, b) + r,
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+        got = kernels.linear_rows(x, weight, b, norm=ln, gelu=True)
+        torch.testing.assert_close(got, F.gelu(F.linear(ln(x), want_w, b)), rtol=1e-4, atol=1e-4)
+    # one row: the same as the single-row int8 kernel's
+    torch.testing.assert_close(kernels.linear_q8(x[:1], q, b), F.linear(x[:1], dequantized, b), rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_weights_of_an_int8_checkpoint_are_its_integers():
+    """CTranslate2 stores int8 rows with a scale each (weight = q / scale); dequantized at load, they quantize back
+    to exactly those integers, so the int8 kernels compute with the checkpoint's own weights."""
+    torch.manual_seed(0)
+    q = torch.randint(-127, 128, (384, 1152), dtype=torch.int8)
+    q[0] = 127  # every output's largest magnitude is 127, as CTranslate2's quantization makes it
+    scale = torch.rand(1152) * 100 + 10  # CTranslate2's: 127 / the row's largest magnitude
+    dequantized = q.float() / scale  # (in, out) input-major, as the kernels read it
+    got = QuantizedWeight.of(dequantized)
+    assert torch.equal(got.values, q)
+    torch.testing.assert_close(got.scales, 1 / scale)
+    padded = QuantizedWeight.of(dequantized, 1216)
+    assert padded.values.shape == (384, 1216) and not padded.values[:, 1152:].any()
 
 
 @native
@@ -166,6 +205,39 @@ def test_decode_step_of_several_rows_matches_torch_path(kernels, monkeypatch):
     torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches[1].self_kv, caches[0].self_kv, rtol=1e-5, atol=1e-5)
     assert caches[1].self_kv[:, :, 0].abs().sum() == 0 and caches[1].self_kv[:, :, 5].abs().sum() == 0
+
+
+@native
+def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
+    """KernelOptions.cpu_int8_weights on weights that are an int8 checkpoint's (integers times a scale per output):
+    one row's steps and several rows' give the float path's logits, up to the sums' rounding."""
+    model, _, float_path = tiny_backends(kernels)
+    dec = model.decoder
+    with torch.no_grad():  # make every decoder product an int8 checkpoint's, as the int8 kernels will read it
+        for block in dec.blocks:
+            for w in (block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight,
+                      block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight):  # fmt: skip
+                q = QuantizedWeight.of(w.t())
+                w.copy_((q.values.float() * q.scales).t())
+        q = QuantizedWeight.of(dec.token_embedding.weight.t())
+        dec.token_embedding.weight.copy_((q.values.float() * q.scales).t())
+    chunks = lay_out_for_cpu(dec, native=True)  # the one-row vocabulary projection's blocks, of the new embedding
+    float_path = CpuNativeBackend(model, KernelOptions(), chunks, kernels)
+    int8_path = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True), chunks, kernels)
+    assert len(int8_path.int8) == 6 * len(dec.blocks) and int8_path.vocab_int8 is not None
+    shape = CacheShape.for_model(model.dims, None, None)
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
+        out = []
+        for backend in (float_path, int8_path):
+            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
+            dec.fill_cross_cache(features, cache, 0)
+            logits = [backend.logits(backend.eager_step(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0], 0)[:, -1])]
+            tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
+            hidden = backend.eager_step(tokens, positions, cache, positions.flatten().tolist(), 0)
+            logits.append(backend.logits(hidden[:, -1]))
+            out.append(torch.cat(logits))
+    torch.testing.assert_close(out[1], out[0], rtol=1e-3, atol=1e-3)
 
 
 def test_off_switch():

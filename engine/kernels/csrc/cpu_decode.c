@@ -9,7 +9,8 @@
  * OpenMP threads. Built by engine/kernels/cpu_kernels.py against the OpenMP runtime torch has already loaded, so
  * they share torch's thread team instead of competing with it for the cores.
  *
- * Only float32, contiguous rows; the Python side checks shapes and falls back to torch otherwise. `threads` is
+ * float32 activations; weights float32, or int8 with a scale per output (whisper_gemv_q8); contiguous rows. The
+ * Python side checks shapes and falls back to torch otherwise. `threads` is
  * torch's intra-op thread count, passed in because OpenMP's own default counts logical CPUs.
  */
 #include <immintrin.h>
@@ -60,6 +61,110 @@ void whisper_gemv(const float *x, const float *ln_weight, const float *ln_bias, 
     int tasks = n / COLS;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS, gelu);
+}
+
+/* gemv_block with int8 weights (w8, input-major like w) and one float scale per output column: 8 int8 weights
+ * widened to floats per FMA, the scale applied once to the sum. A quarter of the bytes of float32 weights, which
+ * is what a decode step's time is made of. */
+static void gemv_block_q8(const float *x, const signed char *w8, const float *scale, const float *bias,
+                          const float *residual, float *y, int k, int n, int j0, int gelu) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    for (int i = 0; i < k; i++) {
+        __m256 xi = _mm256_broadcast_ss(x + i);
+        const signed char *row = w8 + (size_t)i * n + j0;
+        for (int t = 0; t < 8; t++) {
+            __m256 wt = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * t))));
+            acc[t] = _mm256_fmadd_ps(xi, wt, acc[t]);
+        }
+    }
+    for (int t = 0; t < 8; t++) {
+        __m256 v = _mm256_mul_ps(acc[t], _mm256_loadu_ps(scale + j0 + 8 * t));
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j0 + 8 * t));
+        if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + j0 + 8 * t));
+        _mm256_storeu_ps(y + j0 + 8 * t, v);
+    }
+    if (gelu)
+        for (int j = j0; j < j0 + COLS; j++) y[j] = 0.5f * y[j] * (1.0f + erff(y[j] * 0.70710678118654752f));
+}
+
+/* whisper_gemv with int8 weights: w8 (k, n) input-major, scale (n,) per output column. */
+void whisper_gemv_q8(const float *x, const float *ln_weight, const float *ln_bias, float eps, const signed char *w8,
+                     const float *scale, const float *bias, const float *residual, float *y, int k, int n, int gelu,
+                     int threads) {
+    float normed[ln_weight ? k : 1];
+    if (ln_weight) {
+        layer_norm(x, ln_weight, ln_bias, eps, normed, k);
+        x = normed;
+    }
+    int tasks = n / COLS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < tasks; b++) gemv_block_q8(x, w8, scale, bias, residual, y, k, n, b * COLS, gelu);
+}
+
+/* Several rows at once: the products of a decode step of several sequences. Each task owns 32 output columns and
+ * streams their weights once for every row: the rows go in pairs (8 accumulators, 4 weight registers), and the
+ * task's slab of weights (k x 32) stays in the core's cache between pairs, so memory is read once per step
+ * whatever the number of rows. int8 weights (w8 with scale) or float32 ones (w). */
+#define PAIR_COLS 32
+
+static inline __m256 load_w(const float *w, const signed char *w8, size_t at) {
+    if (w8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w8 + at))));
+    return _mm256_loadu_ps(w + at);
+}
+
+static void gemm_pair(const float *x0, const float *x1, const float *w, const signed char *w8, int k, int n, int j0,
+                      __m256 acc0[4], __m256 acc1[4]) {
+    for (int t = 0; t < 4; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    for (int i = 0; i < k; i++) {
+        __m256 a = _mm256_broadcast_ss(x0 + i), b = _mm256_broadcast_ss(x1 + i);
+        size_t at = (size_t)i * n + j0;
+        for (int t = 0; t < 4; t++) {
+            __m256 wt = load_w(w, w8, at + 8 * t);
+            acc0[t] = _mm256_fmadd_ps(a, wt, acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(b, wt, acc1[t]);
+        }
+    }
+}
+
+static void store_row(__m256 acc[4], const float *scale, const float *bias, const float *residual, float *y, int j0,
+                      int gelu) {
+    for (int t = 0; t < 4; t++) {
+        __m256 v = scale ? _mm256_mul_ps(acc[t], _mm256_loadu_ps(scale + j0 + 8 * t)) : acc[t];
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j0 + 8 * t));
+        if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + j0 + 8 * t));
+        _mm256_storeu_ps(y + j0 + 8 * t, v);
+    }
+    if (gelu)
+        for (int j = j0; j < j0 + PAIR_COLS; j++) y[j] = 0.5f * y[j] * (1.0f + erff(y[j] * 0.70710678118654752f));
+}
+
+/* y[r] = act(norm(x[r]) @ W + bias) (+ residual[r]) for rows r < rows; x, residual, y row-major with k, n, n
+ * floats per row; W float32 (w) or int8 with a scale per output (w8, scale); n % 32 == 0. scratch: rows * k
+ * floats when ln_weight is given. */
+void whisper_gemm_rows(const float *x, const float *ln_weight, const float *ln_bias, float eps, const float *w,
+                       const signed char *w8, const float *scale, const float *bias, const float *residual, float *y,
+                       int rows, int k, int n, int gelu, float *scratch, int threads) {
+    if (ln_weight) {
+        for (int r = 0; r < rows; r++) layer_norm(x + (size_t)r * k, ln_weight, ln_bias, eps, scratch + (size_t)r * k, k);
+        x = scratch;
+    }
+    int tasks = n / PAIR_COLS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < tasks; b++) {
+        int j0 = b * PAIR_COLS;
+        __m256 acc0[4], acc1[4];
+        for (int r = 0; r < rows; r += 2) {
+            int pair = r + 1 < rows;
+            const float *x0 = x + (size_t)r * k, *x1 = x + (size_t)(pair ? r + 1 : r) * k;
+            gemm_pair(x0, x1, w, w8, k, n, j0, acc0, acc1);
+            store_row(acc0, w8 ? scale : NULL, bias, residual ? residual + (size_t)r * n : NULL, y + (size_t)r * n, j0,
+                      gelu);
+            if (pair)
+                store_row(acc1, w8 ? scale : NULL, bias, residual ? residual + (size_t)(r + 1) * n : NULL,
+                          y + (size_t)(r + 1) * n, j0, gelu);
+        }
+    }
 }
 
 static inline float hsum(__m256 v) {
