@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.kernels.options import KernelOptions
 
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 DEVICES = ("auto", "cpu", "cuda")
 CROSS_CACHE_DTYPES = ("auto", "model", "int8")
 ENCODER_PRECISIONS = ("model", "float8")
@@ -18,7 +18,10 @@ class EngineConfig:
     dummy_weights: bool = False  # random weights at the named size (benchmarks without downloads)
     tokenizer: str | None = None  # tokenizer.json (or its folder) when the weights carry none
     device: str = "auto"
-    dtype: str = "auto"  # auto = float32 on CPU, float16 on CUDA
+    # auto = float16 on CUDA; on a CPU, int8 for an int8 checkpoint (its weights are int8 already) and float32 for
+    # others. int8 (CPU only): the products read int8 weights with a scale per output row, CTranslate2's scheme, and
+    # the activations stay float32 (model_runner.resolve_int8_weights).
+    dtype: str = "auto"
     max_num_seqs: int | None = None  # decode slots; None = from the memory plan
     max_waiting: int = 256  # requests admitted but not yet decoding; beyond this submit refuses (backpressure)
     # Tokens a request may sample, fallback retries included, per 30 s of its audio (DecodeOptions can lower it).

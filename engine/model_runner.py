@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -46,12 +47,28 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The activations' and float weights' type."""
     if name == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
+    if name == "int8":
+        if device.type != "cpu":
+            raise ValueError(
+                "dtype int8 is a CPU mode (int8 weights, float32 activations); on a GPU use float16 or bfloat16, "
+                "where the cross-attention cache is int8 by default"
+            )
+        return torch.float32
     dtype = getattr(torch, name)
     if device.type == "cpu" and dtype == torch.float16:
         raise ValueError("float16 is not supported on CPU; use float32 or bfloat16")
     return dtype
+
+
+def resolve_int8_weights(name: str, device: torch.device, quantization: str | None) -> bool:
+    """Whether a CPU's products read int8 weights: asked for (dtype int8), or by default for an int8 checkpoint,
+    whose weights are int8 already: computing with them as stored loses nothing that loading them did not (their
+    integers come back exactly: tests/unit/test_cpu_kernels.py). Float checkpoints stay float32 unless asked,
+    as quantizing them changes a word where two were nearly tied (tests/integration/test_cpu_int8.py)."""
+    return device.type == "cpu" and (name == "int8" or (name == "auto" and quantization == "int8"))
 
 
 def default_int8_cross(device: torch.device) -> bool:
@@ -91,9 +108,13 @@ class ModelRunner:
         cross = config.cross_cache_dtype
         int8_cross = cross == "int8" or (cross == "auto" and default_int8_cross(self.device))
         self.model = self._build_model(ckpt)
+        kernels = config.kernels
+        self.int8_weights = resolve_int8_weights(config.dtype, self.device, ckpt.quantization)
+        if self.int8_weights:
+            kernels = dataclasses.replace(kernels, cpu_int8_weights=True)
         # the implementation of a decode step on this device, chosen once; it lays the weights out for itself
         self.backend: DecodeBackend = select_backend(
-            self.model, self.device, self.dtype, int8_cross, config.kernels, config.encoder_precision == "float8"
+            self.model, self.device, self.dtype, int8_cross, kernels, config.encoder_precision == "float8"
         )
         self.log_mel = LogMelSpectrogram(dims.n_mels, self.device)
 

@@ -2,6 +2,10 @@
 
 import sys
 
+from .openmp import set_spin_default
+
+set_spin_default()  # before .cli imports torch: libgomp reads it when it loads
+
 from .cli import main
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ class Settings(BaseSettings):
     """Device to run the model on; auto picks cuda when available."""
     diarization_device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the speaker diarization models (diarized_json); auto: the model's device (--device)."""
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    """Weight and activation dtype; auto is float32 on CPU and float16 on CUDA."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
+    """Weight and activation dtype; auto is float16 on CUDA, and on a CPU int8 for an int8 checkpoint, else float32.
+    int8 (CPU only): the products read int8 weights, a scale per output row; activations stay float32."""
     served_model_name: str | None = None
     """Model id listed by /v1/models and accepted in requests (default: --model); `whisper-1` is accepted too."""
     model_alias: Annotated[list[str], NoDecode] = Field(default_factory=list)

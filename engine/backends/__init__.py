@@ -53,5 +53,7 @@ def select_backend(
             backend = CpuNativeBackend(model, kernels, chunks, native)
         else:
             backend = CpuTorchBackend(model, kernels, chunks)
-    log.info("decode backend: %s", backend.name)
+            if kernels.cpu_int8_weights:
+                log.warning("int8 weights need the native CPU kernels, which did not build here: products in float32")
+    log.info("decode backend: %s%s", backend.name, ", int8 weights" if getattr(backend, "int8", None) else "")
     return backend

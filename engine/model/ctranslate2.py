@@ -34,6 +34,7 @@ class CT2Model:
     suppress_ids: list[int] | None
     suppress_ids_begin: list[int] | None
     lang_ids: list[int] | None
+    quantization: str | None = None  # the integer type of the file's quantized weights (int8, int16); None: floats
 
 
 class _Stream:
@@ -105,6 +106,11 @@ def _read_variable(stream: _Stream, version: int, index: int, count: int) -> tup
 
 def read_variables(files: Path | Sequence[Path]) -> dict[str, Tensor]:
     """Every variable of a model.bin (parts read as one stream), int8/int16 dequantized, aliases resolved."""
+    return read_model(files)[0]
+
+
+def read_model(files: Path | Sequence[Path]) -> tuple[dict[str, Tensor], str | None]:
+    """read_variables, and the integer type its quantized weights were stored in (None: all floating point)."""
     stream = _Stream([Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files])
     try:
         version = stream.read("<I")
@@ -122,15 +128,16 @@ def read_variables(files: Path | Sequence[Path]) -> dict[str, Tensor]:
             raise ValueError(f"CTranslate2 model.bin has {extra} unexpected bytes after its end; check the part files")
     finally:
         stream.close()
-    _dequantize(variables)
+    quantization = _dequantize(variables)
     # An alias (decoder/projection -> decoder/embeddings) has no scale of its own, so it is resolved last.
     for alias, target in aliases:
         variables[alias] = variables[target]
-    return variables
+    return variables, quantization
 
 
-def _dequantize(variables: dict[str, Tensor]) -> None:
+def _dequantize(variables: dict[str, Tensor]) -> str | None:
     quantized = [name for name, t in variables.items() if not t.is_floating_point() and name + "_scale" in variables]
+    kind = str(variables[quantized[0]].dtype).removeprefix("torch.") if quantized else None
     for name in quantized:
         q, scale = variables[name], variables.pop(name + "_scale").float()
         # One scale per output row (conv weights flattened to 2-D); int16 uses one scale for the whole tensor.
@@ -141,6 +148,7 @@ def _dequantize(variables: dict[str, Tensor]) -> None:
         for name, t in variables.items():
             if t.is_floating_point():
                 variables[name] = t.float()
+    return kind
 
 
 class _Mapper:
@@ -242,7 +250,8 @@ def to_state_dict(variables: dict[str, Tensor]) -> tuple[ModelDimensions, dict[s
 
 def load_ct2(files: Path | Sequence[Path], config_file: Path | None = None) -> CT2Model:
     """Reads a CT2 model.bin (or its parts, in order) and its optional config.json."""
-    dims, state_dict = to_state_dict(read_variables(files))
+    variables, quantization = read_model(files)
+    dims, state_dict = to_state_dict(variables)
     config = json.loads(config_file.read_text()) if config_file is not None and config_file.is_file() else {}
     heads = config.get("alignment_heads")
     if not heads:  # CT2's own default: every head of the last half of the decoder layers
@@ -255,4 +264,5 @@ def load_ct2(files: Path | Sequence[Path], config_file: Path | None = None) -> C
         suppress_ids=config.get("suppress_ids"),
         suppress_ids_begin=config.get("suppress_ids_begin"),
         lang_ids=config.get("lang_ids"),
+        quantization=quantization,
     )

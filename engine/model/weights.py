@@ -81,6 +81,7 @@ class Checkpoint:
     begin_suppress_tokens: list[int] | None
     tokenizer_file: Path | None
     source_format: str
+    quantization: str | None = None  # "int8" for CTranslate2 int8 files (their weights dequantized in state_dict)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
@@ -290,7 +291,8 @@ def _load_ct2(resolved: ResolvedModel) -> Checkpoint:
     assert resolved.config_dir is not None
     model = load_ct2(resolved.weight_files, resolved.config_dir / "config.json")
     return Checkpoint(
-        model.dims, model.state_dict, model.alignment_heads, model.suppress_ids, model.suppress_ids_begin, None, "ct2"
+        model.dims, model.state_dict, model.alignment_heads, model.suppress_ids, model.suppress_ids_begin, None, "ct2",
+        model.quantization,
     )
 
 

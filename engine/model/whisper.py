@@ -162,13 +162,17 @@ class AudioEncoder(nn.Module):
         for block in list(self.blocks)[: self.fp8_start]:
             block.attn.fuse_qkv()
 
-    def forward(self, mel: Tensor) -> Tensor:
-        """mel : (batch, n_mels, 3000) -> (batch, n_audio_ctx, n_audio_state)"""
+    def stem(self, mel: Tensor) -> Tensor:
+        """mel (batch, n_mels, 3000) -> the residual stream entering the first block (batch, n_audio_ctx, n_state)"""
         x = F.gelu(self.conv1(mel))
         # the residual stream must be (batch, time, channels) in memory, not a transposed view of the conv's
         # output: every later add, layer norm and linear would run strided
         x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
-        x = x + self.positional_embedding
+        return x + self.positional_embedding
+
+    def forward(self, mel: Tensor) -> Tensor:
+        """mel : (batch, n_mels, 3000) -> (batch, n_audio_ctx, n_audio_state)"""
+        x = self.stem(mel)
         blocks = list(self.blocks)
         # each residual add is fused with the layer norm after it, the last with ln_post
         h = norm(blocks[0].attn_ln, x)

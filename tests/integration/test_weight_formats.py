@@ -1,4 +1,5 @@
-"""One set of tiny.en weights in three formats: CTranslate2 float16 (the package), HF safetensors, CTranslate2 int8."""
+"""One set of tiny.en weights in three formats: CTranslate2 float16 (the package), HF safetensors, CTranslate2 int8
+(dequantized to float32, and computed in int8: a CPU's default for an int8 checkpoint)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ INT8_WORD_DIFFERENCES = {
     "g4_en_sonnet1-excerpt_m4a.m4a": "we desire increase -> we desire and crease",
     "g4_en_timit-sample_LDC93S1_44k-stereo.wav": "she had your duck suit -> she had your dog suit",
 }
+# Computing in int8 (dtype auto on a CPU for an int8 checkpoint) also quantizes the encoder's activations, a
+# scale per row as CTranslate2 does: one more near-tie flips (the 44.1 kHz copy of this clip says "in" in float16).
+INT8_COMPUTE_WORD_DIFFERENCES = {
+    **INT8_WORD_DIFFERENCES,
+    "g1_en_timit-sample_LDC93S1.wav": "dog suit and greasy -> dog suit in greasy",
+}
 MAX_INT8_WORD_EDITS = 2  # per allow-listed clip: a word or two, never a different transcript
 
 
@@ -65,21 +72,40 @@ def int8_dir(hf_export_dir, tmp_path_factory):
     return converters.TransformersConverter(str(hf_export_dir)).convert(str(out), quantization="int8")
 
 
-def transcripts_from(model_dir, audios):
+def transcripts_from(model_dir, audios, dtype="auto", int8_weights=False):
     from engine.config import EngineConfig
     from engine.engine import Engine
 
-    engine = Engine(EngineConfig(model=str(model_dir), device="cpu"))
+    engine = Engine(EngineConfig(model=str(model_dir), device="cpu", dtype=dtype))
     engine.start()
     try:
+        assert engine.runner.int8_weights == int8_weights
         return submit_all(engine, audios)
     finally:
         engine.shutdown()
 
 
+def unexpected_differences(package, other, allowed):
+    """Clips whose words differ from the package's other than as `allowed` names; prints every difference."""
+    unexpected, seen = {}, {}
+    for name in CLIPS:
+        want, got = normalize_english(package[name].text), normalize_english(other[name].text)
+        if want == got:
+            continue
+        seen[name] = f"{want!r} -> {got!r}"
+        edits = jiwer.process_words(want, got)
+        num_edits = edits.substitutions + edits.deletions + edits.insertions
+        if name not in allowed or num_edits > MAX_INT8_WORD_EDITS:
+            unexpected[name] = seen[name]
+    print(f"\nwords differ from float16 on {len(seen)}/{len(CLIPS)} clips:")
+    for name, difference in seen.items():
+        print(f"  {name}: {difference}")
+    return unexpected
+
+
 def test_all_clips_are_in_the_manifest(short_english_clips):
     assert set(CLIPS) <= {row["file"] for row in short_english_clips}
-    assert set(INT8_WORD_DIFFERENCES) <= set(CLIPS)
+    assert set(INT8_COMPUTE_WORD_DIFFERENCES) <= set(CLIPS)
 
 
 def test_safetensors_export_gives_identical_tokens(package, hf_export_dir, audios):
@@ -92,21 +118,15 @@ def test_safetensors_export_gives_identical_tokens(package, hf_export_dir, audio
 
 
 def test_int8_gives_the_same_words(package, int8_dir, audios):
+    """The int8 file dequantized (dtype float32): the loader's part."""
     from engine.model.weights import resolve_model
 
     assert resolve_model(str(int8_dir)).source_format == "ct2"
-    int8 = transcripts_from(int8_dir, audios)
-    unexpected, seen = {}, {}
-    for name in CLIPS:
-        want, got = normalize_english(package[name].text), normalize_english(int8[name].text)
-        if want == got:
-            continue
-        seen[name] = f"{want!r} -> {got!r}"
-        edits = jiwer.process_words(want, got)
-        num_edits = edits.substitutions + edits.deletions + edits.insertions
-        if name not in INT8_WORD_DIFFERENCES or num_edits > MAX_INT8_WORD_EDITS:
-            unexpected[name] = seen[name]
-    print(f"\nint8 words differ from float16 on {len(seen)}/{len(CLIPS)} clips:")
-    for name, difference in seen.items():
-        print(f"  {name}: {difference}")
-    assert not unexpected, unexpected
+    int8 = transcripts_from(int8_dir, audios, dtype="float32")
+    assert not unexpected_differences(package, int8, INT8_WORD_DIFFERENCES)
+
+
+def test_int8_checkpoint_computes_in_int8_by_default(package, int8_dir, audios):
+    """dtype auto on a CPU: an int8 checkpoint's products run on its int8 weights, with the same words."""
+    int8 = transcripts_from(int8_dir, audios, int8_weights=True)
+    assert not unexpected_differences(package, int8, INT8_COMPUTE_WORD_DIFFERENCES)
