@@ -4,9 +4,10 @@ under a competing load.
     python benchmarks/cpu_int8.py [--model tiny.en] [--rounds 3] [--load 0 2]
 
 Systems, each in a child process of its own, taking turns over --rounds (medians over rounds):
-- ours float32 (the default) and ours int8 (`KernelOptions.cpu_int8_weights`: a decode step's products read int8
-  weights, a scale per output);
-- faster-whisper `compute_type="float32"` and `"int8"` (what a CPU user picks).
+- ours float32 (a float checkpoint's default) and ours int8 (`--dtype int8`: the decoder's and the encoder's
+  products read int8 weights, a scale per output; the encoder's activations a scale per row), with the OpenMP spin
+  count the server sets (server/openmp.py); with --libgomp-default also ours int8 with libgomp's own;
+- faster-whisper `compute_type="float32"` and `"int8"` (what a CPU user picks), in the environment as given.
 "one": the median time of each clip alone (greedy, no timestamps, load excluded). "8 at once": the 8 test clips
 submitted together: ours as 8 requests to one engine (its continuous batching), faster-whisper as 8 threads
 calling `transcribe` on a model with 2 workers of 1 thread (CTranslate2's way of serving concurrent calls),
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time
 
+from server.openmp import set_spin_default
+
 SYSTEMS = ("ours-float32", "ours-int8", "fw-float32", "fw-int8")
+LIBGOMP_DEFAULT = "ours-int8-libgomp-default"
 BATCH_CLIPS = [
     "g1_en_jfk.flac", "g1_en_librispeech-test-clean_1221-135766-0001.wav", "g1_en_spontaneous_mfa-acoustic-corpus.wav",
     "g1_en_librispeech-test-other_1688-142285-0000.flac", "g1_en_librispeech-dev-clean_1272-128104-0000.wav",
@@ -56,10 +61,10 @@ def measure(system: str, args) -> dict:
     batch = [decode_audio(args.data / name) for name in BATCH_CLIPS]
     with tempfile.TemporaryDirectory() as tmp:
         if system.startswith("ours"):
-            from engine import DecodeOptions, Engine, EngineConfig, KernelOptions
+            from engine import DecodeOptions, Engine, EngineConfig
 
-            kernels = KernelOptions(cpu_int8_weights=system == "ours-int8")
-            engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, kernels=kernels))
+            dtype = "float32" if system == "ours-float32" else "int8"
+            engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, dtype=dtype))
             engine.start()
             options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
 
@@ -104,6 +109,14 @@ def measure(system: str, args) -> dict:
     return {"times": times, "tokens": tokens, "alone": alone, "together": together}
 
 
+def environment(system: str) -> dict[str, str]:
+    """ours as the server runs it (its OpenMP spin default), the peer and the A/B system in the environment as given"""
+    env = dict(os.environ)
+    if system in SYSTEMS and system.startswith("ours"):
+        set_spin_default(env)
+    return env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny.en")
@@ -112,26 +125,30 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--load", type=int, nargs="+", default=[0, 2], help="busy processes beside the measurements")
     ap.add_argument("--data", type=Path, default=DATA)
-    ap.add_argument("--only", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--libgomp-default", action="store_true", help="also ours int8 with libgomp's own spin count")
+    ap.add_argument("--only", choices=(*SYSTEMS, LIBGOMP_DEFAULT), help=argparse.SUPPRESS)
     ap.add_argument("--load-now", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is not None:
         print(json.dumps(measure(args.only, args)))
         return
+    systems = (*SYSTEMS, LIBGOMP_DEFAULT) if args.libgomp_default else SYSTEMS
     for load in args.load:
-        rounds: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
+        rounds: dict[str, list[dict]] = {s: [] for s in systems}
         for _ in range(args.rounds):
-            for system in SYSTEMS:
+            for system in systems:
                 cmd = [sys.executable, __file__, *sys.argv[1:], "--only", system, "--load-now", str(load)]
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=environment(system)).stdout
                 rounds[system].append(json.loads(out.strip().splitlines()[-1]))
-        med = {s: {k: statistics.median(r[k] for r in rounds[s]) for k in ("alone", "together")} for s in SYSTEMS}
-        times = {s: {c: statistics.median(r["times"][c] for r in rounds[s]) for c in CLIPS} for s in SYSTEMS}
-        print(f"\nmodel {args.model}, {args.threads} threads, {load} busy processes beside; medians of {args.rounds} rounds")
+        med = {s: {k: statistics.median(r[k] for r in rounds[s]) for k in ("alone", "together")} for s in systems}
+        times = {s: {c: statistics.median(r["times"][c] for r in rounds[s]) for c in CLIPS} for s in systems}
+        print(
+            f"\nmodel {args.model}, {args.threads} threads, {load} busy processes beside; medians of {args.rounds} rounds"
+        )
         print("| system | " + " | ".join(f"{c} (s)" for c in CLIPS) + " | 8 clips alone, summed (s) | 8 at once (s) | "
               "8 at once vs alone | fw int8 / this (one) |")  # fmt: skip
         print("|---|" + "---|" * (len(CLIPS) + 4))
-        for s in SYSTEMS:
+        for s in systems:
             one = " | ".join(f"{times[s][c]:.3f}" for c in CLIPS)
             speedup = med[s]["alone"] / med[s]["together"]
             ratio = " / ".join(f"{times['fw-int8'][c] / times[s][c]:.2f}" for c in CLIPS)
