@@ -28,8 +28,9 @@ class KernelOptions:
     greedy_pick: bool = True
     # The native CPU decode kernels (kernels/cpu_kernels.py) where they build; off: torch alone.
     cpu_decode: bool = True
-    # With them, a lone sequence's decode products read int8 weights (a scale per output: CTranslate2's scheme)
-    # instead of float32 ones: a quarter of the bytes. Exact for an int8 checkpoint's weights up to rounding.
+    # The decode products read int8 weights (a scale per output: CTranslate2's scheme) instead of float32 ones, a
+    # quarter of the bytes, and the encoder's run as integer products. Set by dtype int8 (EngineConfig.dtype, the
+    # default for an int8 checkpoint on a CPU); exact for an int8 checkpoint's weights up to rounding.
     cpu_int8_weights: bool = False
     # With them, several sequences' decode products too (each weight read once for all rows) instead of torch's.
     cpu_decode_rows: bool = True
