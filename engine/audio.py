@@ -264,7 +264,12 @@ def _open_container(file: BinaryIO) -> av.container.InputContainer:
 def _first_audio_stream(container: av.container.InputContainer) -> av.audio.stream.AudioStream:
     if not container.streams.audio:
         raise AudioDecodeError(f"The file contains no audio stream. Send an audio file such as {SUPPORTED_FORMATS}.")
-    return container.streams.audio[0]
+    stream = container.streams.audio[0]
+    # FFmpeg's default (0) lets a codec start a thread per core; decoding stays on the calling thread, so that it
+    # never competes with the engine's threads for the cores
+    if stream.codec_context is not None:  # None for a stream with no known codec: decoding reports it
+        stream.codec_context.thread_count = 1
+    return stream
 
 
 def _claimed_duration_s(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.audio import SAMPLE_RATE
+from engine.cpus import available_cpus
 from engine.diarization.stages import Clustered, SpeakerStages
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class SpeakerDiarizer:
         self.last_pass: dict[str, float] = {}  # the latest pass's wall seconds per stage (benchmarks read it)
         # the per-recording CPU stages (filterbanks, clustering) of a pass, on several cores: their C++ and LAPACK
         # code runs without the GIL
-        self._cores = ThreadPoolExecutor(max(1, min(CPU_WORKERS, (os.cpu_count() or 1) // 2)),
+        self._cores = ThreadPoolExecutor(max(1, min(CPU_WORKERS, available_cpus() // 2)),
                                          thread_name_prefix="diarization-cpu")  # fmt: skip
 
     def _load(self):

@@ -12,6 +12,12 @@
  * float32 activations; weights float32, or int8 with a scale per output (whisper_gemv_q8); contiguous rows. The
  * Python side checks shapes and falls back to torch otherwise. `threads` is
  * torch's intra-op thread count, passed in because OpenMP's own default counts logical CPUs.
+ *
+ * Tasks are handed out one at a time (schedule(dynamic)), not split in equal halves up front: where other
+ * processes share the cores and the kernel deschedules one of our threads, the other takes over the tasks it has
+ * not begun, so a region waits for one task instead of a whole time slice (tiny.en under two busy processes:
+ * ~5% less time per request, quiet the same; benchmarks/cpu_int8.py). A task is 32-64 columns of a product or one
+ * head's attention, so the atomic that hands it out costs nothing measurable.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -59,7 +65,7 @@ void whisper_gemv(const float *x, const float *ln_weight, const float *ln_bias, 
         x = normed;
     }
     int tasks = n / COLS;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int b = 0; b < tasks; b++) gemv_block(x, w, bias, residual, y, k, n, b * COLS, gelu);
 }
 
@@ -98,7 +104,7 @@ void whisper_gemv_q8(const float *x, const float *ln_weight, const float *ln_bia
         x = normed;
     }
     int tasks = n / COLS;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int b = 0; b < tasks; b++) gemv_block_q8(x, w8, scale, bias, residual, y, k, n, b * COLS, gelu);
 }
 
@@ -150,7 +156,7 @@ void whisper_gemm_rows(const float *x, const float *ln_weight, const float *ln_b
         x = scratch;
     }
     int tasks = n / PAIR_COLS;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int b = 0; b < tasks; b++) {
         int j0 = b * PAIR_COLS;
         __m256 acc0[4], acc1[4];
@@ -208,7 +214,7 @@ static void attend_head(const float *q, const float *kh, const float *vh, float 
  * out: (heads, 64); scratch: heads * n floats for the scores. */
 void whisper_attend_one(const float *q, const float *k, const float *v, float *out, int heads, int n,
                         long head_stride, float scale, float *scratch, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int h = 0; h < heads; h++)
         attend_head(q + 64 * h, k + h * head_stride, v + h * head_stride, out + 64 * h, n, scale,
                     scratch + (size_t)h * n);
@@ -223,7 +229,7 @@ void whisper_attend_rows(const float *q, float *k, float *v, float *out, int row
                          const long *positions, const long *slots, long slot_stride, long head_stride, float scale,
                          float *scratch, int threads) {
     int width = heads * 64, q_stride = positions ? 3 * width : width;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int task = 0; task < rows * heads; task++) {
         int r = task / heads, h = task % heads;
         long slot = slots ? slots[r] : r; /* cross-attention: each row's window's slot */
