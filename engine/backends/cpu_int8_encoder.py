@@ -25,8 +25,9 @@ class Int8Linear:
     """One product: int8 rows times the int8 weight, rescaled by the row's and the output's scales, plus bias."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
-        q = QuantizedWeight.of(weight.t())  # (in, out) int8 and (out,) scales
-        self.values, self.scales = q.values, q.scales[None, :]
+        q, n = QuantizedWeight.of(weight.t()), weight.shape[0]
+        self.values = q.dense()[:, :n].contiguous()  # (in, out) int8
+        self.scales = q.scales[None, :n].contiguous()
         self.bias = bias.float().contiguous() if bias is not None else None
 
     @classmethod

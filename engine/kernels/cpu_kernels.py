@@ -109,23 +109,38 @@ def load() -> CpuKernels | None:
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A linear weight as int8: `values` (in, out) input-major, `scales` (out,) float32, weight = values * scales.
-    Per output the scale is its largest magnitude over 127, CTranslate2's int8 scheme: the weights of an int8
-    checkpoint, dequantized at load, quantize back to exactly their stored integers."""
+    """A linear weight as int8 with a scale per output, CTranslate2's int8 scheme: per output the scale is its
+    largest magnitude over 127, so the weights of an int8 checkpoint, dequantized at load, quantize back to exactly
+    their stored integers. `blocks` (out / COLS, in, COLS) holds the integers the way the kernels stream them, each
+    task's COLS outputs contiguous (cpu_decode.c); `scales` (out,) float32; weight = dense() * scales."""
 
-    values: Tensor
+    blocks: Tensor
     scales: Tensor
 
     @classmethod
     def of(cls, weight_t: Tensor, columns: int | None = None) -> QuantizedWeight:
-        """weight_t: (in, out); `columns` pads the outputs with zero columns to that many (a multiple of COLS)."""
+        """weight_t: (in, out); the outputs are padded with zero columns to `columns` (a multiple of COLS), by
+        default to the next multiple of COLS."""
         w = weight_t.float()
-        if columns is not None and columns > w.shape[1]:
+        columns = columns if columns is not None else -(-w.shape[1] // COLS) * COLS
+        if columns % COLS:
+            raise ValueError(f"int8 weights need a multiple of {COLS} outputs, got {columns}")
+        if columns > w.shape[1]:
             w = torch.cat([w, w.new_zeros(w.shape[0], columns - w.shape[1])], dim=1)
         scales = w.abs().amax(dim=0) / 127.0
         scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-        values = torch.round(w / scales).clamp(-127, 127).to(torch.int8).contiguous()
-        return cls(values, scales.contiguous())
+        values = torch.round(w / scales).clamp(-127, 127).to(torch.int8)
+        blocks = values.view(w.shape[0], columns // COLS, COLS).transpose(0, 1).contiguous()
+        return cls(blocks, scales.contiguous())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(in, out), out padded to a multiple of COLS"""
+        return self.blocks.shape[1], self.blocks.shape[0] * COLS
+
+    def dense(self) -> Tensor:
+        """The integers as an (in, out) input-major matrix (a copy)."""
+        return self.blocks.transpose(0, 1).reshape(self.shape).contiguous()
 
 
 class CpuKernels:
@@ -143,7 +158,22 @@ class CpuKernels:
         lib.whisper_gemm_rows.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
-        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]
+        lib.whisper_attend_rows.argtypes = [
+            p,
+            p,
+            p,
+            p,
+            i,
+            i,
+            i,
+            p,
+            p,
+            ctypes.c_long,
+            ctypes.c_long,
+            ctypes.c_float,
+            p,
+            i,
+        ]
         lib.whisper_attend_rows.restype = None
 
     @staticmethod
@@ -183,14 +213,14 @@ class CpuKernels:
         norm: nn.LayerNorm | None = None,
         gelu: bool = False,
     ) -> Tensor:
-        """linear() with int8 weights (QuantizedWeight: input-major int8 and a scale per output column)."""
-        k, n = weight.values.shape
+        """linear() with int8 weights (QuantizedWeight: blocked int8 and a scale per output column)."""
+        k, n = weight.shape
         y = torch.empty(*x.shape[:-1], n)
         ln_w, ln_b, eps = (None, None, 0.0)
         if norm is not None:
             ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
         self.lib.whisper_gemv_q8(
-            x.data_ptr(), ln_w, ln_b, eps, weight.values.data_ptr(), weight.scales.data_ptr(),
+            x.data_ptr(), ln_w, ln_b, eps, weight.blocks.data_ptr(), weight.scales.data_ptr(),
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
             y.data_ptr(), k, n, int(gelu), torch.get_num_threads(),
         )  # fmt: skip
@@ -208,8 +238,8 @@ class CpuKernels:
         """gelu?(norm?(x[r]) @ W + bias) (+ residual[r]) for every row of x (rows, in), each weight read once for
         all of them; W: the (in, out) input-major transpose of a float32 weight, or a QuantizedWeight."""
         quantized = isinstance(weight, QuantizedWeight)
-        values = weight.values if quantized else weight
-        rows, (k, n) = x.shape[0], values.shape
+        values = weight.blocks if quantized else weight
+        rows, (k, n) = x.shape[0], weight.shape
         y = torch.empty(rows, n)
         ln_w, ln_b, eps, scratch = None, None, 0.0, None
         if norm is not None:

@@ -88,7 +88,7 @@ def test_linear_rows_matches_torch_for_float_and_int8_weights(kernels, rows):
     torch.nn.init.normal_(ln.weight)
     torch.nn.init.normal_(ln.bias)
     q = QuantizedWeight.of(w.t())
-    dequantized = (q.values.float() * q.scales).t()  # what the int8 weights stand for
+    dequantized = (q.dense().float() * q.scales).t()  # what the int8 weights stand for
     for weight, want_w in ((w.t().contiguous(), w), (q, dequantized)):
         torch.testing.assert_close(kernels.linear_rows(x, weight, b, residual=r), F.linear(x, want_w, b) + r,
                                    rtol=1e-4, atol=1e-4)  # fmt: skip
@@ -107,10 +107,10 @@ def test_quantized_weights_of_an_int8_checkpoint_are_its_integers():
     scale = torch.rand(1152) * 100 + 10  # CTranslate2's: 127 / the row's largest magnitude
     dequantized = q.float() / scale  # (in, out) input-major, as the kernels read it
     got = QuantizedWeight.of(dequantized)
-    assert torch.equal(got.values, q)
+    assert torch.equal(got.dense(), q)
     torch.testing.assert_close(got.scales, 1 / scale)
     padded = QuantizedWeight.of(dequantized, 1216)
-    assert padded.values.shape == (384, 1216) and not padded.values[:, 1152:].any()
+    assert padded.shape == (384, 1216) and not padded.dense()[:, 1152:].any()
 
 
 @native
@@ -218,9 +218,9 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
             for w in (block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight,
                       block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight):  # fmt: skip
                 q = QuantizedWeight.of(w.t())
-                w.copy_((q.values.float() * q.scales).t())
+                w.copy_((q.dense().float() * q.scales).t())
         q = QuantizedWeight.of(dec.token_embedding.weight.t())
-        dec.token_embedding.weight.copy_((q.values.float() * q.scales).t())
+        dec.token_embedding.weight.copy_((q.dense().float() * q.scales)[:, : dec.token_embedding.weight.shape[0]].t())
     chunks = lay_out_for_cpu(dec, native=True)  # the one-row vocabulary projection's blocks, of the new embedding
     float_path = CpuNativeBackend(model, KernelOptions(), chunks, kernels)
     int8_path = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True), chunks, kernels)
@@ -232,7 +232,9 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
         for backend in (float_path, int8_path):
             cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
             dec.fill_cross_cache(features, cache, 0)
-            logits = [backend.logits(backend.eager_step(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0], 0)[:, -1])]
+            logits = [
+                backend.logits(backend.eager_step(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0], 0)[:, -1])
+            ]
             tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
             hidden = backend.eager_step(tokens, positions, cache, positions.flatten().tolist(), 0)
             logits.append(backend.logits(hidden[:, -1]))
