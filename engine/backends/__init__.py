@@ -54,6 +54,9 @@ def select_backend(
         else:
             backend = CpuTorchBackend(model, kernels, chunks)
             if kernels.cpu_int8_weights:
-                log.warning("int8 weights need the native CPU kernels, which did not build here: products in float32")
+                log.warning(
+                    "int8 decode weights need the native CPU kernels, which did not build here: the decoder's "
+                    "products run in float32 (the encoder's stay int8)"
+                )
     log.info("decode backend: %s%s", backend.name, ", int8 weights" if getattr(backend, "int8", None) else "")
     return backend

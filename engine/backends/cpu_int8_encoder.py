@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.kernels.cpu_kernels import QuantizedWeight
+from engine.kernels.cpu_kernels import quantize_columns
 from engine.kernels.fused_ops import add_norm, norm
 from engine.model.whisper import AudioEncoder
 
@@ -25,9 +25,8 @@ class Int8Linear:
     """One product: int8 rows times the int8 weight, rescaled by the row's and the output's scales, plus bias."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
-        q, n = QuantizedWeight.of(weight.t()), weight.shape[0]
-        self.values = q.dense()[:, :n].contiguous()  # (in, out) int8
-        self.scales = q.scales[None, :n].contiguous()
+        self.values, scales = quantize_columns(weight.t())  # (in, out) int8, the decode kernels' scheme
+        self.scales = scales[None, :]
         self.bias = bias.float().contiguous() if bias is not None else None
 
     @classmethod

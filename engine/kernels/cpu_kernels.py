@@ -107,6 +107,15 @@ def load() -> CpuKernels | None:
         return None
 
 
+def quantize_columns(weight_t: Tensor) -> tuple[Tensor, Tensor]:
+    """weight_t (in, out) -> int8 values (in, out) and a float32 scale per output (out,), CTranslate2's int8
+    scheme: per output the scale is its largest magnitude over 127."""
+    w = weight_t.float()
+    scales = w.abs().amax(dim=0) / 127.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    return torch.round(w / scales).clamp(-127, 127).to(torch.int8), scales.contiguous()
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight as int8 with a scale per output, CTranslate2's int8 scheme: per output the scale is its
@@ -127,11 +136,9 @@ class QuantizedWeight:
             raise ValueError(f"int8 weights need a multiple of {COLS} outputs, got {columns}")
         if columns > w.shape[1]:
             w = torch.cat([w, w.new_zeros(w.shape[0], columns - w.shape[1])], dim=1)
-        scales = w.abs().amax(dim=0) / 127.0
-        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-        values = torch.round(w / scales).clamp(-127, 127).to(torch.int8)
+        values, scales = quantize_columns(w)
         blocks = values.view(w.shape[0], columns // COLS, COLS).transpose(0, 1).contiguous()
-        return cls(blocks, scales.contiguous())
+        return cls(blocks, scales)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -158,22 +165,7 @@ class CpuKernels:
         lib.whisper_gemm_rows.restype = None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
-        lib.whisper_attend_rows.argtypes = [
-            p,
-            p,
-            p,
-            p,
-            i,
-            i,
-            i,
-            p,
-            p,
-            ctypes.c_long,
-            ctypes.c_long,
-            ctypes.c_float,
-            p,
-            i,
-        ]
+        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]  # fmt: skip
         lib.whisper_attend_rows.restype = None
 
     @staticmethod
