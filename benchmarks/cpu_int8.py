@@ -6,7 +6,9 @@ under a competing load.
 Systems, each in a child process of its own, taking turns over --rounds (medians over rounds):
 - ours float32 (a float checkpoint's default) and ours int8 (`--dtype int8`: the decoder's and the encoder's
   products read int8 weights, a scale per output; the encoder's activations a scale per row), with the OpenMP spin
-  count the server sets (server/openmp.py); with --libgomp-default also ours int8 with libgomp's own;
+  count the server sets (server/openmp.py); with --libgomp-default also ours int8 with libgomp's own, with
+  --fixed-team also ours int8 with every decode step on the full thread team (kernels/cpu_team.py measures, per
+  step kind, whether one thread is faster, and takes it);
 - faster-whisper `compute_type="float32"` and `"int8"` (what a CPU user picks), in the environment as given.
 "one": the median time of each clip alone (greedy, no timestamps, load excluded). "8 at once": the 8 test clips
 submitted together: ours as 8 requests to one engine (its continuous batching), faster-whisper as 8 threads
@@ -37,6 +39,7 @@ from server.openmp import set_spin_default
 
 SYSTEMS = ("ours-float32", "ours-int8", "fw-float32", "fw-int8")
 LIBGOMP_DEFAULT = "ours-int8-libgomp-default"
+FIXED_TEAM = "ours-int8-fixed-team"
 BATCH_CLIPS = [
     "g1_en_jfk.flac", "g1_en_librispeech-test-clean_1221-135766-0001.wav", "g1_en_spontaneous_mfa-acoustic-corpus.wav",
     "g1_en_librispeech-test-other_1688-142285-0000.flac", "g1_en_librispeech-dev-clean_1272-128104-0000.wav",
@@ -61,10 +64,12 @@ def measure(system: str, args) -> dict:
     batch = [decode_audio(args.data / name) for name in BATCH_CLIPS]
     with tempfile.TemporaryDirectory() as tmp:
         if system.startswith("ours"):
-            from engine import DecodeOptions, Engine, EngineConfig
+            from engine import DecodeOptions, Engine, EngineConfig, KernelOptions
 
             dtype = "float32" if system == "ours-float32" else "int8"
-            engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, dtype=dtype))
+            kernels = KernelOptions(cpu_adaptive_team=system != FIXED_TEAM)
+            engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, dtype=dtype,
+                                         kernels=kernels))  # fmt: skip
             engine.start()
             options = DecodeOptions(without_timestamps=True, temperatures=(0.0,))
 
@@ -110,9 +115,9 @@ def measure(system: str, args) -> dict:
 
 
 def environment(system: str) -> dict[str, str]:
-    """ours as the server runs it (its OpenMP spin default), the peer and the A/B system in the environment as given"""
+    """ours as the server runs it (its OpenMP spin default); the peer and the libgomp A/B in the environment as given"""
     env = dict(os.environ)
-    if system in SYSTEMS and system.startswith("ours"):
+    if system != LIBGOMP_DEFAULT and system.startswith("ours"):
         set_spin_default(env)
     return env
 
@@ -126,13 +131,14 @@ def main() -> None:
     ap.add_argument("--load", type=int, nargs="+", default=[0, 2], help="busy processes beside the measurements")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--libgomp-default", action="store_true", help="also ours int8 with libgomp's own spin count")
-    ap.add_argument("--only", choices=(*SYSTEMS, LIBGOMP_DEFAULT), help=argparse.SUPPRESS)
+    ap.add_argument("--fixed-team", action="store_true", help="also ours int8 with every step on the full team")
+    ap.add_argument("--only", choices=(*SYSTEMS, LIBGOMP_DEFAULT, FIXED_TEAM), help=argparse.SUPPRESS)
     ap.add_argument("--load-now", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is not None:
         print(json.dumps(measure(args.only, args)))
         return
-    systems = (*SYSTEMS, LIBGOMP_DEFAULT) if args.libgomp_default else SYSTEMS
+    systems = (*SYSTEMS, *[LIBGOMP_DEFAULT] * args.libgomp_default, *[FIXED_TEAM] * args.fixed_team)
     for load in args.load:
         rounds: dict[str, list[dict]] = {s: [] for s in systems}
         for _ in range(args.rounds):

@@ -296,8 +296,7 @@ class ModelRunner:
     def _eager_logits(self, seqs: list[Sequence], tokens: Tensor, positions: Tensor, ahead: int = 0) -> Tensor:
         """A step's logits without a graph; `ahead`: the step is that many positions past each sequence's cached
         count (multi-step decoding)."""
-        hidden = self.backend.eager_step(tokens, positions, self.cache, [s.num_cached + ahead for s in seqs])
-        return self.backend.logits(hidden[:, -1])
+        return self.backend.eager_logits(tokens, positions, self.cache, [s.num_cached + ahead for s in seqs])
 
     def map_rows(self, seqs: list[Sequence]) -> None:
         """The launch's rows (seqs[i] in row seqs[0].slot + i) to their windows' cross slots."""

@@ -55,6 +55,10 @@ class DecodeBackend:
         kv_len = min(-(-(max(host_positions) + 1) // KV_BUCKET) * KV_BUCKET, cache.shape.n_text_ctx)
         return self.decode_step(tokens, positions, cache, kv_len, slot_start)
 
+    def eager_logits(self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int]) -> Tensor:
+        """A step outside a graph through to its last position's logits (rows, n_vocab)."""
+        return self.logits(self.eager_step(tokens, positions, cache, host_positions)[:, -1])
+
     def prompt_pass(self, tokens: Tensor, cache: KVCache, slot_start: int) -> Tensor:
         """Prompts (batch, width) from position 0 into slots slot_start..: hidden states (batch, width, n_state)."""
         return self.decoder.prompt_pass(tokens, cache, slot_start)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from engine.backends.base import DecodeBackend
 from engine.backends.cpu_int8_encoder import Int8Encoder
 from engine.kernels.cpu_kernels import COLS, CpuKernels, QuantizedWeight
+from engine.kernels.cpu_team import TeamSize
 from engine.kernels.fused_ops import linear, norm
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
@@ -74,6 +75,7 @@ class CpuNativeBackend(CpuTorchBackend):
     def __init__(self, model: Whisper, kernels: KernelOptions, output_chunks: Tensor, native: CpuKernels):
         super().__init__(model, kernels, output_chunks)
         self.native = native
+        self.team = TeamSize(torch.get_num_threads(), adaptive=kernels.cpu_adaptive_team)
         # int8 copies of the products a lone sequence's step reads (KernelOptions.cpu_int8_weights), by weight
         self.int8: dict[int, QuantizedWeight] = {}
         self.vocab_int8: QuantizedWeight | None = None
@@ -102,6 +104,10 @@ class CpuNativeBackend(CpuTorchBackend):
         else:
             out = self.native.linear_rows(rows, self.vocab_int8, None)
         return out[:, :n_vocab].reshape(*hidden.shape[:-1], n_vocab)
+
+    def eager_logits(self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int]) -> Tensor:
+        with self.team.step(tokens.shape[0]) as size, self.native.team(size):
+            return super().eager_logits(tokens, positions, cache, host_positions)
 
     def eager_step(
         self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0

@@ -24,6 +24,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,10 +155,12 @@ class QuantizedWeight:
 
 class CpuKernels:
     """Typed wrappers around the two kernels; `supports_*` say whether a tensor suits them (the caller then
-    takes the torch path instead), the wrappers themselves do not check."""
+    takes the torch path instead), the wrappers themselves do not check. They run on torch's thread count, or on
+    the count `team` sets for the calling thread (cpu_team.py)."""
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
+        self._team = threading.local()  # one object serves every engine of a process, each on its own thread
         p, i = ctypes.c_void_p, ctypes.c_int
         lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i, i]
         lib.whisper_gemv.restype = None
@@ -167,6 +172,19 @@ class CpuKernels:
         lib.whisper_attend_one.restype = None
         lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]  # fmt: skip
         lib.whisper_attend_rows.restype = None
+
+    def threads(self) -> int:
+        return getattr(self._team, "size", 0) or torch.get_num_threads()
+
+    @contextmanager
+    def team(self, size: int) -> Iterator[None]:
+        """The calling thread's kernels run on `size` threads inside the block."""
+        before = getattr(self._team, "size", 0)
+        self._team.size = size
+        try:
+            yield
+        finally:
+            self._team.size = before
 
     @staticmethod
     def supports_linear(weight_t: Tensor) -> bool:
@@ -192,7 +210,7 @@ class CpuKernels:
         self.lib.whisper_gemv(
             x.data_ptr(), ln_w, ln_b, eps, weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
             residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu),
-            torch.get_num_threads(),
+            self.threads(),
         )  # fmt: skip
         return y
 
@@ -214,7 +232,7 @@ class CpuKernels:
         self.lib.whisper_gemv_q8(
             x.data_ptr(), ln_w, ln_b, eps, weight.blocks.data_ptr(), weight.scales.data_ptr(),
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
-            y.data_ptr(), k, n, int(gelu), torch.get_num_threads(),
+            y.data_ptr(), k, n, int(gelu), self.threads(),
         )  # fmt: skip
         return y
 
@@ -242,7 +260,7 @@ class CpuKernels:
             values.data_ptr() if quantized else None, weight.scales.data_ptr() if quantized else None,
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
             y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None,
-            torch.get_num_threads(),
+            self.threads(),
         )  # fmt: skip
         return y
 
@@ -254,7 +272,7 @@ class CpuKernels:
         scratch = torch.empty(heads * n)
         self.lib.whisper_attend_one(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, n, k.stride(0), HEAD_DIM**-0.5,
-            scratch.data_ptr(), torch.get_num_threads(),
+            scratch.data_ptr(), self.threads(),
         )  # fmt: skip
         return out
 
@@ -274,7 +292,7 @@ class CpuKernels:
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows, heads, n,
             positions.data_ptr() if positions is not None else None,
             cross_slots.data_ptr() if cross_slots is not None else None, k.stride(0), k.stride(1), HEAD_DIM**-0.5,
-            scratch.data_ptr(), torch.get_num_threads(),
+            scratch.data_ptr(), self.threads(),
         )  # fmt: skip
         return out
 

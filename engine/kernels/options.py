@@ -34,6 +34,9 @@ class KernelOptions:
     cpu_int8_weights: bool = False
     # With them, several sequences' decode products too (each weight read once for all rows) instead of torch's.
     cpu_decode_rows: bool = True
+    # A decode step's native kernels on the full thread team or on one thread, whichever recent steps ran faster
+    # (kernels/cpu_team.py: one wins beside a competing load); off: always the full team.
+    cpu_adaptive_team: bool = True
     # On a GPU, kernels whose results for a row do not depend on the batch (engine/backends/gpu_invariant.py):
     # a request's tokens are the same whatever else runs. Its cost is in BENCHMARKS.md; the switches above that
     # concern a lone row's GPU kernels (pdl, norm_product, int8_lone_row) do not apply with it.

@@ -242,6 +242,32 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
     torch.testing.assert_close(out[1], out[0], rtol=1e-3, atol=1e-3)
 
 
+@native
+@pytest.mark.parametrize("int8", [False, True])
+def test_team_size_leaves_every_bit_of_a_step_alone(kernels, int8):
+    """cpu_team.py picks one thread or the full team per step: each output column and each (row, head) is one
+    thread's work in the same order either way, so one row's steps and several rows' give the same bits."""
+    model, _, native_path = tiny_backends(kernels)
+    backend = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=int8), native_path.output_chunks, kernels)
+    shape = CacheShape.for_model(model.dims, None, None)
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
+        out, caches = [], []
+        for size in (1, 3):  # 3: more threads than this machine may have cores, still one team
+            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
+            dec = model.decoder
+            dec.fill_cross_cache(features, cache, 0)
+            with kernels.team(size):
+                assert kernels.threads() == size
+                logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
+                tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
+                logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
+            out.append(torch.cat(logits))
+            caches.append(cache.self_kv)
+    assert kernels.threads() == torch.get_num_threads()  # the block's size is gone after it
+    assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
+
+
 def test_off_switch():
     model = Whisper(DUMMY_DIMS["tiny"])
     backend = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions(cpu_decode=False))
