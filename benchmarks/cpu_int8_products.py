@@ -12,6 +12,7 @@ The encoder runs on the spontaneous clip's first 30 s window (faster-whisper's f
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time
 
 from engine.audio import decode_audio
-from engine.backends.cpu_int8_encoder import Int8Encoder
+from engine.backends.cpu_int8_encoder import Int8Blocks
 from engine.kernels import cpu_kernels
 from engine.kernels.cpu_kernels import COLS, QuantizedWeight
 from engine.model.weights import load_checkpoint, resolve_model
@@ -51,7 +52,8 @@ def encoder_row(name: str, args) -> str:
         model = Whisper(checkpoint.dims)
     model.load_state_dict(checkpoint.state_dict, strict=True, assign=True)
     encoder = model.float().eval().requires_grad_(False).encoder
-    int8 = Int8Encoder(encoder)
+    int8 = copy.deepcopy(encoder)
+    int8.use_quantized(Int8Blocks(int8.blocks))
     mel = first_window(checkpoint.dims.n_mels)
     with torch.inference_mode():
         x = torch.from_numpy(mel)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, unsupported_reason  # noqa: E402
+from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks, unsupported_reason  # noqa: E402
 from engine.model.dims import DUMMY_DIMS  # noqa: E402
 from engine.model.weights import dummy_state_dict  # noqa: E402
 from engine.model.whisper import AudioEncoder  # noqa: E402
@@ -64,11 +64,11 @@ def main() -> None:
         fused_error = (encoder(mels[args.batch[0]]).float() - reference).norm() / reference.norm()
     half = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
     with torch.inference_mode():
-        encoder.use_fp8(args.model_dtype_blocks)
+        encoder.use_quantized(Fp8Blocks(encoder.blocks, args.model_dtype_blocks))
         torch.cuda.empty_cache()
         error = (encoder(mels[args.batch[0]]).float() - reference).norm() / reference.norm()
     eight = {b: time_ms(encoder, mel, args.repeats) for b, mel in mels.items()}
-    print(f"{torch.cuda.get_device_name()}, {args.model} encoder, dummy weights, first {encoder.fp8_start} blocks "
+    print(f"{torch.cuda.get_device_name()}, {args.model} encoder, dummy weights, first {encoder.quantized_start} blocks "
           f"in float16; relative error against separate q/k/v: fused {fused_error.item():.1e}, float8 "
           f"{error.item():.4f}")  # fmt: skip
     print("| batch | float16 separate q/k/v ms | float16 fused ms | float8 ms | float16 fused ms per window "

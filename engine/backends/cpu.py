@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.backends.base import DecodeBackend
-from engine.backends.cpu_int8_encoder import Int8Encoder
+from engine.backends.cpu_int8_encoder import Int8Blocks
 from engine.kernels.cpu_kernels import COLS, CpuKernels, QuantizedWeight
 from engine.kernels.cpu_team import TeamSize
 from engine.kernels.fused_ops import linear, norm
@@ -38,13 +38,8 @@ class CpuTorchBackend(DecodeBackend):
     def __init__(self, model: Whisper, kernels: KernelOptions, output_chunks: Tensor):
         super().__init__(model, kernels)
         self.output_chunks = output_chunks  # lay_out_for_cpu's
-        # dtype int8: the encoder's products in int8 too (torch's integer products need no native kernels)
-        self.int8_encoder = Int8Encoder(model.encoder) if kernels.cpu_int8_weights else None
-
-    def encode(self, mel: Tensor) -> Tensor:
-        if self.int8_encoder is not None:
-            return self.int8_encoder(mel)
-        return super().encode(mel)
+        if kernels.cpu_int8_weights:  # the encoder's products in int8 too (torch's integer products need no kernels)
+            model.encoder.use_quantized(Int8Blocks(model.encoder.blocks))
 
     def eager_step(
         self, tokens: Tensor, positions: Tensor, cache: KVCache, host_positions: list[int], slot_start: int = 0

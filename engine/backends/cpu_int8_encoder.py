@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kernels.cpu_kernels import quantize_columns
-from engine.kernels.fused_ops import add_norm, norm
-from engine.model.whisper import AudioEncoder
+from engine.kernels.fused_ops import add_norm
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -41,30 +40,32 @@ class Int8Linear:
         return out if self.bias is None else out.add_(self.bias)
 
 
-class Int8Encoder:
-    """encode(mel) for a CPU: the encoder's convolutions in float32 (a few percent of its time), then each block's
-    four products in int8."""
+class Int8Blocks(nn.Module):
+    """Every encoder block's four products in int8 (AudioEncoder.use_quantized, start 0: the convolutions before
+    the blocks stay float32, a few percent of the encoder's time). The blocks' float32 product weights are freed:
+    they keep only their layer norms."""
 
-    def __init__(self, encoder: AudioEncoder):
-        self.encoder = encoder
-        self.products = [
-            (
-                Int8Linear.fuse([b.attn.query, b.attn.key, b.attn.value]),
-                Int8Linear(b.attn.out.weight, b.attn.out.bias),
-                Int8Linear(b.mlp[0].weight, b.mlp[0].bias),
-                Int8Linear(b.mlp[2].weight, b.mlp[2].bias),
-            )
-            for b in encoder.blocks
-        ]
+    start = 0
 
-    def __call__(self, mel: Tensor) -> Tensor:
-        enc = self.encoder
-        x = enc.stem(mel)
+    def __init__(self, blocks: nn.ModuleList):
+        super().__init__()
+        self.products = []
+        for block in blocks:
+            attn, mlp = block.attn, block.mlp
+            self.products.append((
+                Int8Linear.fuse([attn.query, attn.key, attn.value]),
+                Int8Linear(attn.out.weight, attn.out.bias),
+                Int8Linear(mlp[0].weight, mlp[0].bias),
+                Int8Linear(mlp[2].weight, mlp[2].bias),
+            ))  # fmt: skip
+            del attn.query, attn.key, attn.value, attn.out, block.mlp
+
+    def forward(self, x: Tensor, h: Tensor, blocks: list[nn.Module], ln_post: nn.LayerNorm) -> Tensor:
+        """x: the residual stream entering the first block, h its normalized copy, (batch, time, n_state); returns
+        ln_post of the last block's output."""
         b, t, n = x.shape
-        blocks = list(enc.blocks)
         heads = blocks[0].attn.n_head
-        next_norms = [block.attn_ln for block in blocks[1:]] + [enc.ln_post]
-        h = norm(blocks[0].attn_ln, x)
+        next_norms = [block.attn_ln for block in blocks[1:]] + [ln_post]
         for block, (qkv, out, fc1, fc2), next_norm in zip(blocks, self.products, next_norms):
             q, k, v = qkv(*quantize_rows(h.view(b * t, n))).view(b, t, 3, heads, n // heads).unbind(2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from engine.backends.base import DecodeBackend
 from engine.kernels import decode_attention
+from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 from engine.kernels.fused_ops import add_norm, add_norm_linear, linear, norm, norm_product_applies, one_row_logits
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
@@ -50,7 +51,7 @@ class GpuBackend(DecodeBackend):
     ):
         super().__init__(model, kernels)
         if fp8:  # before fusing: float8 blocks fuse their own q/k/v
-            model.encoder.use_fp8()
+            model.encoder.use_quantized(Fp8Blocks(model.encoder.blocks, MODEL_DTYPE_BLOCKS))
             torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
         model.encoder.fuse_qkv()
         self.output_weight = pad_vocabulary(model.decoder)

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 from engine.kernels.fused_ops import add_norm, linear, linear_gelu, norm
 from engine.kernels.int8_attention import dequantize, indexed_attention, int8_attention, quantize_into
 from engine.kernels.options import DEFAULT_KERNELS, KernelOptions
@@ -147,19 +146,21 @@ class AudioEncoder(nn.Module):
             ResidualAttentionBlock(dims.n_audio_state, dims.n_audio_head) for _ in range(dims.n_audio_layer)
         )
         self.ln_post = nn.LayerNorm(dims.n_audio_state)
-        self.fp8: Fp8Blocks | None = None  # the products of blocks fp8_start.. in float8 (use_fp8)
-        self.fp8_start = len(self.blocks)
+        self.quantized: nn.Module | None = None  # blocks quantized_start.. with fewer-bit products (use_quantized)
+        self.quantized_start = len(self.blocks)
 
-    def use_fp8(self, model_dtype_blocks: int = MODEL_DTYPE_BLOCKS) -> None:
-        """Run the products of all blocks but the first `model_dtype_blocks` in float8 from now on
-        (engine/kernels/fp8.py); their float16 weights are freed."""
-        self.fp8 = Fp8Blocks(self.blocks, model_dtype_blocks)
-        self.fp8_start = self.fp8.start
+    def use_quantized(self, blocks: nn.Module) -> None:
+        """Run the blocks from `blocks.start` on through `blocks` from now on: their products in float8 on a GPU
+        (engine/kernels/fp8.py Fp8Blocks) or int8 on a CPU (engine/backends/cpu_int8_encoder.py Int8Blocks), which
+        hold those products' weights and free the blocks' own. Called as blocks(x, h, self.blocks, ln_post) with
+        the residual stream entering block `start` and its normalized copy; returns ln_post of the last output."""
+        self.quantized = blocks
+        self.quantized_start = blocks.start
 
     def fuse_qkv(self) -> None:
-        """Each block's q, k and v as one product where the block runs in the model's dtype (float8 blocks fuse
+        """Each block's q, k and v as one product where the block runs in the model's dtype (quantized blocks fuse
         their own)."""
-        for block in list(self.blocks)[: self.fp8_start]:
+        for block in list(self.blocks)[: self.quantized_start]:
             block.attn.fuse_qkv()
 
     def stem(self, mel: Tensor) -> Tensor:
@@ -177,11 +178,11 @@ class AudioEncoder(nn.Module):
         # each residual add is fused with the layer norm after it, the last with ln_post
         h = norm(blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in blocks[1:]] + [self.ln_post]
-        end = self.fp8_start
+        end = self.quantized_start
         for block, next_norm in zip(blocks[:end], next_norms[:end]):
             x, h = add_norm(x, block.attn(h), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h), next_norm)
-        return h if end == len(blocks) else self.fp8(x, h, blocks, self.ln_post)
+        return h if end == len(blocks) else self.quantized(x, h, blocks, self.ln_post)
 
 
 class TextDecoder(nn.Module):

@@ -80,7 +80,7 @@ def test_fp8_encoder_stays_close_to_float16_on_speech(engines, gpu_clips, read_w
     """Real weights and real speech: the encoder's output in float8 within a few percent of the float16 one,
     and the graphs replay what the float8 encoder computes eagerly."""
     half, eight = (e.runner for e in engines)
-    assert half.model.encoder.fp8 is None and eight.model.encoder.fp8 is not None
+    assert half.model.encoder.quantized is None and eight.model.encoder.quantized is not None
     audio = torch.from_numpy(read_wav(gpu_clips[0]))
     mel = pad_or_trim(half.mel(audio), N_FRAMES)
     mels = torch.stack([mel] * 2).to(torch.float16)  # two windows: a captured batch size

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.audio import N_FRAMES
 from engine.features import pad_or_trim
-from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS
+from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def encoders(tiny_engine, load_clip):
         outputs = {}
         for first in (MODEL_DTYPE_BLOCKS, 0):
             encoder = copy.deepcopy(runner.model.encoder)
-            encoder.use_fp8(first)
+            encoder.use_quantized(Fp8Blocks(encoder.blocks, first))
             outputs[first] = (encoder, encoder(mel))
     return reference, outputs
 
@@ -34,9 +34,10 @@ def test_fp8_encoder_stays_close_to_float32(encoders):
     reference, outputs = encoders
     encoder, out = outputs[MODEL_DTYPE_BLOCKS]
     # the first blocks keep their float weights; the others' are replaced by float8 ones
-    assert encoder.fp8_start == MODEL_DTYPE_BLOCKS and len(encoder.fp8) == len(encoder.blocks) - MODEL_DTYPE_BLOCKS
+    assert encoder.quantized_start == MODEL_DTYPE_BLOCKS
+    assert len(encoder.quantized) == len(encoder.blocks) - MODEL_DTYPE_BLOCKS
     assert hasattr(encoder.blocks[0], "mlp") and not hasattr(encoder.blocks[-1], "mlp")
-    assert encoder.fp8[0]["qkv"].weight.dtype == torch.float8_e4m3fn
+    assert encoder.quantized[0]["qkv"].weight.dtype == torch.float8_e4m3fn
     err, cos = closeness(out, reference)
     print(f"\nfloat8 encoder (first {MODEL_DTYPE_BLOCKS} blocks float32): relative error {err:.4f}, "
           f"frame cosine p1 {cos.quantile(0.01).item():.4f}, worst {cos.min().item():.4f}")  # fmt: skip

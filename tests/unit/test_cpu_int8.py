@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.backends.cpu_int8_encoder import Int8Encoder, Int8Linear, quantize_rows
+from engine.backends.cpu_int8_encoder import Int8Blocks, Int8Linear, quantize_rows
 from engine.model.dims import DUMMY_DIMS
 from engine.model.weights import dummy_state_dict
 from engine.model.whisper import Whisper
@@ -52,13 +52,17 @@ def test_int8_encoder_is_close_to_float32():
     model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
     model.eval().requires_grad_(False)
     mel = torch.randn(2, dims.n_mels, 3000)
+    encoder = model.encoder
     with torch.inference_mode():
-        want, got = model.encoder(mel), Int8Encoder(model.encoder)(mel)
+        want = encoder(mel)
+        encoder.use_quantized(Int8Blocks(encoder.blocks))
+        got = encoder(mel)
+    assert encoder.quantized_start == 0 and not hasattr(encoder.blocks[0], "mlp")  # the float32 weights are freed
     assert got.shape == want.shape
     assert ((got - want).norm() / want.norm()).item() < 0.1
     for i in range(2):  # a window's result does not depend on the other window in the batch
         with torch.inference_mode():
-            alone = Int8Encoder(model.encoder)(mel[i : i + 1])
+            alone = encoder(mel[i : i + 1])
         torch.testing.assert_close(alone[0], got[i], rtol=1e-4, atol=1e-4)
 
 
