@@ -7,10 +7,10 @@ it; one thread never waits for another, and on the spontaneous test clip with tw
 request took ~20% less time on one thread (`python benchmarks/cpu_int8.py --load 2` and `--fixed-team`). Which
 team wins changes with the machine's load while the server runs, so it is measured on the steps themselves: the
 current choice runs most steps, and now and then a probe alternates steps of the other choice with steps of the
-current one, so that both see the same load; when the other's median step is the lower, it takes over. A probe that loses costs time, so the
-next one comes after enough steps that this cost stays a few percent of theirs (BUDGET): beside a load a probe of
-the full team costs ~3 one-thread steps each, quiet a probe of one thread ~1/4 of a step. The comparison is per
-kind of step (one row, several rows), whose costs differ.
+current one, so that both see the same load; when the other's median step is lower by a margin, it takes over. A
+probe that loses costs time, so the next one comes after enough steps that this cost stays a few percent of theirs
+(BUDGET): beside a load a probe's full-team step costs ~3 one-thread steps, quiet a one-thread step ~1/4 of a
+step more. The comparison is per kind of step (one row, several rows), whose costs differ.
 
 The choice changes only how many threads share a step's work: each output column and each (row, head) is computed
 by one thread in the same order either way, so the results are bit-identical.
