@@ -51,14 +51,11 @@ class Int8Blocks(nn.Module):
         super().__init__()
         self.products = []
         for block in blocks:
-            attn, mlp = block.attn, block.mlp
+            qkv, out, fc1, fc2 = block.take_products()
             self.products.append((
-                Int8Linear.fuse([attn.query, attn.key, attn.value]),
-                Int8Linear(attn.out.weight, attn.out.bias),
-                Int8Linear(mlp[0].weight, mlp[0].bias),
-                Int8Linear(mlp[2].weight, mlp[2].bias),
+                Int8Linear.fuse(qkv), Int8Linear(out.weight, out.bias), Int8Linear(fc1.weight, fc1.bias),
+                Int8Linear(fc2.weight, fc2.bias),
             ))  # fmt: skip
-            del attn.query, attn.key, attn.value, attn.out, block.mlp
 
     def forward(self, x: Tensor, h: Tensor, blocks: list[nn.Module], ln_post: nn.LayerNorm) -> Tensor:
         """x: the residual stream entering the first block, h its normalized copy, (batch, time, n_state); returns

@@ -91,14 +91,13 @@ class Fp8Blocks(nn.Module):
         self.start = min(start, len(blocks))
         products = []
         for block in list(blocks)[self.start :]:
-            attn, mlp = block.attn, block.mlp
+            qkv, out, fc1, fc2 = block.take_products()
             products.append(nn.ModuleDict({
-                "qkv": Fp8Linear.fuse([attn.query, attn.key, attn.value]),
-                "out": Fp8Linear(attn.out.weight, attn.out.bias),
-                "fc1": Fp8Linear(mlp[0].weight, mlp[0].bias),
-                "fc2": Fp8Linear(mlp[2].weight, mlp[2].bias),
+                "qkv": Fp8Linear.fuse(qkv),
+                "out": Fp8Linear(out.weight, out.bias),
+                "fc1": Fp8Linear(fc1.weight, fc1.bias),
+                "fc2": Fp8Linear(fc2.weight, fc2.bias),
             }))  # fmt: skip
-            del attn.query, attn.key, attn.value, attn.out, block.mlp
         self.products = nn.ModuleList(products)
 
     def __len__(self) -> int:

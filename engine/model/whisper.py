@@ -135,6 +135,14 @@ class ResidualAttentionBlock(nn.Module):
         """The MLP on its normalized input (the residual add is the caller's, fused with the next norm)."""
         return linear(self.mlp[2], linear_gelu(self.mlp[0], h), kernels.pdl)
 
+    def take_products(self) -> tuple[list[nn.Linear], nn.Linear, nn.Linear, nn.Linear]:
+        """The self-attention block's four products ([query, key, value], out, the MLP's two), removed from it for a
+        quantized copy to replace (AudioEncoder.use_quantized); the block keeps its layer norms."""
+        attn = self.attn
+        products = [attn.query, attn.key, attn.value], attn.out, self.mlp[0], self.mlp[2]
+        del attn.query, attn.key, attn.value, attn.out, self.mlp
+        return products
+
 
 class AudioEncoder(nn.Module):
     def __init__(self, dims: ModelDimensions):
