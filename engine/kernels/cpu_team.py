@@ -1,16 +1,15 @@
 """TeamSize: how many threads the native CPU kernels run a decode step on, the full team or one, measured.
 
 Why: a decode step is ~10 short parallel loops per layer, and each ends at a barrier. With the cores to itself the
-full team is faster (tiny.en, 2 cores: ~10% per request). Beside a competing load (other processes, a CPU quota
-smaller than the core count) the OS deschedules one of the team's threads now and then, and every barrier waits for
-it; one thread never waits for another, and on the spontaneous test clip with two busy processes beside it a
-request took ~20% less time on one thread (`python benchmarks/cpu_int8.py --load 2` and `--fixed-team`). Which
+full team is faster. Beside a competing load (other processes, a CPU quota smaller than the core count) the OS
+deschedules one of the team's threads now and then, and every barrier waits for it; one thread never waits for
+another, and is then the faster (`python benchmarks/cpu_int8.py --load 0 2 --fixed-team`: BENCHMARKS.md). Which
 team wins changes with the machine's load while the server runs, so it is measured on the steps themselves: the
 current choice runs most steps, and now and then a probe alternates steps of the other choice with steps of the
 current one, so that both see the same load; when the other's median step is lower by a margin, it takes over. A
 probe that loses costs time, so the next one comes after enough steps that this cost stays a few percent of theirs
-(BUDGET): beside a load a probe's full-team step costs ~3 one-thread steps, quiet a one-thread step ~1/4 of a
-step more. The comparison is per kind of step (one row, several rows), whose costs differ.
+(BUDGET), whether a probe's steps cost a few times the current ones' (the full team beside a load) or a little
+more (one thread, quiet). The comparison is per kind of step (one row, several rows), whose costs differ.
 
 The choice changes only how many threads share a step's work: each output column and each (row, head) is computed
 by one thread in the same order either way, so the results are bit-identical.
