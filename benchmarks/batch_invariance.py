@@ -106,7 +106,7 @@ def steps(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="a real model (path or name) for the transcript check")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="folder of 16 kHz WAV clips")
+    ap.add_argument("--data", default=str(ROOT / "tests" / "data"), help="folder of 16 kHz WAV clips")
     ap.add_argument("--fillers", nargs="+", type=int, default=[7, 64, 200])
     ap.add_argument("--step-model", help="a size name (large-v3, large-v3-turbo) for the decode-step check")
     ap.add_argument("--tokenizer", help="tokenizer.json for a multilingual dummy model")

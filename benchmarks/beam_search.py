@@ -1,6 +1,6 @@
 """Beam search: tokens against faster-whisper's, word error rate against greedy, and the cost on a GPU.
 
-    python benchmarks/beam_search.py parity [--models tiny.en base]     # CPU, float32, ../shared/data
+    python benchmarks/beam_search.py parity [--models tiny.en base]     # CPU, float32, tests/data
     python benchmarks/beam_search.py cost --model large-v3 [--windows 1 64 256] [--tokens 100] [--max-num-seqs N]  # GPU
 
 parity: every clip of one window (tiny.en: the English ones; base: all) decoded with beam_size=5 at temperature 0
@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "tests" / "data"
 LONG_CLIP = "g2_en_earnings22_4482311_3-62s.wav"
 
 

@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny.en")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=ROOT / "tests" / "data")
     args = ap.parse_args()
 
     from longform_batching import build_recording

@@ -31,7 +31,7 @@ from engine_phases import print_engine_phases  # noqa: E402
 from engine import audio as engine_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 
-CLIP = Path(__file__).resolve().parents[2] / "shared" / "data" / "g1_en_spontaneous_mfa-acoustic-corpus.wav"
+CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "g1_en_spontaneous_mfa-acoustic-corpus.wav"
 
 
 def wav_bytes(seconds: float) -> bytes:

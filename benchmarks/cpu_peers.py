@@ -26,7 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "tests" / "data"
 CLIPS = {
     "LibriSpeech 16.7 s": "g1_en_librispeech-test-clean_1221-135766-0001.wav",
     "spontaneous 26.7 s": "g1_en_spontaneous_mfa-acoustic-corpus.wav",

@@ -3,7 +3,7 @@
     pip install pyannote.metrics   # the field's DER implementation (benchmark only)
     python benchmarks/diarization.py [--model tiny.en]
 
-Recordings assembled from ../shared/data clips whose speakers are known: turns of 4-15 s cut from each speaker's
+Recordings assembled from tests/data clips whose speakers are known: turns of 4-15 s cut from each speaker's
 audio at its quietest 100 ms near the cut, taken in turn with pauses of 0.2-1.5 s (seeded). The reference is each
 turn's speech as Silero VAD finds it, labelled with the turn's speaker.
 - "4 speakers, 5 min": LJSpeech's reader, the Shakespeare sonnets' reader and two LibriSpeech readers.

@@ -2,7 +2,7 @@
 
     python benchmarks/diarization_batch.py [--device cuda] [--recordings 64] [--seconds 120]
 
-The recordings are 4-speaker conversations assembled from ../shared/data clips (tests/helpers/conversations.py),
+The recordings are 4-speaker conversations assembled from tests/data clips (tests/helpers/conversations.py),
 one seed each, so no two are alike. "one at a time" is what a server whose diarizer takes one recording per pass
 does with N concurrent requests; "one pass" is what this server's DiarizationWorker does with N requests that
 arrive while it is busy: every stage over all of them (SpeakerDiarizer.diarize_many). Both use the same models

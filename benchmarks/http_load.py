@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.helpers.server import spawn_or_exit  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "tests" / "data"
 DEFAULT_FILE = DATA / "g1_en_librispeech-dev-clean_2412-153948-0000.flac"  # 11.66 s of read speech
 SAMPLE_RATE = 16000
 

@@ -6,7 +6,7 @@ Speech with rare names and jargon is made with espeak-ng (Debian's `espeak-ng`; 
 person), one sentence per case with the keywords it holds. Four ways to decode each: no keywords, the keywords in
 the prompt only (faster-whisper's hotwords), the logit bonus only (engine/keywords.py; the server's default),
 both (`keywords_in_prompt`). Prints each way's keyword recall (keywords found verbatim, ignoring case, over
-keywords spoken) and the WER on the LibriSpeech clips of ../shared/data decoded with every case's keywords as
+keywords spoken) and the WER on the LibriSpeech clips of tests/data decoded with every case's keywords as
 distractors (it should not rise). Engine level, CPU.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "tests" / "data"
 
 CASES = [
     ("Yesterday I met Siobhan Nakamura and Bartholomew Quixley to discuss the Kubernetes migration.",

@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--sequential-requests", type=int, default=None, help="default: --requests")
     ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=ROOT / "tests" / "data")
     ap.add_argument("--batch-invariant", action="store_true", help="the batch-invariant GPU kernels (KernelOptions)")
     args = ap.parse_args()
 

@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument(
         "--clip",
         type=Path,
-        default=ROOT.parent / "shared" / "data" / "g1_en_librispeech-test-clean_1221-135766-0002.wav",
+        default=ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0002.wav",
     )
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None

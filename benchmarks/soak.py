@@ -87,7 +87,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.helpers.server import RemoteServer, spawn_or_exit  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "tests" / "data"
 MIB = 1024 * 1024
 DEFAULT_MAX_UPLOAD_MB = 25.0  # the server's default --max-upload-mb
 CHAT_FORMATS = {"wav", "mp3", "flac", "ogg", "webm", "m4a", "mp4"}  # input_audio formats the server names
@@ -662,7 +662,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the request plan")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="a request with no answer by then is lost")
     ap.add_argument("--max-duration-s", type=float, default=3600.0, help="stop sending new requests after this")
-    ap.add_argument("--data-dir", type=Path, default=DATA, help="the clips (default: ../shared/data of the repo)")
+    ap.add_argument("--data-dir", type=Path, default=DATA, help="the clips (default: tests/data)")
     ap.add_argument("--mix", type=parse_mix, default=dict(DEFAULT_MIX),
                     help="kind=weight,... overriding the default weights (0 leaves a kind out)")
     ap.add_argument("--max-upload-mb", type=float, default=None,

@@ -1,7 +1,7 @@
 """Real servers for end-to-end tests (tests/helpers/server.py's RemoteServer): `python -m server serve` on
 127.0.0.1, real weights, real audio.
 
-`data_dir` (../shared/data) comes from tests/conftest.py.
+`data_dir` (tests/data, or WHISPER_TEST_DATA) comes from tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 from openai.types.audio import TranscriptionVerbose
 
 CLIPS = {
-    "g3_de_gaenswein15.mp3": "german",
+    "g3_de_picovoice-leopard_test_de.wav": "german",
     "g3_ja_fleurs_1837.wav": "japanese",
     "g3_zh_aishell_BAC009S0724W0121.wav": "chinese",
     "g3_ru_deepspeech-smoke.wav": "russian",

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.data import DATA
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,7 +37,7 @@ def gpu_model() -> str:
 @pytest.fixture(scope="session")
 def gpu_clips() -> list[Path]:
     """16 kHz mono clips (decodable without PyAV, via soundfile)."""
-    data = Path(os.environ.get("WHISPER_TEST_DATA", ROOT.parent / "shared" / "data"))
+    data = DATA
     clips = sorted(p for p in data.glob("*.wav") if p.name.startswith(("g1_en", "g4_en_jfk")))
     import soundfile as sf
 

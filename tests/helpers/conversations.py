@@ -1,4 +1,4 @@
-"""Multi-speaker recordings assembled from single-speaker clips of ../shared/data, with their true turns: what the
+"""Multi-speaker recordings assembled from single-speaker clips of the test clips (tests/helpers/data.py), with their true turns: what the
 diarization tests and benchmarks/diarization.py measure against.
 
 Turns of 4-15 s are cut from each speaker's audio at its quietest 100 ms near the cut and taken in turn, with
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from tests.helpers.data import DATA
+
 RATE = 16000
 
 LIBRISPEECH_1688 = [f"g1_en_librispeech-test-other_1688-142285-000{i}.flac" for i in range(3)]

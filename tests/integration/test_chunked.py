@@ -1,7 +1,7 @@
 """Chunked mode (chunking_strategy) on a ~10-minute recording: as accurate as sequential decoding, faster, and
 with segment times that map back to the original audio.
 
-The recording is the short English clips of ../shared/data (g1_en_*) laid end to end, 1-2 s of silence between
+The recording is the short English test clips (g1_en_*) laid end to end, 1-2 s of silence between
 them, cycled until it lasts 10 minutes. The whispered clips are left out: Silero VAD does not hear whispering
 (voiceless speech), so chunked mode drops them, as it drops any audio the VAD calls silence.
 """

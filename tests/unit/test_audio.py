@@ -16,9 +16,10 @@ import soundfile as sf
 
 from engine.audio import SAMPLE_RATE, AudioDecodeError, AudioTooLongError, decode_audio, duration_s
 from tests.helpers import hostile_media
+from tests.helpers.data import DATA, missing
 from tests.helpers.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
 
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA_DIR = DATA
 G4_CLIPS = sorted(p for p in DATA_DIR.glob("g4_*") if p.suffix != ".txt")
 # generous: a hang guard, not a benchmark
 MAX_ERROR_SECONDS = 5.0
@@ -27,7 +28,7 @@ MAX_ERROR_SECONDS = 5.0
 def clip(name: str) -> Path:
     path = DATA_DIR / name
     if not path.exists():
-        pytest.skip(f"{name} is not in the shared data directory")
+        pytest.skip(missing(name))
     return path
 
 
@@ -97,7 +98,7 @@ def encode(samples: np.ndarray, container_format: str, codec: str, rate: int, la
     return buffer.getvalue()
 
 
-# Formats no shared clip has: Opus in WebM and Ogg, MPEG program stream, mp3 (mpga) at
+# Formats no test clip has: Opus in WebM and Ogg, MPEG program stream, mp3 (mpga) at
 # 22.05 kHz, ALAC in m4a, ADTS AAC, float WAV, AAC in mp4 at 32 kHz.
 ENCODINGS = [
     ("webm", "libopus", 48000, "mono"),
@@ -235,10 +236,10 @@ def test_native_pcm16_fast_path_gives_pyav_samples(monkeypatch):
 
     native = [p for p in sorted(DATA_DIR.glob("*")) if p.suffix in (".wav", ".flac")]
     if not native:
-        pytest.skip("no shared data directory")
+        pytest.skip(f"no clips in {DATA_DIR}")
     fast = [(p, native_pcm16(p)) for p in native]
     fast = [(p, pcm) for p, pcm in fast if pcm is not None]
-    assert len(fast) >= 10, "the shared data should hold 16 kHz mono 16-bit clips"
+    assert len(fast) >= 10, "the test clips should hold 16 kHz mono 16-bit ones"
     monkeypatch.setattr(audio, "soundfile", None)  # PyAV only from here on
     for path, pcm in fast:
         np.testing.assert_array_equal(pcm.astype(np.float32) / 32768.0, decode_audio(path), err_msg=path.name)

@@ -15,8 +15,9 @@ from engine.features import (
     mel_filters,
     pad_or_trim,
 )
+from tests.helpers.data import DATA, missing
 
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA_DIR = DATA
 CLIPS = [
     "g3_zh_za-ziji-de-jiao.flac",  # 0.96 s
     "g4_en_timit-sample_LDC93S1_8k.wav",  # 2.9 s, quiet (-41 dBFS)
@@ -31,7 +32,7 @@ MAX_FEATURE_DIFF = 1e-4
 def load(name: str) -> np.ndarray:
     path = DATA_DIR / name
     if not path.exists():
-        pytest.skip(f"{name} is not in the shared data directory")
+        pytest.skip(missing(name))
     return decode_audio(path)
 
 
