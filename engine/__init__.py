@@ -2,116 +2,68 @@
 
 The server's one door into the engine: everything it uses is imported from here. The package's map is in
 engine/README.md.
+
+Names load on first use (PEP 562): the command line parses its flags, answers --help and checks its arguments
+without importing torch, and a process imports only the parts it touches.
 """
 
-from engine.audio import (
-    SAMPLE_RATE,
-    TOKENS_PER_SECOND,
-    AudioDecodeError,
-    AudioTooLongError,
-    decode_audio,
-    decode_channels,
-)
-from engine.config import EngineConfig
-from engine.cpus import available_cpus
-from engine.diarization import (
-    MAX_SPEAKERS,
-    Diarization,
-    DiarizationJob,
-    DiarizedSegment,
-    SpeakerCount,
-    SpeakerDiarizer,
-    SpeakerTurn,
-    diarized_segments,
-    segment_speakers,
-    speaker_label,
-    speaker_labels,
-)
-from engine.engine import Engine
-from engine.engine_process import EngineProcess
-from engine.frontend import EngineLike, Handle, RequestHandle
-from engine.kernels.options import KernelOptions
-from engine.longform.vad import VoiceActivityDetector
-from engine.model.tokenizer import LANGUAGES
-from engine.model_runner import resolve_device
-from engine.pool import EnginePool
-from engine.request import (
-    DEFAULT_TEMPERATURES,
-    MAX_BEAM_SIZE,
-    MAX_BEST_OF,
-    ChunkingOptions,
-    DecodeBudgetExceededError,
-    DecodeOptions,
-    EngineDeadError,
-    EngineError,
-    EngineOverloadedError,
-    EngineStats,
-    InvalidRequestError,
-    RequestAbortedError,
-    Segment,
-    SegmentEvent,
-    Task,
-    TokenLogprob,
-    TranscriptionResult,
-    Word,
-)
+from __future__ import annotations
+
+import importlib
+
+# module -> the names it exports through this package
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "engine.audio": (
+        "SAMPLE_RATE", "TOKENS_PER_SECOND", "AudioDecodeError", "AudioTooLongError", "decode_audio",
+        "decode_channels",
+    ),
+    "engine.config": ("EngineConfig",),
+    "engine.cpus": ("available_cpus",),
+    "engine.diarization": (
+        "MAX_SPEAKERS", "Diarization", "DiarizationJob", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer",
+        "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label", "speaker_labels",
+    ),
+    "engine.engine": ("Engine",),
+    "engine.engine_process": ("EngineProcess",),
+    "engine.frontend": ("EngineLike", "Handle", "RequestHandle"),
+    "engine.kernels.options": ("KernelOptions",),
+    "engine.longform.vad": ("VoiceActivityDetector",),
+    "engine.model.tokenizer": ("LANGUAGES",),
+    "engine.model_runner": ("resolve_device",),
+    "engine.pool": ("EnginePool",),
+    "engine.request": (
+        "DEFAULT_TEMPERATURES", "MAX_BEAM_SIZE", "MAX_BEST_OF", "ChunkingOptions", "DecodeBudgetExceededError",
+        "DecodeOptions", "EngineDeadError", "EngineError", "EngineOverloadedError", "EngineStats",
+        "InvalidRequestError", "RequestAbortedError", "Segment", "SegmentEvent", "Task", "TokenLogprob",
+        "TranscriptionResult", "Word",
+    ),
+    "engine.model.sources": ("ModelNotFoundError", "check_model", "known_names"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 
-def start_engine(config: EngineConfig, own_process: bool, gpu: int | None = None) -> EngineLike:
-    """Load the model and start serving: in this process (a loop thread) or in a child process of its own (which
-    sees only GPU `gpu`, when given)."""
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+def start_engine(config, own_process: bool, gpu: int | None = None):
+    """Load the model and start serving (an EngineLike): in this process (a loop thread) or in a child process of
+    its own (which sees only GPU `gpu`, when given)."""
+    from engine.engine import Engine
+    from engine.engine_process import EngineProcess
+
     engine = EngineProcess(config, gpu) if own_process else Engine(config)
     engine.start()
     return engine
 
 
-__all__ = [
-    "DEFAULT_TEMPERATURES",
-    "LANGUAGES",
-    "MAX_BEAM_SIZE",
-    "MAX_BEST_OF",
-    "MAX_SPEAKERS",
-    "SAMPLE_RATE",
-    "TOKENS_PER_SECOND",
-    "AudioDecodeError",
-    "AudioTooLongError",
-    "ChunkingOptions",
-    "DecodeBudgetExceededError",
-    "DecodeOptions",
-    "Diarization",
-    "DiarizationJob",
-    "DiarizedSegment",
-    "Engine",
-    "EngineConfig",
-    "EngineDeadError",
-    "EngineError",
-    "EngineLike",
-    "EngineOverloadedError",
-    "EnginePool",
-    "EngineProcess",
-    "EngineStats",
-    "Handle",
-    "InvalidRequestError",
-    "KernelOptions",
-    "RequestAbortedError",
-    "RequestHandle",
-    "Segment",
-    "SegmentEvent",
-    "SpeakerCount",
-    "SpeakerDiarizer",
-    "SpeakerTurn",
-    "Task",
-    "TokenLogprob",
-    "TranscriptionResult",
-    "VoiceActivityDetector",
-    "Word",
-    "available_cpus",
-    "decode_audio",
-    "decode_channels",
-    "diarized_segments",
-    "resolve_device",
-    "segment_speakers",
-    "speaker_label",
-    "speaker_labels",
-    "start_engine",
-]
+__all__ = [*sorted(_WHERE), "start_engine"]  # noqa: PLE0605 (built from _EXPORTS, the one list)

@@ -1,10 +1,16 @@
-"""`whisper-server serve|transcribe`: flags map 1:1 onto Settings fields (env `WHISPER_*` works for each)."""
+"""`whisper-server serve|transcribe`: flags map 1:1 onto Settings fields (env `WHISPER_*` works for each).
+
+Flags are parsed and checked (the model, the audio files) before torch or a model loads: --help, --version and a
+mistyped argument answer at once, a mistake is one line on stderr and exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import logging.config
+import os
 import sys
 import typing
 from collections.abc import Iterable, Sequence
@@ -12,8 +18,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .protocol import ResponseFormat
+from .response_format import ResponseFormat
 from .settings import Settings
+
+PROG = "whisper-server"
+USAGE_ERROR = 2  # argparse's status for a bad command line
 
 # Settings that matter to `transcribe` (no HTTP server there).
 ENGINE_FIELDS = (
@@ -57,7 +66,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="whisper-server", description="OpenAI-compatible Whisper speech-to-text.")
+    parser = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible Whisper speech-to-text.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {importlib.metadata.version(PROG)}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP server")
     add_settings_arguments(serve, Settings.model_fields)
@@ -109,9 +119,23 @@ def serve(settings: Settings) -> int:
         log_level=settings.log_level,
         # after the drain timeout the requests still running are answered 503: this leaves time to send that
         timeout_graceful_shutdown=settings.drain_timeout_s + DRAIN_FLUSH_S,
+        # head and body read deadlines, connections per address (server/deadlines.py)
+        http=DrainingServer.http_protocol(settings),
     )
     DrainingServer(config, app.state.drain).run()
     return 0
+
+
+def unreadable_audio(paths: Iterable[Path]) -> str | None:
+    """Why the first of `paths` cannot be read, or None: checked before the engine loads."""
+    for path in paths:
+        if not path.exists():
+            return f"{path}: no such file"
+        if not path.is_file():
+            return f"{path}: not a file"
+        if not os.access(path, os.R_OK):
+            return f"{path}: not readable"
+    return None
 
 
 def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> int:
@@ -126,8 +150,6 @@ def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settin
         language = parse_language(args.language)
     except APIError as exc:
         parser.error(exc.message)
-    if not 0.0 <= args.temperature <= 1.0:
-        parser.error("--temperature must be between 0 and 1")
     options = decode_options(task, language, args.prompt, args.temperature, settings=settings)
     response_format = ResponseFormat(args.output_format)
     engine = Engine(settings.engine_config())
@@ -144,8 +166,8 @@ def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settin
             try:
                 result = engine.transcribe(audio, options)
             except InvalidRequestError as exc:  # e.g. --task translate on an English-only model
-                print(f"whisper-server transcribe: {exc}", file=sys.stderr)
-                return 2
+                print(f"{PROG} transcribe: {exc}", file=sys.stderr)
+                return USAGE_ERROR
             body = render(result, response_format, task)
             if len(args.audio) > 1:
                 print(f"==> {path} <==")
@@ -156,10 +178,26 @@ def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settin
     return status
 
 
+def usage_error(command: str, message: str) -> int:
+    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "transcribe":
+        if not 0.0 <= args.temperature <= 1.0:
+            parser.error("--temperature must be between 0 and 1")
+        if problem := unreadable_audio(args.audio):
+            return usage_error(args.command, problem)
     settings = settings_from_args(parser, args)
+    from engine import ModelNotFoundError, check_model
+
+    try:
+        check_model(settings.model, settings.dummy_weights)
+    except (ModelNotFoundError, ValueError) as exc:
+        return usage_error(args.command, str(exc))
     if args.command == "serve":
         from .logs import log_config
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +19,8 @@ from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine import MAX_BEAM_SIZE, MAX_BEST_OF, MAX_SPEAKERS, ChunkingOptions, SpeakerCount, Task
+
+from .response_format import ResponseFormat
 
 __all__ = [
     "ChatCompletion",
@@ -41,15 +42,6 @@ __all__ = [
     "TranslationVerboseJSON",
     "Upload",
 ]
-
-
-class ResponseFormat(str, enum.Enum):
-    JSON = "json"
-    TEXT = "text"
-    SRT = "srt"
-    VERBOSE_JSON = "verbose_json"
-    VTT = "vtt"
-    DIARIZED_JSON = "diarized_json"  # transcriptions only: segments with speakers
 
 
 class TranslationForm(BaseModel):

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from engine import EngineConfig, KernelOptions, available_cpus, resolve_device
+from engine import EngineConfig, KernelOptions, available_cpus
 
 MIB = 1024 * 1024
 
@@ -60,6 +60,18 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(default=8.0, ge=0)
     """On SIGTERM, how long requests in flight may still finish; then they are answered 503 and the server exits
     (the default fits `docker stop`'s 10 s grace)."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A request's line and headers must arrive within this many seconds of its connection opening (of its first
+    byte, for a later request on a kept-alive connection); else 408 and the connection is closed."""
+    body_min_rate_kib_s: float = Field(default=8.0, ge=0)
+    """After --body-grace-s from the end of its headers, a request body must have arrived at an average of at least
+    this many KiB/s (time the server is not reading excluded); else 408, or the connection closed when the answer
+    has started. 0: no minimum. At 8, a 25 MiB upload may take up to ~53 minutes."""
+    body_grace_s: float = Field(default=10.0, ge=0)
+    """Seconds a request body may take before --body-min-rate-kib-s applies (slow starts, 100 Continue waits)."""
+    max_connections_per_ip: int = Field(default=1024, ge=0)
+    """Connections open at once from one peer address; past it a new one is answered 429 and closed. Behind a
+    reverse proxy every connection is the proxy's: raise it there, or 0 for no cap."""
     engine_restarts: int = Field(default=5, ge=0)
     """How many times in a row a dead engine is restarted (with back-off) before /health stays 503."""
     decode_budget_per_window: int = Field(default=448, ge=1)
@@ -248,6 +260,8 @@ class Settings(BaseSettings):
     def engine_members(self) -> list[tuple[EngineConfig, int | None]]:
         """Each data parallel engine's config and GPU: on CUDA one GPU each (a shared GPU's memory fraction split
         between its engines), on a CPU an equal share of the cores this process may use."""
+        from engine import resolve_device  # imports torch: only when engines start
+
         config, size = self.engine_config(), self.data_parallel_size
         device = resolve_device("auto").type if config.device == "auto" else config.device  # named: no check here
         if device == "cuda":

