@@ -9,7 +9,7 @@ const LANGUAGES = ("en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi 
   "af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split(" ");
 const STREAMABLE = new Set(["json", "text", "diarized_json"]);
 
-const state = { file: null, result: null, raw: null, format: null, recorder: null, live: null };
+const state = { file: null, result: null, raw: null, format: null, recorder: null, live: null, englishOnly: false };
 
 // ---- the API --------------------------------------------------------------------------------------------------
 
@@ -47,11 +47,39 @@ async function loadServer() {
       if (models.status === 401) $("status").textContent += " (enter the API key under Options)";
       return;
     }
-    const select = $("model");
-    select.replaceChildren(...(await models.json()).data.map((m) => new Option(m.id, m.id)));
+    const { data } = await models.json();
+    $("model").replaceChildren(...data.map((m) => new Option(m.id, m.id)));
+    if (data.length) offerWhatTheModelCan(data[0].id);
   } catch (e) {
     $("status").textContent = `cannot reach the server: ${e}`;
   }
+}
+
+// Whisper's English-only checkpoints are named `.en` (tiny.en, base.en, distil-small.en), and /v1/models lists the
+// served model's own id first, then its aliases (whisper-1, ...) for the same model. An English-only model
+// transcribes English only: no translation, no language detection, so the page does not offer them.
+function offerWhatTheModelCan(modelId) {
+  const englishOnly = /\.en$/i.test(modelId);
+  state.englishOnly = englishOnly;
+  const form = $("options");
+  const translate = form.querySelector("input[name=task][value=translate]");
+  translate.disabled = englishOnly;
+  if (englishOnly && translate.checked) form.querySelector("input[name=task][value=transcribe]").checked = true;
+  $("language").placeholder = englishOnly ? "en" : "detect";
+  $("languages").replaceChildren(...(englishOnly ? ["en"] : LANGUAGES).map((code) => new Option(code)));
+  const note = $("model-note");
+  note.textContent = englishOnly
+    ? `${modelId} is English-only: it transcribes English speech, and cannot translate or detect the language.`
+    : "";
+  note.hidden = !englishOnly;
+}
+
+// What an English-only model would refuse, said before anything is sent ("" when nothing).
+function unsupported(o) {
+  if (state.englishOnly && o.language && !["en", "english"].includes(o.language.toLowerCase())) {
+    return `${$("model-note").textContent} Leave the language empty, or set it to en.`;
+  }
+  return "";
 }
 
 function options() {
@@ -151,6 +179,8 @@ async function transcribe() {
   if (!state.file) return;
   const o = options();
   clearResult();
+  const refused = unsupported(o);
+  if (refused) return showError(refused);
   const body = new FormData();
   body.append("file", state.file, state.file.name);
   for (const [name, value] of fields(o)) body.append(name, value);
@@ -219,7 +249,10 @@ function clearResult() {
   $("downloads").hidden = true;
 }
 
+// An error replaces the result: nothing is left to download.
 function showError(message) {
+  state.result = state.raw = null;
+  $("downloads").hidden = true;
   const box = $("error");
   box.textContent = message;
   box.hidden = false;
@@ -278,20 +311,31 @@ function showRaw(text, format) {
   }
 }
 
+// The table's columns: start, end, text, and speaker (before the text) only when the result has speakers.
 function showSegments(segments) {
+  const columns = [["start", (s) => clock(s.start), "time"], ["end", (s) => clock(s.end), "time"]];
+  if (segments.some((s) => speakerOf(s))) columns.push(["speaker", speakerOf, ""]);
+  columns.push(["text", (s) => s.text.trim(), ""]);
+  const table = $("segments");
+  table.tHead.rows[0].replaceChildren(...columns.map(([name]) => {
+    const th = document.createElement("th");
+    th.scope = "col";
+    th.textContent = name;
+    return th;
+  }));
   const rows = segments.map((s) => {
     const row = document.createElement("tr");
-    for (const [value, cls] of [[clock(s.start), "time"], [clock(s.end), "time"], [speakerOf(s), ""], [s.text.trim(), ""]]) {
+    for (const [, value, cls] of columns) {
       const cell = document.createElement("td");
-      cell.textContent = value;
+      cell.textContent = value(s);
       if (cls) cell.className = cls;
       row.append(cell);
     }
     row.addEventListener("click", () => seek(s.start));
     return row;
   });
-  $("segments").tBodies[0].replaceChildren(...rows);
-  $("segments").hidden = false;
+  table.tBodies[0].replaceChildren(...rows);
+  table.hidden = false;
 }
 
 function clock(seconds) {
@@ -400,6 +444,8 @@ function base64(buffer) {
 async function startLive() {
   clearResult();
   const o = options();
+  const refused = unsupported(o);
+  if (refused) return showError(refused);
   const address = new URL("v1/realtime?intent=transcription", document.baseURI);
   address.protocol = address.protocol === "https:" ? "wss:" : "ws:";
   // a browser cannot set headers on a WebSocket: the key goes as a subprotocol (OpenAI's convention)

@@ -1,11 +1,13 @@
 """The playground at / in a real headless Chromium (Debian's `chromium`, driven by playwright) against a real
 server: upload a clip and get its words, click a word and the player seeks there, download an srt and parse it,
-stream and see deltas arrive, a non-audio file's error shown as the API's message, live transcription from a
-(fake) microphone over the Realtime API, and the page at phone width. Screenshots go to $WHISPER_SCREENSHOTS
-(default: pytest's temporary directory)."""
+downloads offered only beside a result (each one parsed), stream and see deltas arrive, a non-audio file's error
+shown as the API's message, an English-only model's missing translation and detection not offered, the segment
+table's columns (speaker only when diarized), live transcription from a (fake) microphone over the Realtime API,
+and the page at phone width. Screenshots go to $WHISPER_SCREENSHOTS (default: pytest's temporary directory)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import srt
+import webvtt
 
 from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
@@ -71,6 +74,17 @@ def upload_and_transcribe(page, path: Path) -> None:
     page.click("#transcribe")
 
 
+def not_audio(folder: Path) -> Path:
+    bogus = folder / "notes.wav"
+    bogus.write_text("these are not the samples you are looking for\n" * 20)
+    return bogus
+
+
+def column_names(page) -> list[str]:
+    """The segment table's header cells that are on screen."""
+    return [th.text_content() for th in page.locator("#segments thead th").all() if th.is_visible()]
+
+
 def test_a_clip_becomes_words_that_seek_the_player(page, data_dir, screenshots):
     assert "ready" in page.text_content("#status")
     upload_and_transcribe(page, data_dir / JFK)
@@ -98,6 +112,29 @@ def test_an_srt_download_parses(page, data_dir):
     assert contains_words(" ".join(c.content for c in cues), JFK_WORDS)
 
 
+def test_downloads_are_offered_only_beside_a_result_and_each_one_works(page, data_dir, tmp_path):
+    downloads = page.locator("#downloads")
+    assert not downloads.is_visible()  # an empty Result card has nothing to download
+    upload_and_transcribe(page, data_dir / JFK)
+    page.wait_for_selector("#transcript .word", timeout=TIMEOUT_MS)
+    assert downloads.is_visible()
+    saved = {}
+    for kind in ("txt", "srt", "vtt", "json"):
+        assert page.locator(f"[data-download={kind}]").is_enabled()
+        with page.expect_download() as info:
+            page.click(f"[data-download={kind}]")
+        assert info.value.suggested_filename == f"g1_en_jfk.{kind}"
+        saved[kind] = Path(info.value.path()).read_text(encoding="utf-8")
+    assert contains_words(saved["txt"], JFK_WORDS)
+    assert contains_words(" ".join(c.content for c in srt.parse(saved["srt"])), JFK_WORDS)
+    assert contains_words(" ".join(c.text for c in webvtt.from_string(saved["vtt"])), JFK_WORDS)
+    body = json.loads(saved["json"])
+    assert contains_words(body["text"], JFK_WORDS) and body["segments"] and body["words"]
+    upload_and_transcribe(page, not_audio(tmp_path))  # an error replaces the result, and its downloads
+    page.wait_for_selector("#error:not([hidden])", timeout=TIMEOUT_MS)
+    assert not downloads.is_visible()
+
+
 def test_streamed_text_arrives_in_deltas(page, data_dir):
     page.check("#stream")  # the format falls back to json, which streams
     assert page.input_value("#response_format") == "json"
@@ -108,9 +145,7 @@ def test_streamed_text_arrives_in_deltas(page, data_dir):
 
 
 def test_a_file_that_is_not_audio_shows_the_apis_message(page, tmp_path):
-    bogus = tmp_path / "notes.wav"
-    bogus.write_text("these are not the samples you are looking for\n" * 20)
-    upload_and_transcribe(page, bogus)
+    upload_and_transcribe(page, not_audio(tmp_path))
     page.wait_for_selector("#error:not([hidden])", timeout=TIMEOUT_MS)
     message = page.text_content("#error")
     assert message and "{" not in message  # the API's message, not its JSON
@@ -128,6 +163,40 @@ def test_the_curl_command_matches_the_options(page, data_dir):
         assert part in command, command
 
 
+def test_an_english_only_model_is_not_offered_translation_or_detection(page, data_dir):
+    """The server's tiny.en transcribes English only: the page says so, and offers neither a translation nor a
+    detected language (nor sends one it would refuse)."""
+    translate = page.locator("input[name=task][value=translate]")
+    assert translate.is_disabled() and page.is_checked("input[name=task][value=transcribe]")
+    note = page.locator("#model-note")
+    assert note.is_visible() and "English-only" in note.text_content() and "tiny.en" in note.text_content()
+    assert page.get_attribute("#language", "placeholder") != "detect"
+    assert page.eval_on_selector_all("#languages option", "os => os.map(o => o.value)") == ["en"]
+    page.set_input_files("#file", str(data_dir / JFK))
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url) if "/v1/audio/" in r.url else None)
+    page.fill("#language", "fr")
+    page.click("#transcribe")
+    page.wait_for_selector("#error:not([hidden])", timeout=TIMEOUT_MS)
+    assert "English-only" in page.text_content("#error") and not requests  # said before any upload
+
+
+def test_a_multilingual_model_is_offered_translation_and_detection(browser, server):
+    """The same page for a multilingual model (its id, `base`, from a stubbed /v1/models): everything offered."""
+    context = browser.new_context()
+    models = {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "whisper-server"}
+                                         for i in ("base", "whisper-1")]}  # fmt: skip
+    context.route("**/v1/models", lambda route: route.fulfill(json=models))
+    page = context.new_page()
+    page.goto(f"{server.url}/")
+    page.wait_for_function("document.querySelector('#model').options.length > 0", timeout=TIMEOUT_MS)
+    assert page.locator("input[name=task][value=translate]").is_enabled()
+    assert not page.locator("#model-note").is_visible()
+    assert page.get_attribute("#language", "placeholder") == "detect"
+    assert page.locator("#languages option").count() > 90
+    context.close()
+
+
 def test_live_transcription_from_the_microphone(page):
     """The fake microphone plays JFK: the Realtime API's turn comes back as final text (partials in between)."""
     page.click("#live")
@@ -143,6 +212,45 @@ def test_live_transcription_from_the_microphone(page):
     assert contains_words(transcript.text_content(), JFK_WORDS)
     assert int(transcript.get_attribute("data-turns")) >= 1 and int(transcript.get_attribute("data-deltas")) >= 1
     assert page.get_attribute("#live", "aria-pressed") == "false"
+
+
+def test_a_transcript_without_speakers_has_no_speaker_column(page, data_dir):
+    upload_and_transcribe(page, data_dir / JFK)
+    page.wait_for_selector("#segments tbody tr", timeout=TIMEOUT_MS)
+    assert column_names(page) == ["start", "end", "text"]
+    cells = page.locator("#segments tbody tr").first.locator("td")
+    assert cells.count() == 3 and all(c.strip() for c in cells.all_text_contents())
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone keeps every column, and fits
+    assert column_names(page) == ["start", "end", "text"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+@pytest.fixture(scope="module")
+def two_channel_call(tmp_path_factory, load_clip) -> Path:
+    """A stereo call: JFK on the left channel, then another reader on the right (diarized_json's speakers A, B)."""
+    left, right = load_clip(JFK), load_clip("g1_en_librispeech-test-clean_1221-135766-0001.wav")
+    audio = np.zeros((len(left) + len(right), 2), dtype=np.float32)
+    audio[: len(left), 0], audio[len(left) :, 1] = left, right
+    path = tmp_path_factory.mktemp("call") / "call.wav"
+    sf.write(path, audio, 16000, subtype="PCM_16")
+    return path
+
+
+def test_a_diarized_transcript_has_a_speaker_column(page, two_channel_call):
+    page.select_option("#response_format", "diarized_json")
+    upload_and_transcribe(page, two_channel_call)
+    page.wait_for_selector("#segments tbody tr", timeout=TIMEOUT_MS)
+    assert column_names(page) == ["start", "end", "speaker", "text"]
+    speakers = page.locator("#segments tbody tr td:nth-child(3)").all_text_contents()
+    assert speakers[0] == "A" and "B" in speakers
+
+
+def test_the_file_buttons_are_the_same_height(page):
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 844})
+        choose, record = page.locator("label[for=file]").bounding_box(), page.locator("#record").bounding_box()
+        assert choose["height"] == pytest.approx(record["height"], abs=0.5), (width, choose, record)
+        assert choose["y"] == pytest.approx(record["y"], abs=0.5), (width, choose, record)  # side by side
 
 
 def test_the_page_fits_a_phone(browser, server, data_dir, screenshots):
