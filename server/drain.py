@@ -4,6 +4,7 @@ whatever is still running then is aborted so that its client gets a clean 503 be
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from types import FrameType
 
@@ -11,7 +12,9 @@ import uvicorn
 
 from engine import RequestHandle
 
+from .deadlines import ConnectionGuard, GuardedHttpToolsProtocol
 from .errors import APIError
+from .settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,11 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain):
         super().__init__(config)
         self.drain = drain
+
+    @staticmethod
+    def http_protocol(settings: Settings) -> functools.partial[GuardedHttpToolsProtocol]:
+        """For `uvicorn.Config(http=...)`: httptools with the read deadlines and per-address cap (deadlines.py)."""
+        return ConnectionGuard.from_settings(settings).http_protocol()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         try:

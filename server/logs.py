@@ -22,6 +22,9 @@ REQUEST_ID_HEADER = "x-request-id"
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
+# Credentials a client may put in a URL's query (a browser WebSocket cannot set headers): never logged.
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:api[_-]?key|access_token|token)=)[^&\s\"]*")
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
@@ -72,6 +75,22 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class RedactFilter(logging.Filter):
+    """Replaces the value of `api_key=` (and `access_token=`, `token=`) in a URL's query with `***`, in every record:
+    uvicorn's access lines carry the path with its query."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "=" in record.msg:
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple) and any(isinstance(arg, str) and "=" in arg for arg in record.args):
+            record.args = tuple(redact(arg) if isinstance(arg, str) else arg for arg in record.args)
+        return True
+
+
+def redact(text: str) -> str:
+    return _SECRET_QUERY.sub(r"\1***", text)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, request id, message (and the exception, if any)."""
 
@@ -91,11 +110,11 @@ class JsonFormatter(logging.Formatter):
 def log_config(level: str, fmt: str) -> dict[str, Any]:
     """A `logging.config.dictConfig` for the server and uvicorn (its access lines carry the request id too)."""
     formatter = {"()": JsonFormatter} if fmt == "json" else {"format": TEXT_FORMAT}
-    handler = {"class": "logging.StreamHandler", "formatter": "default", "filters": ["request_id"]}
+    handler = {"class": "logging.StreamHandler", "formatter": "default", "filters": ["request_id", "redact"]}
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": RequestIdFilter}},
+        "filters": {"request_id": {"()": RequestIdFilter}, "redact": {"()": RedactFilter}},
         "formatters": {"default": formatter},
         "handlers": {"default": handler},
         "root": {"handlers": ["default"], "level": level.upper()},

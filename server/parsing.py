@@ -383,8 +383,11 @@ async def decode_references(references: tuple[tuple[str, bytes], ...]) -> list[t
 
 
 def parse_keywords(values: list[str] | None) -> tuple[str, ...]:
-    """keywords[]: words and phrases to bias toward, bounded in count and length (400 beyond)."""
-    keywords = tuple(dict.fromkeys(" ".join(v.split()) for v in values or () if v.strip()))
+    """keywords[]: words and phrases to bias toward, bounded in count and length (400 beyond); an empty one, or an
+    empty list, is refused too (it biases toward nothing, so it is the client's mistake)."""
+    if values is not None and (not values or not all(v.strip() for v in values)):
+        raise APIError(400, "keywords[] entries may not be empty.", param="keywords[]", code="invalid_value")
+    keywords = tuple(dict.fromkeys(" ".join(v.split()) for v in values or ()))
     if len(keywords) > MAX_KEYWORDS:
         raise APIError(400, f"keywords[] holds at most {MAX_KEYWORDS} entries.", param="keywords[]",
                        code="invalid_value")  # fmt: skip
