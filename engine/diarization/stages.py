@@ -28,7 +28,7 @@ import contextlib
 import copy
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ FEATURE_DIM = 80  # senko's filterbank bins
 # of 10 s (160,000 samples) per forward, sub-segments (~150 frames) per embedding forward
 SEGMENTATION_BATCH = {"cuda": 256, "cpu": 32}
 EMBEDDING_BATCH = {"cuda": 1024, "cpu": 64}
+MAX_SPEAKERS = 15  # the most speakers senko's spectral clustering looks for
 SPECTRAL_SECONDS = 1200.0  # senko clusters shorter recordings spectrally, longer ones by UMAP + HDBSCAN
 
 
@@ -187,12 +188,23 @@ class SpeakerStages:
     # 4. clustering
 
     def cluster(self, embeddings: np.ndarray, subsegments: list[tuple[float, float]], count=None) -> Clustered:
-        """senko's clustering and merged turns (thread-safe: each thread its own clustering objects)."""
+        """senko's clustering and merged turns (thread-safe: each thread its own clustering objects). `count` (a
+        SpeakerCount): an exact count is imposed; bounds keep senko's own estimate when it falls inside them, and
+        impose the nearest bound when it does not."""
+        if count is not None and count.exactly is None and (count.at_least > 1 or count.at_most < MAX_SPEAKERS):
+            found = self._clustered(embeddings, subsegments, None)
+            speakers = len({s["speaker"] for s in found.segments})
+            if count.at_least <= speakers <= count.at_most:
+                return found
+            count = replace(count, exactly=min(max(speakers, count.at_least), count.at_most))
+        return self._clustered(embeddings, subsegments, count if count is not None and count.exactly else None)
+
+    def _clustered(self, embeddings: np.ndarray, subsegments: list[tuple[float, float]], exactly) -> Clustered:
         pipeline = self._own()
         # recordings from 20 minutes are clustered by UMAP + HDBSCAN, whose numba kernels must not run in two
         # threads at once (numba's default threading layer aborts the process); spectral clustering may
         long = subsegments[-1][1] >= SPECTRAL_SECONDS
-        with self._numba if long else contextlib.nullcontext(), speaker_count(pipeline, count):
+        with self._numba if long else contextlib.nullcontext(), speaker_count(pipeline, exactly):
             _, merged, centroids = pipeline._perform_clustering(embeddings, subsegments)
         return Clustered(merged, centroids)
 
@@ -233,19 +245,20 @@ def _window(wave: torch.Tensor, start: int, size: int, padded: int) -> torch.Ten
 
 @contextlib.contextmanager
 def speaker_count(pipeline, count):
-    """senko's spectral clustering told the count (or its bounds, a SpeakerCount) for one run, and told not to
-    merge speakers whose voices are alike after it (that would undo the count); its settings come back
+    """senko's spectral clustering told the exact count of a SpeakerCount for one run; its settings come back
     afterwards. These are the attributes of senko 0.2.2's clustering (pinned)."""
-    if count is None or count == type(count)():  # the defaults: senko's own settings
+    if count is None or count.exactly is None:  # senko's own estimate
         yield
         return
     common = pipeline.spectral_cluster
     spectral = common.cluster
-    saved = (spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos)
-    spectral.k, spectral.min_num_spks, spectral.max_num_spks = count.exactly, count.at_least, count.at_most
-    if count.exactly is not None or count.at_least > 1:
-        common.mer_cos = None
+    saved = (spectral.k, common.mer_cos, common.min_cluster_size, common.cluster_line)
+    # The caller's count stands: no merging of alike voices after it, no folding of a speaker with few sub-segments
+    # into a bigger one (a short recording's third speaker may say one sentence), and clustering from as few
+    # sub-segments as the count needs (below senko's line of 10, every sub-segment would be one speaker's).
+    spectral.k, common.mer_cos, common.min_cluster_size = count.exactly, None, 1
+    common.cluster_line = max(2, count.exactly)
     try:
         yield
     finally:
-        spectral.k, spectral.min_num_spks, spectral.max_num_spks, common.mer_cos = saved
+        spectral.k, common.mer_cos, common.min_cluster_size, common.cluster_line = saved

@@ -218,6 +218,55 @@ def test_the_number_of_speakers_can_be_given(server, conversation):
         assert info.value.body["param"] == param, (extra, info.value.body)
 
 
+THREE_SPEAKERS = "g1_en_3speakers_picovoice-diarization.wav"  # 19 s: three voices, a sentence or two each
+# (a word of each speaker's part, the speaker's number): who says what in the recording
+THREE_PARTS = (("begins", 0), ("crocodile", 1), ("gentlemen", 2))
+
+
+@pytest.mark.parametrize("extra", [{"num_speakers": 3}, {"min_speakers": 3}, {"min_speakers": 3, "max_speakers": 4}])
+def test_a_short_recordings_speaker_count_is_honoured(server, data_dir, extra):
+    """A real 19 s recording of three speakers: told there are three (or at least three), each speaker's part gets
+    its own letter and no part is split between letters."""
+    body = server.client().audio.transcriptions.create(
+        file=data_dir / THREE_SPEAKERS, model="whisper-1", response_format="diarized_json", extra_body=extra
+    )
+    assert len({s.speaker for s in body.segments}) == 3, body.segments
+    letters = {}
+    for word, speaker in THREE_PARTS:
+        (segment,) = [s for s in body.segments if word in s.text.lower()]
+        letters[speaker] = segment.speaker
+    assert len(set(letters.values())) == 3, body.segments
+
+
+def test_a_short_recordings_speaker_bound_caps_the_count(server, data_dir):
+    body = server.client().audio.transcriptions.create(
+        file=data_dir / THREE_SPEAKERS, model="whisper-1", response_format="diarized_json",
+        extra_body={"max_speakers": 1},
+    )  # fmt: skip
+    assert {s.speaker for s in body.segments} == {"A"}
+
+
+def test_the_diarization_models_can_load_at_start_up(data_dir):
+    from tests.helpers.server import RemoteServer
+
+    with RemoteServer("--diarization-preload") as remote:
+        log = remote.log_tail(10**6)
+        assert "loading the speaker diarization models" in log and "at start-up" in log
+        assert log.index("speaker diarization models loaded") < log.index("serving")
+        body = remote.client().audio.transcriptions.create(
+            file=data_dir / THREE_SPEAKERS, model="whisper-1", response_format="diarized_json",
+            extra_body={"num_speakers": 3},
+        )  # fmt: skip
+        assert len({s.speaker for s in body.segments}) == 3
+    # without the flag they load on the first diarized request, which the log says
+    with RemoteServer() as remote:
+        assert "speaker diarization models" not in remote.log_tail(10**6)
+        remote.client().audio.transcriptions.create(
+            file=data_dir / THREE_SPEAKERS, model="whisper-1", response_format="diarized_json"
+        )
+        assert "for the first request that asks for speakers" in remote.log_tail(10**6)
+
+
 def test_verbose_json_segments_carry_their_speaker_with_diarize(server, conversation):
     """The `diarize` extension labels verbose_json's own segments (boundaries, tokens and seek kept), as
     diarized_json labels speakers; without it, no `speaker` field; with another format, a 400."""
