@@ -182,7 +182,11 @@ class Transcription:
             self.samples, self.candidate_generators = [], []
         self.attempts.append(result)
         if self._needs_fallback(result) and len(self.attempts) < len(self.options.temperatures):
-            return self._within_budget(self.next_jobs())
+            if not self._budget_spent():
+                return self.next_jobs()
+            self._blame_the_prompt()
+            # nothing the caller sent is to blame (noise, say): the window keeps the best of its attempts so far,
+            # as when every temperature fails, and no window falls back again (one decode each: still bounded)
         self._accept(self._best_attempt(self.attempts))
         self.attempts = []
         jobs = self.next_jobs()
@@ -190,15 +194,25 @@ class Transcription:
             self.finish()
         return self._within_budget(jobs)
 
+    def _budget_spent(self) -> bool:
+        return self.token_budget is not None and self.tokens_sampled >= self.token_budget
+
     def _within_budget(self, jobs: list[WindowJob]) -> list[WindowJob]:
-        """The next decodes, unless the request has already sampled its budget (then it fails)."""
-        if not jobs or self.token_budget is None or self.tokens_sampled < self.token_budget:
-            return jobs
+        """The next window's decodes; once the budget is spent, a request whose prompt derails it fails."""
+        if jobs and self._budget_spent():
+            self._blame_the_prompt()
+        return jobs
+
+    def _blame_the_prompt(self) -> None:
+        """A request that sent a prompt (or keywords in the prompt) and has sampled its budget ends here: its
+        windows kept failing Whisper's quality checks, which a prompt unrelated to the audio causes."""
+        if not (self.options.prompt or self.options.prompt_tokens or self.options.keyword_prompt):
+            return
         raise DecodeBudgetExceededError(
             f"Decoding was stopped after {self.tokens_sampled} tokens, the budget for {self.duration:.0f} s of "
             f"audio ({self.token_budget}): its windows kept failing Whisper's quality checks and falling back to "
-            "higher temperatures, which a prompt unrelated to the audio can cause.",
-            "prompt" if self.options.prompt else "file",
+            "higher temperatures, which a prompt unrelated to the audio causes; try without the prompt.",
+            "prompt",
         )
 
     def _window_result(self, seq: Sequence) -> WindowResult:
