@@ -2,12 +2,17 @@
 where a daemon is: README and BENCHMARKS.md). torch pinned to the version these tests run (CPU), every other
 dependency pinned by the constraints file, a dependency layer that reads pyproject.toml alone, the CPU kernels
 built in a stage of their own, a non-root user with the model cache and /tmp on volumes, an exec-form health
-check on the configured port, and a drain that fits `docker stop`'s 10 s."""
+check on the configured port, and a drain that fits `docker stop`'s 10 s. docker/smoke.sh runs here against stand-ins
+for docker and curl: the port it picks or is given is free, announced, and the one the container and curl use."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shlex
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -92,3 +97,84 @@ def test_the_image_is_layered_pinned_and_locked_down(dockerfile):
     health = next(line for line in final if line.startswith("CMD [") and "/health" in line)
     assert "WHISPER_PORT" in health
     assert 'ENTRYPOINT ["whisper-server"]' in final and 'CMD ["serve"]' in final
+
+
+# stand-ins that log their arguments and answer as a healthy container would
+FAKE_DOCKER = """#!/bin/sh
+echo "docker $*" >> "$SMOKE_LOG"
+case "$1 $2" in
+  "image inspect") echo 2060000000 ;;
+  "inspect -f")
+    case "$3" in *Health*) echo healthy ;; *) echo 143 ;; esac ;;
+  "exec "*) echo whisper ;;
+esac
+"""
+FAKE_CURL = """#!/bin/sh
+echo "curl $*" >> "$SMOKE_LOG"
+echo '{"status":"ok"}'
+"""
+
+
+def run_smoke(tmp_path: Path, *args: str, port_env: str | None = None) -> tuple[subprocess.CompletedProcess, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, script in (("docker", FAKE_DOCKER), ("curl", FAKE_CURL)):
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PORT"}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", SMOKE_LOG=str(log), **({"PORT": port_env} if port_env else {}))
+    out = subprocess.run(["bash", str(ROOT / "docker" / "smoke.sh"), *args], capture_output=True, text=True,
+                         env=env, timeout=60, check=False)  # fmt: skip
+    return out, log.read_text()
+
+
+def container_port(calls: str) -> int:
+    (run,) = [shlex.split(line) for line in calls.splitlines() if line.startswith("docker run ")]
+    assert "--network" in run and run[run.index("--network") + 1] == "host"
+    return int(run[run.index("-e") + 1].removeprefix("WHISPER_PORT="))
+
+
+def curl_ports(calls: str) -> set[int]:
+    return {int(p) for p in re.findall(r"^curl .*http://127\.0\.0\.1:(\d+)/", calls, re.MULTILINE)}
+
+
+def listening_socket() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_the_smoke_script_picks_a_free_port_and_says_which(tmp_path):
+    out, calls = run_smoke(tmp_path, "clip.flac", "--build-arg", "X=1")
+    assert out.returncode == 0, out.stderr
+    port = int(re.match(r"port: (\d+) \(a free one the kernel picked", out.stdout).group(1))
+    assert container_port(calls) == port and curl_ports(calls) == {port}
+    assert "docker build --network host -f docker/Dockerfile.cpu -t whisper-server:cpu --build-arg X=1 ." in calls
+    assert "transcript: " in out.stdout and "exit code 143" in out.stdout
+    with socket.socket() as s:  # nothing kept it
+        s.bind(("", port))
+
+
+@pytest.mark.parametrize("how", ["--port", "--port=", "PORT"])
+def test_the_smoke_script_takes_the_port_it_is_given(tmp_path, how):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    args = {"--port": ["--port", str(port)], "--port=": [f"--port={port}"], "PORT": []}[how]
+    out, calls = run_smoke(tmp_path, *args, "clip.flac", port_env=str(port) if how == "PORT" else None)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"port: {port}\n")
+    assert container_port(calls) == port and curl_ports(calls) == {port}
+
+
+def test_the_smoke_script_stops_before_the_build_on_a_taken_port(tmp_path):
+    with listening_socket() as taken:
+        port = taken.getsockname()[1]
+        out, calls = run_smoke(tmp_path, "--port", str(port), "clip.flac")
+    assert out.returncode != 0 and f"port {port} is in use" in out.stderr
+    assert calls == ""  # no build, no container
+    out, calls = run_smoke(tmp_path, "--port", "eighty", "clip.flac")
+    assert out.returncode != 0 and "not a port: 'eighty'" in out.stderr and calls == ""
