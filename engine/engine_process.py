@@ -223,10 +223,10 @@ class EngineProcess(EngineFront):
             if self._dead is None:
                 self._dead = reason
             handles, self._handles = self._handles, {}
-            self._unstarted.clear()
+            unstarted, self._unstarted = self._unstarted, set()
             self._windows.clear()
-        for handle in handles.values():
-            handle.emit(EngineDeadError(reason))
+        for request_id, handle in handles.items():
+            handle.emit(EngineDeadError(reason, unstarted=request_id in unstarted))
 
     def _finish(self, request_id: str, item: object) -> None:
         """A request's last event (its result or error): the handle gets it and is forgotten."""

@@ -3,8 +3,9 @@
 Each request goes to the live engine with the least load, the 30 s windows of its requests in flight (sent and
 not finished: waiting or decoding, EngineProcess.load), ties to the engine after the last one chosen; a request's
 handle, and so its stream, its abort and a realtime turn, stays with that engine. An engine that dies fails only
-the requests it held: its slot is empty (None) until its supervisor (server/supervisor.py) puts a new one there,
-and requests go to the others meanwhile. The engines serve one model with one configuration, so what callers ask
+the requests it had started: one whose first window had not reached a slot goes to another live engine, unseen by
+its caller (FailoverHandle). The dead engine's slot is empty (None) until its supervisor (server/supervisor.py)
+puts a new one there, and requests go to the others meanwhile. The engines serve one model with one configuration, so what callers ask
 of the model (its name, tokenizer, context, slots) is the first live engine's.
 """
 
@@ -91,11 +92,15 @@ class EnginePool:
         error: EngineError | None = None
         for _, engine in order:
             try:
-                return engine.submit(audio, options)
+                return FailoverHandle(self, audio, options, engine.submit(audio, options))
             except (EngineDeadError, EngineOverloadedError) as exc:  # died or full since: the next one
                 error = exc
         assert error is not None
         raise error
+
+    def resubmit(self, audio: np.ndarray, options: DecodeOptions) -> Handle:
+        """A request whose engine died before starting it, to a live engine (EngineDeadError when none is)."""
+        return self.submit(audio, options).handle
 
     def abort(self, request_id: str) -> None:
         """Handles abort on their own engine (request ids are each engine's own)."""
@@ -142,3 +147,39 @@ class EnginePool:
         for engine in self.engines:
             if engine is not None:
                 engine.shutdown()
+
+
+class FailoverHandle:
+    """A pool request's handle: while nothing of the request has run, the death of its engine sends it to another
+    live engine (at most once per engine of the pool) instead of failing it; its caller sees one request."""
+
+    def __init__(self, pool: EnginePool, audio: np.ndarray, options: DecodeOptions, handle: Handle):
+        self.pool, self.audio, self.options, self.handle = pool, audio, options, handle
+        self.moves = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.handle.request_id
+
+    def _move(self, exc: EngineDeadError) -> None:
+        if not exc.unstarted or self.moves >= len(self.pool.engines) - 1:
+            raise exc
+        self.moves += 1
+        self.handle = self.pool.resubmit(self.audio, self.options)
+
+    async def events(self):
+        while True:
+            try:
+                async for event in self.handle.events():
+                    yield event
+                return
+            except EngineDeadError as exc:
+                self._move(exc)  # an unstarted request has sent no event yet
+
+    async def result(self):
+        async for _ in self.events():
+            pass
+        return await self.handle.result()
+
+    def abort(self) -> None:
+        self.handle.abort()

@@ -191,7 +191,12 @@ class EngineInternalError(EngineError):
 
 
 class EngineDeadError(EngineError):
-    """The engine loop has stopped; nothing more will be served."""
+    """The engine loop has stopped; nothing more will be served. `unstarted`: the request's first window had not
+    reached a slot, so nothing of it ran (another engine may take it: it cannot be what killed this one)."""
+
+    def __init__(self, message: str, unstarted: bool = False):
+        super().__init__(message)
+        self.unstarted = unstarted
 
 
 class RequestAbortedError(EngineError):

@@ -4,6 +4,7 @@ the other serves and the server brings it back."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -131,4 +132,27 @@ def test_a_killed_engine_fails_only_its_requests_and_is_restarted(two_engines, d
     with ThreadPoolExecutor(4) as pool:  # both serve again
         texts = list(pool.map(lambda _: client.audio.transcriptions.create(file=data_dir / JFK, model="whisper-1").text,
                               range(4)))  # fmt: skip
+    assert all(contains_words(t, JFK_WORDS) for t in texts)
+
+
+def test_requests_an_engine_had_not_started_go_to_the_other_when_it_dies(two_engines, data_dir):
+    """An engine stopped (SIGSTOP) while requests are sent to it holds them unstarted; when it is killed they go to
+    the other engine and are answered 200, not 503: none of them ran, so none can have killed it."""
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{two_engines.url}/health").json().get("engines") != "2/2" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = engine_pids(two_engines)
+    client = two_engines.client()
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(client.audio.transcriptions.create, file=data_dir / JFK, model="whisper-1")
+                       for _ in range(6)]  # fmt: skip
+            time.sleep(3)  # sent: the stopped engine's share waits there
+            assert sum(f.done() for f in futures) < 6  # some are held by the stopped engine
+            os.kill(pids[0], signal.SIGKILL)
+            texts = [f.result(timeout=120).text for f in futures]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
     assert all(contains_words(t, JFK_WORDS) for t in texts)
