@@ -119,6 +119,12 @@ def serve(settings: Settings) -> int:
         log_level=settings.log_level,
         # after the drain timeout the requests still running are answered 503: this leaves time to send that
         timeout_graceful_shutdown=settings.drain_timeout_s + DRAIN_FLUSH_S,
+        # a realtime session reads its events one at a time: bound what uvicorn holds for it to its next event
+        ws_max_size=settings.ws_max_message_bytes,
+        ws_max_queue=settings.ws_max_queued_messages,
+        # no permessage-deflate: base64 audio shrinks by a quarter at best, and uvicorn inflates a message on the
+        # event loop (a 15 MiB append stalls every request for that long), to ws_max_size from a few KiB sent
+        ws_per_message_deflate=False,
         # head and body read deadlines, connections per address (server/deadlines.py)
         http=DrainingServer.http_protocol(settings),
     )

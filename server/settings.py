@@ -16,6 +16,8 @@ MIB = 1024 * 1024
 
 
 WHISPER_1 = "whisper-1"  # an id every server answers to: clients hard-code OpenAI's model id
+MAX_APPEND_BASE64 = 15 * MIB  # OpenAI's limit on one realtime append's audio field: the largest event a client sends
+WS_EVENT_ROOM = 64 * 1024  # the JSON around that audio (type, event_id)
 
 
 class Settings(BaseSettings):
@@ -138,6 +140,9 @@ class Settings(BaseSettings):
     """Realtime WebSocket sessions open at once (/v1/realtime); past this a new one gets an error and is closed."""
     realtime_max_buffer_s: float = Field(default=900.0, gt=0)
     """Seconds of uncommitted audio a realtime session may hold (manual commits; server VAD commits by itself)."""
+    realtime_max_buffered_seconds_total: float = Field(default=3600.0, gt=0)
+    """Seconds of uncommitted audio all realtime sessions together may hold, 64 KB a second (16 kHz float32); an
+    append past it gets an error (server_buffer_full) and the audio already buffered stays."""
     realtime_max_partial_decodes: int = Field(default=4, ge=0)
     """Live (partial) decodes of open realtime turns in flight at once, server-wide; none starts while a turn's
     final decode runs. 0: no live deltas, only each turn's transcript at its end."""
@@ -250,6 +255,18 @@ class Settings(BaseSettings):
     @property
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * MIB)
+
+    @property
+    def ws_max_message_bytes(self) -> int:
+        """The largest WebSocket message the server reads (uvicorn's ws_max_size): a realtime append at OpenAI's
+        limit; a larger one closes its connection (1009) before it is buffered whole."""
+        return MAX_APPEND_BASE64 + WS_EVENT_ROOM
+
+    @property
+    def ws_max_queued_messages(self) -> int:
+        """WebSocket messages read ahead of the app per connection (uvicorn's ws_max_queue): a session handles its
+        events in order, so one waiting is enough, and each may be an append of ws_max_message_bytes."""
+        return 1
 
     def engine_config(self) -> EngineConfig:
         """The engine's config: every EngineConfig field from the setting of the same name."""

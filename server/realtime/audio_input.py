@@ -3,6 +3,9 @@
 OpenAI's formats are 24 kHz 16-bit little-endian mono PCM (`audio/pcm`) and G.711 at 8 kHz (`audio/pcmu`,
 `audio/pcma`). FFmpeg's decoders and resampler (PyAV) do the work, fed chunk by chunk: the resampler keeps its
 filter state between chunks, so a stream appended in pieces becomes the samples the whole stream would.
+
+A large append (OpenAI allows 15 MiB of base64) is decoded a piece at a time: each b64decode call holds the GIL
+for its whole input, FFmpeg's work does not, so in a worker thread the pieces leave the event loop its turns.
 """
 
 from __future__ import annotations
@@ -23,16 +26,35 @@ FORMATS = {
 }
 
 
+BASE64_PIECE = 2**20  # characters per b64decode call (a multiple of 4: each piece decodes on its own)
+
+
 class AudioFormatError(ValueError):
     pass
 
 
-def decode_base64(data: str) -> bytes:
-    """Strict base64 (RFC 4648 alphabet, padding checked): garbage is an error, not silently skipped bytes."""
+def base64_pieces(data: str) -> list[bytes]:
+    """Strict base64 (RFC 4648 alphabet, padding checked), decoded BASE64_PIECE characters at a time: garbage is
+    an error, not silently skipped bytes, and the pieces joined are what the whole string decodes to."""
+    pieces = []
     try:
-        return base64.b64decode(data, validate=True)
+        for start in range(0, max(len(data), 1), BASE64_PIECE):
+            piece = data[start : start + BASE64_PIECE]
+            if piece.endswith("=") and start + BASE64_PIECE < len(data):
+                raise ValueError("padding before the end")  # each piece alone would accept it
+            pieces.append(base64.b64decode(piece, validate=True))
     except (binascii.Error, ValueError) as exc:
         raise AudioFormatError(f"audio is not valid base64: {exc}") from exc
+    return pieces
+
+
+def decode_base64(data: str) -> bytes:
+    return b"".join(base64_pieces(data))
+
+
+def base64_size(data: str) -> int:
+    """How many bytes `data` decodes to, if it is valid base64: read from its length, nothing decoded."""
+    return len(data) * 3 // 4 - data[-2:].count("=")
 
 
 class InputAudio:
@@ -54,6 +76,11 @@ class InputAudio:
 
     def seconds(self, num_bytes: int) -> float:
         return num_bytes / (self.sample_bytes * self.rate)
+
+    def append_base64(self, data: str) -> np.ndarray:
+        """append() of base64 audio, a piece at a time; all of it is checked before the stream's state changes."""
+        pieces = base64_pieces(data)
+        return np.concatenate([self.append(piece) for piece in pieces])
 
     def append(self, data: bytes) -> np.ndarray:
         data = self._pending + data

@@ -9,6 +9,11 @@ then an ordinary request in the engine's shared batch, decoded greedily with Whi
 Server events go out through a bounded queue drained by one task: a client that does not read them fills it, gets
 an `error` and is closed; it never holds up the engine or another connection. A connection that goes away aborts
 its turns still decoding, freeing their slots.
+
+Buffered audio is bounded per session (`realtime_max_buffer_s`) and across them (`realtime_max_buffered_seconds_
+total`); an append is measured against both from its base64 length, before anything is decoded, and a large one
+is decoded in a worker thread, one at a time server-wide. A client event that fails unexpectedly gets a
+`server_error` and the connection keeps serving.
 """
 
 from __future__ import annotations
@@ -37,15 +42,15 @@ from ..errors import APIError
 from ..formatting import token_logprobs
 from ..metrics import Metrics
 from ..parsing import decode_options, parse_json
-from ..settings import Settings
-from .audio_input import AudioFormatError, InputAudio, decode_base64
+from ..settings import MAX_APPEND_BASE64, Settings
+from .audio_input import AudioFormatError, InputAudio, base64_size
 from .events import error, event, new_id, user_item
 from .session import SessionConfig, SessionError
 from .speech_batcher import SpeechBatcher
 
 log = logging.getLogger(__name__)
 
-MAX_APPEND_BASE64 = 15 * 2**20  # OpenAI's limit on one append's audio field
+OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are parsed and decoded in a worker thread
 MAX_QUEUED_EVENTS = 1024  # server events a client may leave unread before it is closed as too slow
 MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is an error
 FRAME_MS = 32  # Silero's frame at 16 kHz
@@ -97,8 +102,18 @@ class Partials:
         return spans[self.sent - 1][1] if len(spans) > self.sent else len(transcript)
 
 
+def event_id_of(message: dict) -> str | None:
+    """The client event's id, to be echoed in an error about it (the SDK's models want a string)."""
+    event_id = message.get("event_id")
+    return event_id if isinstance(event_id, str) else None
+
+
 class ClientTooSlow(Exception):
     pass
+
+
+class ServerBufferFull(Exception):
+    """The sessions together hold realtime_max_buffered_seconds_total of audio: an append past it is refused."""
 
 
 @dataclasses.dataclass
@@ -112,6 +127,10 @@ class SharedLoad:
     sessions: int = 0  # connections open
     finals_in_flight: int = 0
     partials_in_flight: int = 0
+    buffered_samples: int = 0  # uncommitted audio of every session, and the appends being decoded
+    # large events are parsed and decoded one at a time: each holds several copies of its audio while it is, and
+    # the default executor stays free for the rest of the server (/health reads engine stats through it)
+    decoding: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(1))
 
 
 class Connection:
@@ -124,7 +143,7 @@ class Connection:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.session = SessionConfig(settings.model_id)
+        self.session = SessionConfig(settings)
         self.audio = InputAudio(self.session.format_type)
         self.vad = speech  # shared by the connections: a stream each, pushed together
         self.outbox: asyncio.Queue[dict] = asyncio.Queue(MAX_QUEUED_EVENTS)
@@ -134,7 +153,19 @@ class Connection:
         self.previous_item_id: str | None = None
         self.previous_final: asyncio.Task | None = None  # a session's turns are transcribed in order
         self.context = ""  # the previous turns' transcripts (realtime_condition_on_previous_text)
+        self.failures = 0  # client events that raised unexpectedly (the first is logged with its traceback)
+        self._num_samples = 0
         self._reset_stream()
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the buffer, counted in the server-wide total as well."""
+        return self._num_samples
+
+    @num_samples.setter
+    def num_samples(self, value: int) -> None:
+        self.load.buffered_samples += value - self._num_samples
+        self._num_samples = value
 
     # ---- the stream and its turns ------------------------------------------------------------------------------
 
@@ -186,6 +217,7 @@ class Connection:
         except (WebSocketDisconnect, ClientTooSlow):
             pass
         finally:
+            self.num_samples = 0  # out of the server-wide total
             for handle in self.handles:
                 handle.abort()  # a vanished client's turns free their slots now
             for task in self.turns:
@@ -209,34 +241,67 @@ class Connection:
                 self.outbox.task_done()
 
     async def _handle(self, text: str) -> None:
+        """One client event. What is wrong with it is an `error` event, and so is what fails unexpectedly while it is
+        handled (a `server_error`, logged): the connection goes on either way."""
+        kind, event_id = "the event", None
         try:
-            message = parse_json(text, "The event")
-        except APIError as exc:
-            self.send(error(exc.message, code=exc.code))
-            return
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            self.send(error("an event is a JSON object with a string 'type'", code="invalid_event", param="type"))
-            return
-        kind, event_id = message["type"], message.get("event_id")
-        event_id = event_id if isinstance(event_id, str) else None
-        handler = {
-            "session.update": self._session_update,
-            "input_audio_buffer.append": self._append,
-            "input_audio_buffer.commit": self._commit,
-            "input_audio_buffer.clear": self._clear,
-        }.get(kind)
-        if handler is None:
-            supported = "session.update, input_audio_buffer.append, input_audio_buffer.commit, input_audio_buffer.clear"
-            self.send(error(f"unsupported event type {kind!r} in a transcription session; supported: {supported}",
-                            code="invalid_event", param="type", event_id=event_id))  # fmt: skip
-            return
-        try:
+            message = await self._parse(text)
+            if message is None:
+                return
+            kind, event_id = message["type"], event_id_of(message)
+            handler = {
+                "session.update": self._session_update,
+                "input_audio_buffer.append": self._append,
+                "input_audio_buffer.commit": self._commit,
+                "input_audio_buffer.clear": self._clear,
+            }.get(kind)
+            if handler is None:
+                supported = (
+                    "session.update, input_audio_buffer.append, input_audio_buffer.commit, input_audio_buffer.clear"
+                )
+                self.send(error(f"unsupported event type {kind!r} in a transcription session; supported: {supported}",
+                                code="invalid_event", param="type", event_id=event_id))  # fmt: skip
+                return
             if kind == "input_audio_buffer.append":
                 await self._append(message)
             else:
                 handler(message)
         except (SessionError, AudioFormatError) as exc:
-            self.send(error(str(exc), code="invalid_value", param=getattr(exc, "param", None), event_id=event_id))
+            code = getattr(exc, "code", "invalid_value")
+            self.send(error(str(exc), code=code, param=getattr(exc, "param", None), event_id=event_id))
+        except ServerBufferFull as exc:
+            self.send(error(str(exc), type_="server_error", code="server_buffer_full", event_id=event_id))
+        except ClientTooSlow:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one event's bug must not drop the connection without a word
+            self._unexpected(kind, exc)
+            self.send(error(f"the server failed to handle {kind}", type_="server_error", code="server_error",
+                            event_id=event_id))  # fmt: skip
+
+    async def _parse(self, text: str) -> dict | None:
+        """The event, a JSON object with a string `type`; None once the client has an error saying why it is not."""
+        try:
+            if len(text) > OFFLOAD_BASE64:  # a large event (an append): parsed off the event loop, as it is decoded
+                async with self.load.decoding:
+                    message = await asyncio.to_thread(parse_json, text, "The event")
+            else:
+                message = parse_json(text, "The event")
+        except APIError as exc:
+            self.send(error(exc.message, code=exc.code))
+            return None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            self.send(error("an event is a JSON object with a string 'type'", code="invalid_event", param="type"))
+            return None
+        return message
+
+    def _unexpected(self, kind: str, exc: Exception) -> None:
+        """Log a client event's unexpected failure: with its traceback the first time, a line after that (a client
+        repeating the event must not flood the log)."""
+        self.failures += 1
+        if self.failures == 1:
+            log.exception("realtime %s failed", kind)
+        else:
+            log.error("realtime %s failed again (%d in this session): %r", kind, self.failures, exc)
 
     def _session_update(self, message: dict) -> None:
         old_format, old_vad = self.session.format_type, self.session.turn_detection
@@ -253,13 +318,26 @@ class Connection:
             raise AudioFormatError("input_audio_buffer.append needs 'audio', a base64 string")
         if len(data) > MAX_APPEND_BASE64:
             raise AudioFormatError(f"an append carries at most {MAX_APPEND_BASE64} base64 characters")
-        raw = decode_base64(data)
-        limit = self.settings.realtime_max_buffer_s * SAMPLE_RATE
-        samples = self.audio.append(raw)
-        if self.num_samples + len(samples) > limit:
+        settings, load = self.settings, self.load
+        needed = int(self.audio.seconds(base64_size(data)) * SAMPLE_RATE)  # what it would add, decoded
+        if self.num_samples + needed > settings.realtime_max_buffer_s * SAMPLE_RATE:
             raise AudioFormatError(
-                f"the input audio buffer holds at most {self.settings.realtime_max_buffer_s:g} s; commit or clear it"
+                f"the input audio buffer holds at most {settings.realtime_max_buffer_s:g} s; commit or clear it"
             )
+        if load.buffered_samples + needed > settings.realtime_max_buffered_seconds_total * SAMPLE_RATE:
+            raise ServerBufferFull(
+                f"the server holds at most {settings.realtime_max_buffered_seconds_total:g} s of uncommitted audio "
+                "across its sessions; commit, or send it again later"
+            )
+        if len(data) <= OFFLOAD_BASE64:
+            samples = self.audio.append_base64(data)
+        else:
+            load.buffered_samples += needed  # reserved while it decodes: the other sessions' appends count it
+            try:
+                async with load.decoding:
+                    samples = await asyncio.to_thread(self.audio.append_base64, data)
+            finally:
+                load.buffered_samples -= needed
         self.metrics.realtime_audio_seconds.inc(len(samples) / SAMPLE_RATE)
         self.samples.append(samples)
         self.num_samples += len(samples)
@@ -289,9 +367,10 @@ class Connection:
             start = max(0, self.speech_start * FRAME_MS - td.prefix_padding_ms) * SAMPLE_RATE // 1000
         else:
             start = self.offset
-        audio = self._buffered(start, self.offset + self.num_samples)
-        if len(audio) > MAX_PARTIAL_S * SAMPLE_RATE:
-            return
+        end = self.offset + self.num_samples
+        if end - max(start, self.offset) > MAX_PARTIAL_S * SAMPLE_RATE:
+            return  # measured before it is copied: a long manual buffer would be copied at every append
+        audio = self._buffered(start, end)
         partials.in_flight = True
         load.partials_in_flight += 1
         task = asyncio.ensure_future(self._partial(self.item_id, partials, audio, time.perf_counter()))
@@ -345,7 +424,7 @@ class Connection:
         self.num_samples += len(tail)
         if self.num_samples < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
             self.send(error(f"buffer too small: a commit needs at least {MIN_COMMIT_MS} ms of audio",
-                            code="input_audio_buffer_commit_empty", event_id=message.get("event_id")))  # fmt: skip
+                            code="input_audio_buffer_commit_empty", event_id=event_id_of(message)))  # fmt: skip
             return
         audio = self._buffered(self.offset, self.offset + self.num_samples)
         self._start_turn(self.item_id or new_id("item"), audio)

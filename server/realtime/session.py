@@ -3,7 +3,9 @@
 The session starts with OpenAI's defaults (24 kHz PCM, server VAD with threshold 0.5, 300 ms prefix padding,
 500 ms silence). `session.update` is validated by the SDK's own model, then merged field by field: what an
 update leaves out keeps its value, an explicit null turns a feature off (`turn_detection: null`: the client
-commits by hand). Values the engine cannot honour are refused with the parameter's path, never ignored.
+commits by hand). What is merged is the model's output, not the client's JSON: a value the model coerces
+(`"threshold": "0.5"`) is stored as the number it stands for. Values the engine cannot honour, and models the
+server does not serve (the HTTP routes' check), are refused with the parameter's path, never ignored.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from openai.types.realtime.realtime_transcription_session_create_request import 
 from pydantic import ValidationError
 
 from ..errors import APIError
-from ..parsing import parse_language
+from ..parsing import check_model, parse_language
+from ..settings import Settings
 from .audio_input import FORMATS
 
 DEFAULT_TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
@@ -26,9 +29,10 @@ IDLE_TIMEOUT_MS = (5_000, 30_000)  # OpenAI's bounds
 
 
 class SessionError(ValueError):
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -40,17 +44,19 @@ class TurnDetection:
 
 
 class SessionConfig:
-    """The effective session: `body()` is what session.created / session.updated carry."""
+    """The effective session: `body()` is what session.created / session.updated carry. `settings` says which
+    models the server serves."""
 
-    def __init__(self, model_id: str):
-        self.model_id = model_id
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.model_id = settings.model_id
         self.session = {
             "type": "transcription",
             "audio": {
                 "input": {
                     "format": {"type": "audio/pcm", "rate": 24000},
                     "noise_reduction": None,
-                    "transcription": {"model": model_id, "language": None, "prompt": ""},
+                    "transcription": {"model": self.model_id, "language": None, "prompt": ""},
                     "turn_detection": dict(DEFAULT_TURN_DETECTION),
                 }
             },
@@ -100,11 +106,12 @@ class SessionConfig:
                 "session.type",
             )
         try:
-            RealtimeTranscriptionSessionCreateRequest.model_validate(session)
+            request = RealtimeTranscriptionSessionCreateRequest.model_validate(session)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+            where = _path(first["loc"], session, first["type"] == "missing")
             raise SessionError(f"invalid session: {where}: {first['msg']}", f"session.{where}") from None
+        session = request.model_dump(exclude_unset=True)
         new = copy.deepcopy(self.session)
         if "include" in session:
             new["include"] = list(session["include"] or [])
@@ -128,13 +135,18 @@ class SessionConfig:
         if "transcription" in given:
             t = given["transcription"] or {}
             model = t.get("model")
+            if model is not None:
+                try:
+                    check_model(model, self.settings)
+                except APIError as exc:
+                    raise SessionError(exc.message, "session.audio.input.transcription.model", exc.code) from None
             param = "session.audio.input.transcription.language"
             try:  # as the HTTP routes read it: an ISO-639-1 code or Whisper's English name
                 language = parse_language(t.get("language"), param)
             except APIError as exc:
                 raise SessionError(exc.message, param) from None
             current["transcription"] = {
-                "model": model or self.model_id,
+                "model": self.model_id if model is None else model,
                 "language": language,
                 "prompt": t.get("prompt") or "",
             }
@@ -166,3 +178,18 @@ class SessionConfig:
                 param + ".idle_timeout_ms",
             )
         return out
+
+
+def _path(loc: tuple, given: object, missing: bool) -> str:
+    """A validation error's location as the client's path: the union members pydantic names on the way (`AudioPCM`,
+    `ServerVad`, `str`) are not keys of the client's JSON; a missing field's name is the location's last part."""
+    parts = []
+    for part in loc:
+        is_key = isinstance(given, dict) and part in given
+        if not is_key and not (isinstance(given, list) and isinstance(part, int) and 0 <= part < len(given)):
+            continue
+        given = given[part]
+        parts.append(str(part))
+    if missing and loc and (not parts or parts[-1] != str(loc[-1])):
+        parts.append(str(loc[-1]))
+    return ".".join(parts)

@@ -1,15 +1,20 @@
 """The Realtime API (GA) for transcription on a real server: the official `openai` SDK's realtime client and a raw
 `websockets` client stream real clips as 24 kHz PCM (and G.711); every server event is parsed by the SDK's own
-models; a turn's transcript equals the HTTP transcript of the same audio."""
+models; a turn's transcript equals the HTTP transcript of the same audio. Client events of the wrong shape, and
+appends too big for the buffers, get errors and leave the session and the server serving."""
 
 from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import av
+import httpx
 import numpy as np
+import openai
 import pytest
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
@@ -17,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, pcm_at, wav_bytes
-from tests.helpers.server import metric
+from tests.helpers.server import RemoteServer, metric
 from tests.helpers.transcripts import words
 
 JFK = "g1_en_jfk.flac"
@@ -322,3 +327,226 @@ def test_a_vanishing_client_and_a_wrong_intent_leave_the_server_serving(server, 
         assert err.type == "error" and "intent=transcription" in err.error.message
     text = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1").text
     assert "country" in text
+
+
+def manual_update(**input_fields) -> dict:
+    return {"type": "session.update", "session": {"type": "transcription", "audio": {"input": input_fields}}}
+
+
+def vad(**fields) -> dict:
+    """server_vad that hears the JFK clip as one turn (its pauses are shorter than 1.5 s), with `fields` on top."""
+    return {"type": "server_vad", "silence_duration_ms": 1500, **fields}
+
+
+# Wrong types for every field of a transcription session: each is refused with the path of what is wrong, or coerced
+# by the SDK's model (then the session must hold and use the coerced value, never the client's string).
+FUZZ = [
+    {"type": "session.update", "session": "transcription"},
+    {"type": "session.update", "session": {"type": 5}},
+    {"type": "session.update", "session": {"type": "transcription", "audio": "pcm"}},
+    {"type": "session.update", "session": {"type": "transcription", "audio": {"input": [1]}}},
+    {"type": "session.update", "session": {"type": "transcription", "include": "item.input_audio_transcription.logprobs"}},
+    {"type": "session.update", "session": {"type": "transcription", "include": [5]}},
+    manual_update(format="audio/pcm"),
+    manual_update(format={"type": 5}),
+    manual_update(format={"type": "audio/pcm", "rate": "24000"}),
+    manual_update(format={"type": "audio/pcm", "rate": 24000.0}),  # coerced to 24000
+    manual_update(transcription="whisper-1"),
+    manual_update(transcription={"model": 1}),
+    manual_update(transcription={"language": 5}),
+    manual_update(transcription={"prompt": 5}),
+    manual_update(noise_reduction="near_field"),
+    manual_update(turn_detection="server_vad"),
+    manual_update(turn_detection={"type": 5}),
+    manual_update(turn_detection=vad(threshold="0.5")),  # coerced to 0.5
+    manual_update(turn_detection=vad(threshold="loud")),
+    manual_update(turn_detection=vad(threshold=True)),  # coerced to 1.0: out of range
+    manual_update(turn_detection=vad(prefix_padding_ms="300")),  # coerced to 300
+    manual_update(turn_detection=vad(prefix_padding_ms=300.5)),
+    manual_update(turn_detection={"type": "server_vad", "silence_duration_ms": "1500"}),  # coerced to 1500
+    manual_update(turn_detection=vad(idle_timeout_ms="6000")),  # coerced to 6000
+    manual_update(turn_detection=vad(idle_timeout_ms="soon")),
+    manual_update(turn_detection=vad(create_response="yes")),  # coerced to true (and unused)
+]  # fmt: skip
+
+
+def check_stored_types(session: dict) -> None:
+    """The effective session holds JSON of the types the protocol says, never a client's string for a number."""
+    audio = session["audio"]["input"]
+    assert isinstance(audio["format"]["type"], str)
+    assert type(audio["format"].get("rate", 0)) is int
+    t = audio["transcription"]
+    assert isinstance(t["model"], str) and isinstance(t["prompt"], str) and isinstance(t["language"], str | None)
+    td = audio["turn_detection"]
+    if td is not None:
+        assert type(td["threshold"]) is float, td
+        assert all(type(td[k]) is int for k in ("prefix_padding_ms", "silence_duration_ms")), td
+        assert td.get("idle_timeout_ms") is None or type(td["idle_timeout_ms"]) is int, td
+    assert all(isinstance(i, str) for i in session["include"])
+
+
+def fuzz_case(server, bad: dict, pcm: bytes) -> tuple[str, bool]:
+    """One wrong-typed session.update on a session that commits by hand; then the clip through that session (by
+    hand, or by the server VAD the update turned on). Returns the transcript, and whether server VAD made it."""
+    s = RawSession(server)
+    try:
+        s.next()
+        s.send(**manual_update(turn_detection=None))
+        assert s.next().type == "session.updated"
+        s.ws.send(json.dumps(bad))
+        reply = json.loads(s.ws.recv(timeout=60))  # the raw JSON: the SDK's model would coerce what it holds
+        assert reply["type"] in ("error", "session.updated"), reply
+        SERVER_EVENT.validate_python(reply)
+        if reply["type"] == "error":
+            assert reply["error"]["type"] == "invalid_request_error", reply
+            assert reply["error"]["param"].startswith("session"), reply
+            turn_detection = None
+        else:
+            check_stored_types(reply["session"])
+            turn_detection = reply["session"]["audio"]["input"]["turn_detection"]
+        if turn_detection is None:
+            for piece in chunks(pcm, 48):
+                s.send(type="input_audio_buffer.append", audio=piece)
+            s.send(type="input_audio_buffer.commit")
+        else:
+            for piece in chunks(pcm + bytes(2 * 24000 * 2), 48):  # 2 s of silence after it ends the turn
+                s.send(type="input_audio_buffer.append", audio=piece)
+        completed = s.until("conversation.item.input_audio_transcription.completed", timeout=120)
+        assert not [e for e in s.events if e.type == "error"], s.events
+        return completed.transcript, turn_detection is not None
+    finally:
+        s.close()
+
+
+def test_wrong_types_in_session_update_never_break_a_session(server, data_dir):
+    """Every field of the session with a wrong type, each in a session of its own (all at once: the engine batches
+    their turns): an error naming the field or a session.updated of coerced values, and then the session still
+    transcribes the clip, by hand exactly as HTTP does, by server VAD the same words."""
+    pcm = pcm24k(data_dir / JFK)
+    http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1").text
+    with ThreadPoolExecutor(len(FUZZ)) as pool:
+        results = list(pool.map(lambda bad: fuzz_case(server, bad, pcm), FUZZ))
+    for bad, (transcript, by_vad) in zip(FUZZ, results):
+        if by_vad:  # the turn's audio is what the VAD cut, not the clip's exact extent
+            assert words(transcript) == words(http), (bad, transcript)
+        else:
+            assert transcript == http, (bad, transcript)
+    assert sum(by_vad for _, by_vad in results) == 5  # each coerced turn_detection (True is out of range)
+
+
+def test_a_session_serves_the_models_the_http_routes_serve_and_no_other(server):
+    served = [m.id for m in server.client().models.list()]
+    assert "whisper-1" in served
+    s = RawSession(server)
+    try:
+        s.next()
+        for name in served:
+            s.send(**manual_update(transcription={"model": name}))
+            updated = s.next()
+            assert updated.type == "session.updated" and updated.session.audio.input.transcription.model == name
+        wav = wav_bytes(bytes(24000), 24000)
+        for name in ["gpt-4o-transcribe", "gpt-4o-mini-transcribe", "WHISPER-1", "tiny", ""]:
+            with pytest.raises(openai.NotFoundError):
+                server.client().audio.transcriptions.create(file=("q.wav", wav), model=name)
+            s.send(**manual_update(transcription={"model": name}), event_id="ev_model")
+            err = s.next()
+            assert err.type == "error", name
+            assert (err.error.type, err.error.code) == ("invalid_request_error", "model_not_found")
+            assert err.error.param == "session.audio.input.transcription.model" and err.error.event_id == "ev_model"
+        s.send(**manual_update(turn_detection=None))  # the refusals changed nothing
+        assert s.next().session.audio.input.transcription.model == served[-1]
+    finally:
+        s.close()
+
+
+def vm_rss(pid: int) -> int:
+    """Resident memory of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+BIG_APPEND_BYTES = int(14.9 * 2**20) * 3 // 4  # 24 kHz PCM whose base64 is 14.9 MiB: 244 s of audio
+BIG_APPENDS = 6  # per flooding session: without a cap on all sessions together, each buffers them all (1464 s)
+# What may be in flight: per session the event being handled (its text, its parsed audio) and the next one uvicorn
+# reads (frame buffer, bytes, text), 15 MiB each; one decode; and the 300 s the server holds. Not the audio refused.
+MAX_RSS_GROWTH = 512 * 2**20
+# Framing and parsing a 15 MiB event hold the GIL for tens of milliseconds, on a CPU that the test's clients and the
+# engine (the turn beside the floods) share with the event loop.
+MAX_HEALTH_S = 1.0
+
+
+def test_big_pipelined_appends_leave_the_server_responsive_and_its_memory_bounded(data_dir):
+    """Four sessions pipeline 14.9 MiB appends (manual commits) into a server that holds 300 s of audio across all
+    its sessions: the appends past it are refused (server_buffer_full) from their size, none is decoded on the event
+    loop, the server's memory grows by what is in flight only, /health answers throughout, and a session beside
+    them gets its transcript."""
+    with RemoteServer("--realtime-max-buffer-s", "1800", "--realtime-max-buffered-seconds-total", "300") as server:
+        pcm = pcm24k(data_dir / JFK)
+        http = server.client().audio.transcriptions.create(file=("j.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+        noise = np.random.default_rng(0).integers(-3000, 3000, BIG_APPEND_BYTES // 2, dtype="<i2").tobytes()
+        big = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+        assert len(big) < 15 * 2**20
+        warm = RawSession(server)  # the first session loads Silero and builds the session's model: not measured
+        warm.next()
+        warm.send(**manual_update(turn_detection=None))
+        assert warm.next().type == "session.updated"
+        warm.close()
+        rss_before = vm_rss(server.proc.pid)
+        done = threading.Event()
+        health: list[tuple[float, int]] = []  # (seconds, status) of each GET /health
+        rss: list[int] = []
+
+        def watch() -> None:
+            with httpx.Client(base_url=server.url, timeout=10) as client:
+                while not done.is_set():
+                    started = time.perf_counter()
+                    try:
+                        status = client.get("/health").status_code
+                    except httpx.HTTPError:
+                        status = 0
+                    health.append((time.perf_counter() - started, status))
+                    rss.append(vm_rss(server.proc.pid))
+                    time.sleep(0.02)
+
+        def flood() -> list[str]:
+            s = RawSession(server)
+            try:
+                s.next()
+                s.send(**manual_update(turn_detection=None))
+                assert s.next().type == "session.updated"
+                for _ in range(BIG_APPENDS):
+                    s.ws.send(big)
+                s.send(type="input_audio_buffer.clear")
+                s.until("input_audio_buffer.cleared", timeout=120)
+            finally:
+                s.close()
+            return [e.error.code for e in s.events if e.type == "error"]
+
+        def beside() -> str:
+            s = RawSession(server)
+            try:
+                s.next()
+                s.send(**manual_update(turn_detection=None))
+                assert s.next().type == "session.updated"
+                return manual_turn(s, pcm)[1].transcript
+            finally:
+                s.close()
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with ThreadPoolExecutor(5) as pool:
+                floods = [pool.submit(flood) for _ in range(4)]
+                normal = pool.submit(beside)
+                refused = [code for f in floods for code in f.result()]
+                transcript = normal.result()
+        finally:
+            done.set()
+            watcher.join()
+    assert set(refused) == {"server_buffer_full"}
+    assert len(refused) >= 4 * (BIG_APPENDS - 1)  # a session holds one at most (300 s), until it clears it
+    assert transcript == http.text
+    assert len(health) >= 5 and {status for _, status in health} == {200}, health
+    assert max(seconds for seconds, _ in health) < MAX_HEALTH_S, health
+    assert max(rss) - rss_before < MAX_RSS_GROWTH, (max(rss) - rss_before) / 2**20
