@@ -52,15 +52,13 @@ def status_and_error(response: bytes) -> tuple[int, dict]:
     return int(head.split()[1]), json.loads(body)["error"]
 
 
-def test_a_slowloris_head_is_answered_408_and_closed_within_the_deadline(strict_server):
-    sock = connect(strict_server)
-    start = time.monotonic()
-    sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n")
+def trickle(sock: socket.socket, pieces) -> bytes:
+    """Send each piece about a second apart (each wait is a read of what the server answers) until it closes."""
     response = b""
     sock.settimeout(1.0)
-    for i in range(int(HEADER_TIMEOUT_S * 4)):  # a header line a second, for four times the deadline
+    for piece in pieces:
         try:
-            sock.sendall(b"X-Slow-%d: y\r\n" % i)
+            sock.sendall(piece)
             chunk = sock.recv(65536)
         except TimeoutError:
             continue
@@ -69,6 +67,15 @@ def test_a_slowloris_head_is_answered_408_and_closed_within_the_deadline(strict_
         response += chunk
         if not chunk:
             break
+    return response
+
+
+def test_a_slowloris_head_is_answered_408_and_closed_within_the_deadline(strict_server):
+    sock = connect(strict_server)
+    start = time.monotonic()
+    sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n")
+    # a header line a second, for four times the deadline
+    response = trickle(sock, (b"X-Slow-%d: y\r\n" % i for i in range(int(HEADER_TIMEOUT_S * 4))))
     elapsed = time.monotonic() - start
     assert response.startswith(b"HTTP/1.1 408"), response
     assert status_and_error(response)[1]["code"] == "request_timeout"
@@ -88,19 +95,8 @@ def test_a_trickled_body_is_answered_408_with_the_openai_envelope(strict_server)
         b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
         b"Content-Type: multipart/form-data; boundary=%s\r\nContent-Length: 100000\r\n\r\n%s" % (boundary, part)
     )
-    start, response = time.monotonic(), b""
-    sock.settimeout(1.0)
-    for _ in range(20):  # a byte a second; the rule wants 4 KiB/s after the first second
-        try:
-            sock.sendall(b"a")
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except (BrokenPipeError, ConnectionResetError):
-            break
-        response += chunk
-        if not chunk:
-            break
+    start = time.monotonic()
+    response = trickle(sock, (b"a" for _ in range(20)))  # a byte a second; the rule wants 4 KiB/s after a second
     elapsed = time.monotonic() - start
     status, error = status_and_error(response)
     assert status == 408 and error["type"] == "invalid_request_error" and error["code"] == "request_timeout"
