@@ -191,8 +191,8 @@ class EngineProcess(EngineFront):
                 if samples is not None:
                     self._requests.send_bytes(memoryview(samples).cast("B"))
             except (OSError, ValueError):  # the child is gone; the receiver reports it
-                if isinstance(message, Submit):
-                    self._finish(message.request_id, EngineDeadError("the engine process is not running"))
+                if isinstance(message, Submit):  # never delivered, so never started
+                    self._finish(message.request_id, EngineDeadError("the engine process is not running", True))
 
     def _receive_forever(self) -> None:
         try:
