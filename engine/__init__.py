@@ -20,8 +20,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "engine.config": ("EngineConfig",),
     "engine.cpus": ("available_cpus",),
     "engine.diarization": (
-        "MAX_SPEAKERS", "Diarization", "DiarizationJob", "DiarizedSegment", "SpeakerCount", "SpeakerDiarizer",
-        "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label", "speaker_labels",
+        "MAX_SPEAKERS", "Diarization", "DiarizationJob", "DiarizedSegment", "DiarizerProcess", "SpeakerCount",
+        "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label", "speaker_labels",
     ),
     "engine.engine": ("Engine",),
     "engine.engine_process": ("EngineProcess",),

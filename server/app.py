@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from engine import EngineLike, EnginePool, SpeakerDiarizer, VoiceActivityDetector, resolve_device
+from engine import DiarizerProcess, EngineLike, EnginePool, SpeakerDiarizer, VoiceActivityDetector, resolve_device
 
 from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
@@ -104,8 +104,9 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.speech = SpeechBatcher(VoiceActivityDetector())  # their turn detection (Silero loads on first use)
     # diarized_json's speaker turns (the models load on first use)
     diarization_device = settings.device if settings.diarization_device == "auto" else settings.diarization_device
+    diarizer = DiarizerProcess if settings.diarization_process else SpeakerDiarizer
     app.state.diarizer = DiarizationWorker(
-        SpeakerDiarizer(resolve_device(diarization_device).type), metrics=app.state.metrics
+        diarizer(resolve_device(diarization_device).type, nice=settings.diarization_nice), metrics=app.state.metrics
     )
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser

