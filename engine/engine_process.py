@@ -104,6 +104,7 @@ class EngineProcess(EngineFront):
         self._unstarted: set[str] = set()  # sent, first window not yet in a slot: bounded by max_waiting
         self._stats: dict[int, tuple[threading.Event, list]] = {}
         self._dead: str | None = None
+        self._pipe_broken = False  # a send failed: the child is gone, though not yet reaped
         self._started = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._send_forever, name="engine-process-send", daemon=True).start()
@@ -113,13 +114,15 @@ class EngineProcess(EngineFront):
 
     @property
     def is_alive(self) -> bool:
-        return self._started and self._dead is None and self._process.is_alive()
+        return self._started and self._dead is None and not self._pipe_broken and self._process.is_alive()
 
     @property
     def failure(self) -> str | None:
         """Why the engine process stopped, once it has."""
         if self._dead is None and self._started and not self._process.is_alive():
             return f"the engine process exited (exit code {self._process.exitcode})"
+        if self._dead is None and self._pipe_broken:
+            return "the engine process stopped taking requests"
         return self._dead
 
     @property
@@ -191,6 +194,7 @@ class EngineProcess(EngineFront):
                 if samples is not None:
                     self._requests.send_bytes(memoryview(samples).cast("B"))
             except (OSError, ValueError):  # the child is gone; the receiver reports it
+                self._pipe_broken = True
                 if isinstance(message, Submit):  # never delivered, so never started
                     self._finish(message.request_id, EngineDeadError("the engine process is not running", True))
 

@@ -82,9 +82,15 @@ class EnginePool:
 
     def submit(self, audio: np.ndarray, options: DecodeOptions) -> Handle:
         """To the least loaded live engine; if it turns out dead or full, to the next."""
+        engine, handle = self.place(audio, options, avoid=())
+        return FailoverHandle(self, audio, options, engine, handle)
+
+    def place(self, audio: np.ndarray, options: DecodeOptions, avoid) -> tuple[object, Handle]:
+        """(engine, handle) of the least loaded live engine not in `avoid` that takes the request (EngineDeadError
+        when none is live)."""
         with self._lock:
             turn = next(self._turn)
-        live = self.live()
+        live = [(i, e) for i, e in self.live() if not any(e is a for a in avoid)]
         if not live:
             raise EngineDeadError("no engine is running")
         # least load first; among equals, the one after the engine chosen last (round robin when idle)
@@ -92,15 +98,11 @@ class EnginePool:
         error: EngineError | None = None
         for _, engine in order:
             try:
-                return FailoverHandle(self, audio, options, engine.submit(audio, options))
+                return engine, engine.submit(audio, options)
             except (EngineDeadError, EngineOverloadedError) as exc:  # died or full since: the next one
                 error = exc
         assert error is not None
         raise error
-
-    def resubmit(self, audio: np.ndarray, options: DecodeOptions) -> Handle:
-        """A request whose engine died before starting it, to a live engine (EngineDeadError when none is)."""
-        return self.submit(audio, options).handle
 
     def abort(self, request_id: str) -> None:
         """Handles abort on their own engine (request ids are each engine's own)."""
@@ -151,21 +153,25 @@ class EnginePool:
 
 class FailoverHandle:
     """A pool request's handle: while nothing of the request has run, the death of its engine sends it to another
-    live engine (at most once per engine of the pool) instead of failing it; its caller sees one request."""
+    live engine (each engine of the pool at most once: a dying engine can look alive for a moment, and least
+    loaded once its requests are failed) instead of failing it; its caller sees one request."""
 
-    def __init__(self, pool: EnginePool, audio: np.ndarray, options: DecodeOptions, handle: Handle):
+    def __init__(self, pool: EnginePool, audio: np.ndarray, options: DecodeOptions, engine, handle: Handle):
         self.pool, self.audio, self.options, self.handle = pool, audio, options, handle
-        self.moves = 0
+        self.tried = [engine]
 
     @property
     def request_id(self) -> str:
         return self.handle.request_id
 
     def _move(self, exc: EngineDeadError) -> None:
-        if not exc.unstarted or self.moves >= len(self.pool.engines) - 1:
+        if not exc.unstarted:
             raise exc
-        self.moves += 1
-        self.handle = self.pool.resubmit(self.audio, self.options)
+        try:
+            engine, self.handle = self.pool.place(self.audio, self.options, avoid=self.tried)
+        except EngineDeadError:
+            raise exc from None
+        self.tried.append(engine)
 
     async def events(self):
         while True:

@@ -53,3 +53,11 @@ def test_a_request_moves_at_most_once_per_other_engine():
     with pytest.raises(EngineDeadError):
         asyncio.run(handle.result())
     assert sum(len(e.handles) for e in dead) == 3  # tried on each engine once
+
+
+def test_a_moved_request_never_goes_back_to_the_engine_that_failed_it():
+    # a killed engine process looks alive until it is reaped, and the least loaded once its requests are failed
+    dying, alive = FakeEngine(result_error=EngineDeadError("killed", unstarted=True)), FakeEngine()
+    handle = pool_of(dying, alive).submit(np.zeros(16000, dtype=np.float32), DecodeOptions())
+    result = asyncio.run(handle.result())
+    assert result.text and len(dying.handles) == len(alive.handles) == 1
