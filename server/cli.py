@@ -149,7 +149,8 @@ def transcribe(parser: argparse.ArgumentParser, args: argparse.Namespace, settin
 
     from .errors import APIError
     from .formatting import render
-    from .parsing import decode_options, parse_language
+    from .parsing.fields import parse_language
+    from .parsing.options import decode_options
 
     task = Task(args.task)
     try:

@@ -32,7 +32,7 @@ from engine import (
 from .drain import Drain
 from .errors import APIError
 from .metrics import Metrics
-from .parsing import decode_upload
+from .parsing.audio import decode_upload
 from .streaming import submit, wait_result
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,8 @@ from engine import (
 from ..errors import APIError
 from ..formatting import token_logprobs
 from ..metrics import Metrics
-from ..parsing import decode_options, parse_json
+from ..parsing.body import parse_json
+from ..parsing.options import decode_options
 from ..settings import MAX_APPEND_BASE64, Settings
 from .audio_input import AudioFormatError, InputAudio, base64_size
 from .events import error, event, new_id, user_item

@@ -19,7 +19,7 @@ from openai.types.realtime.realtime_transcription_session_create_request import 
 from pydantic import ValidationError
 
 from ..errors import APIError
-from ..parsing import check_model, parse_language
+from ..parsing.fields import check_model, parse_language
 from ..settings import Settings
 from .audio_input import FORMATS
 

@@ -12,7 +12,8 @@ from engine import Task, diarized_segments, segment_speakers
 
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..formatting import SpeakerLetters, render
-from ..parsing import decode_options, decode_references, decode_upload, parse_transcription
+from ..parsing.audio import decode_references, decode_upload
+from ..parsing.options import decode_options, parse_transcription
 from ..protocol import ResponseFormat, TranscriptionForm, TranslationForm
 from ..speakers import channels_differ, decode_two_channels, transcribe_channels
 from ..streaming import diarized_events, sse_response, submit, transcript_events, wait_result

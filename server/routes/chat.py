@@ -16,7 +16,10 @@ from engine import SAMPLE_RATE, Task
 from ..chat_stream import Answer, completion_chunks
 from ..deps import EngineDep, MetricsDep, SettingsDep
 from ..errors import APIError
-from ..parsing import check_model, decode_options, decode_upload, parse_language, read_json, validate_model
+from ..parsing.audio import decode_upload
+from ..parsing.body import read_json, validate_model
+from ..parsing.fields import check_model, parse_language
+from ..parsing.options import decode_options
 from ..protocol import ChatCompletionRequest, ChatMessage
 from ..streaming import sse_response, submit, wait_result
 

@@ -9,8 +9,8 @@ import platform
 import pytest
 
 from engine import SpeakerDiarizer
-from engine.diarization.fbank import senko_extractor_runs_here
 from engine.diarization import speaker_turns
+from engine.diarization.fbank import senko_extractor_runs_here
 from tests.helpers.conversations import FOUR, RATE, VADSpans, annotation, assemble, reference
 
 

@@ -135,16 +135,16 @@ def test_translation_is_english_task_without_language():
 
 
 def test_decoding_runs_off_the_event_loop(monkeypatch):
-    import server.parsing
+    import server.parsing.audio
 
     threads = []
-    real = server.parsing.decode_audio
+    real = server.parsing.audio.decode_audio
 
     def spy(data, max_duration_s):
         threads.append(threading.current_thread())
         return real(data, max_duration_s)
 
-    monkeypatch.setattr(server.parsing, "decode_audio", spy)
+    monkeypatch.setattr(server.parsing.audio, "decode_audio", spy)
 
     async def body():
         async with clients(FakeEngine()) as (sdk, _, _app):

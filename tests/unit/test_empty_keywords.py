@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.errors import APIError
-from server.parsing import parse_keywords
+from server.parsing.fields import parse_keywords
 from tests.unit.test_parsing import error_of, parse, raw_form, transcribe
 
 

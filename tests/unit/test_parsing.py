@@ -14,13 +14,10 @@ from starlette.requests import Request
 
 from engine.request import DEFAULT_TEMPERATURES, ChunkingOptions, Task
 from server.errors import APIError
-from server.parsing import (
-    decode_options,
-    decode_upload,
-    parse_language,
-    parse_transcription,
-    read_json,
-)
+from server.parsing.audio import decode_upload
+from server.parsing.body import read_json
+from server.parsing.fields import parse_language
+from server.parsing.options import decode_options, parse_transcription
 from server.protocol import ResponseFormat
 from server.settings import Settings
 from tests.helpers.fake_engine import wav_bytes

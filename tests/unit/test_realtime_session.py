@@ -146,7 +146,7 @@ def test_a_value_that_cannot_be_coerced_is_refused_with_the_clients_path(update,
 
 def test_a_session_accepts_exactly_the_models_the_http_routes_accept():
     from server.errors import APIError
-    from server.parsing import check_model
+    from server.parsing.fields import check_model
 
     settings = Settings(served_model_name="my-whisper", model_alias=["gpt-4o-transcribe"])
     names = ["my-whisper", "whisper-1", "gpt-4o-transcribe", "tiny.en", "gpt-4o-mini-transcribe", "WHISPER-1", ""]
