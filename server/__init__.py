@@ -1,1 +1,15 @@
-"""OpenAI-compatible HTTP server around `engine` (FastAPI + uvicorn)."""
+"""OpenAI-compatible HTTP server around `engine` (FastAPI + uvicorn). It reaches the engine only through
+`engine/__init__.py`.
+
+Starting and running: `__main__` and `cli` (the command line: serve, transcribe), `settings` (every flag and
+WHISPER_* variable), `app` (the FastAPI app and its lifespan), `supervisor` (starts and restarts the engines),
+`drain` (a graceful stop), `openmp` (OpenMP's spin count, set before torch loads), `logs` (request ids, redaction).
+HTTP's edges: `deadlines` (read deadlines and the per-address connection cap), `auth` (API keys), `deps`
+(what handlers take from the app's state), `errors` (OpenAI's error envelope).
+Requests: `routes/` (one module per route group), `parsing/` (bodies to parameters), `protocol` (the wire
+models), `chat_templates` (chat answers rendered from `chat_templates/*.jinja`).
+Answers: `response_format` (its values) and `formatting` (json, text, srt, vtt and verbose_json bodies), `streaming`
+(server-sent events of transcriptions), `chat_stream` (chat completions' chunks), `speakers` (diarization beside
+the engine), `metrics` (Prometheus).
+Live sessions: `realtime/` (the Realtime API). The playground: `ui/` (static files, served by `routes/ui`).
+"""

@@ -1,5 +1,10 @@
 """Session-wide fixtures: the test clips (tests/data, or the folder WHISPER_TEST_DATA names) and one started Engine per
-real model."""
+real model; the lanes.
+
+The fast lane, `pytest -m "not slow and not gpu"`: the unit tests, and the few end-to-end and integration tests
+marked `fast` (one real server and one real engine through each route and each layer). Every other test under
+e2e/ and integration/ is marked `slow` here, as tests/gpu/conftest.py marks the GPU tests; `pytest` runs both
+lanes."""
 
 from __future__ import annotations
 
@@ -13,6 +18,14 @@ import pytest
 from tests.helpers.data import DATA, ENV, missing
 
 MAX_WINDOW_S = 30.0  # clips up to this long decode in a single window
+SLOW_FOLDERS = tuple(Path(__file__).resolve().parent / name for name in ("e2e", "integration"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(item.path).resolve()
+        if item.get_closest_marker("fast") is None and any(folder in path.parents for folder in SLOW_FOLDERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

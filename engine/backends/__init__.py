@@ -4,6 +4,7 @@
 - cpu.py: CpuTorchBackend (weight layouts a CPU streams fast) and CpuNativeBackend (the native decode kernels).
 - gpu.py: GpuBackend (one-kernel self-attention, a lone row's fused sub-layers, an aligned output projection).
 - gpu_invariant.py: BatchInvariantGpuBackend (every row computed the same way whatever the batch).
+- cpu_int8_encoder.py: Int8Blocks, the encoder's products in int8 on a CPU (dtype int8).
 - cpu_memory.py: glibc heap settings for large CPU tensors.
 
 May import engine.model and engine.kernels; nothing here knows about requests, sequences or the scheduler.

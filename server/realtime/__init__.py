@@ -5,6 +5,7 @@
 - session.py: the session's configuration as the SDK's models describe it: defaults, `session.update` validated
   and merged, the effective session sent back.
 - events.py: the server's events as dicts of the SDK's shapes, and the protocol's errors.
+- speech_batcher.py: Silero's speech probabilities for every live session in one pass (server_vad).
 - connection.py: one WebSocket: client events in, transcription of committed turns through the engine, server
   events out through a bounded queue.
 """

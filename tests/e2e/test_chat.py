@@ -68,6 +68,7 @@ def test_chat_errors(server, data_dir):
 LONG = "g2_en_earnings22_4482311_3-62s.wav"  # ~60 s: several windows, so several content deltas
 
 
+@pytest.mark.fast
 def test_chat_streams_the_answer_as_windows_finish(server, data_dir):
     client = server.client()
     messages = audio_message(data_dir / LONG, "wav", "Transcribe this audio.")

@@ -9,6 +9,7 @@ import pytest
 from tests.helpers.transcripts import JFK
 
 
+@pytest.mark.fast
 def test_models_list_has_served_name_and_alias(server):
     client = server.client()
     ids = [m.id for m in client.models.list().data]
@@ -18,11 +19,13 @@ def test_models_list_has_served_name_and_alias(server):
         client.models.retrieve("gpt-4o-transcribe")
 
 
+@pytest.mark.fast
 def test_health(server):
     response = httpx.get(f"{server.url}/health")
     assert response.status_code == 200 and response.json()["status"] == "ok"
 
 
+@pytest.mark.fast
 def test_metrics_after_a_request(server, data_dir):
     server.client().audio.transcriptions.create(file=data_dir / JFK, model="whisper-1")
     response = httpx.get(f"{server.url}/metrics")

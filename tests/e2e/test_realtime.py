@@ -68,6 +68,7 @@ class RawSession:
         self.connection.__exit__(None, None, None)
 
 
+@pytest.mark.fast
 def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
     pcm = pcm24k(data_dir / JFK)
     received_before = metric(server, "whisper_realtime_audio_seconds_total")

@@ -56,6 +56,7 @@ def test_sync_stream_equals_the_non_streamed_text(server, data_dir, clip):
         assert first_delta_s < total_s
 
 
+@pytest.mark.fast
 def test_async_streams_in_parallel_equal_the_non_streamed_texts(server, data_dir):
     client = server.client()
     expected = {

@@ -21,6 +21,7 @@ def vtt_seconds(timestamp: str) -> float:
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
+@pytest.mark.fast
 def test_json_default_sync_and_async_agree(server, data_dir):
     path = data_dir / JFK
     result = server.client().audio.transcriptions.create(file=path, model="whisper-1")
@@ -54,6 +55,7 @@ def test_content_types(server, data_dir, response_format, content_type):
     assert raw.headers["content-type"] == content_type
 
 
+@pytest.mark.fast
 def test_all_formats_tell_the_same_story(server, data_dir):
     client = server.client()
     create = client.audio.transcriptions.create
@@ -166,6 +168,7 @@ def test_served_model_name_is_accepted(server, data_dir):
     assert contains_words(result.text, JFK_WORDS)
 
 
+@pytest.mark.fast
 def test_word_timestamps_through_the_sdk(server, data_dir):
     client = server.client()
     both = client.audio.transcriptions.create(

@@ -32,6 +32,7 @@ def exact_fields(result) -> tuple:
     return result.text, result.language, result.num_tokens, segments
 
 
+@pytest.mark.fast
 def test_concurrent_equals_one_by_one(tiny_engine, load_clip):
     audios = {name: load_clip(name) for name in BATCH}
     together = submit_all(tiny_engine, audios, DEFAULTS)
@@ -71,6 +72,7 @@ def test_decoding_stops_at_the_context_limit(tiny_engine, load_clip, tiny_transc
     assert tokens_of(again) == tokens_of(tiny_transcripts([JFK])[JFK])
 
 
+@pytest.mark.fast
 def test_timestamped_segments_are_ordered_and_inside_the_audio(tiny_engine, load_clip):
     result = tiny_engine.submit(load_clip(JFK), DecodeOptions(temperatures=(0.0,))).wait(timeout=WAIT_S)
     segments = result.segments
