@@ -18,8 +18,7 @@ that difference is below the result's own rounding. float32 models and CPUs keep
 
 `linear` with a single row (one sequence decoding) and a weight of at most ONE_ROW_MAX_WEIGHT elements runs a Triton
 matrix-vector product, a few output features per program (one for the MLP's 5,120-wide second product): at one row
-it beats cuBLAS on large-v3's products (H200, each weight read from HBM, not L2; workbench). Two or more rows stay
-with cuBLAS.
+it beats cuBLAS on large-v3's products (each weight read from HBM, not L2). Two or more rows stay with cuBLAS.
 
 On Hopper and later the one-row kernels are launched as programmatic dependents (PDL): a kernel may start while the
 one before it in the stream still runs, reads its whole weight tile into registers (it does not depend on that
@@ -28,7 +27,7 @@ kernels before them say when that may start (`let_next_launch`, at their first i
 self-attention, cross-attention and split combiner are dependents in the same way (`dependent_launch`; they read
 their caches before waiting: engine/kernels/decode_attention.py, engine/kernels/int8_attention.py). A lone decode
 step is a chain of small dependent kernels whose time is mostly each one's start and first loads, not its bytes;
-overlapping those with the kernel before roughly halves a one-row product's time in such a chain (workbench;
+overlapping those with the kernel before shortens such a chain (`benchmarks/gpu_throughput.py --concurrency 1`;
 tests/gpu/test_fused_ops_cuda.py checks that the dependent chain computes what the plain one does).
 
 A lone sequence's decode step also runs each sub-layer's residual add, layer norm and first product in one

@@ -4,8 +4,8 @@ A decode step at high concurrency is bound by reading every running sequence's c
 (large-v3: 246 MB per sequence per step in float16; at 256 rows on an H200, most of the step's GPU time).
 Stored as int8 with one bfloat16 scale per (position, head) vector, the same cache is ~52% of the bytes. Per-vector
 absmax scaling keeps the transcripts: tiny.en gave the same tokens on every English clip of the evaluation set with
-it, where a float8 (e4m3) cache with the same scaling changed 4 of 43 (a workbench comparison;
-tests/integration/test_int8_cross_cache.py checks a set of clips on every run).
+it, where a float8 (e4m3) cache with the same scaling changed some (tests/integration/test_int8_cross_cache.py
+checks a set of clips on every run).
 
 The kernels are flash-decoding: each (batch, head, query) row streams its keys and values in blocks with an
 online softmax; when there are few rows, the keys are split over several programs and a second kernel combines
@@ -22,8 +22,7 @@ A lone sequence's step (one query row per head) on Hopper and later takes a thir
 programmatic dependent (engine/kernels/fused_ops.py): the slot's keys and values never change while it decodes, so each
 program reads its split's whole share of them into registers while the kernel that makes the query still runs,
 and the split combiner is launched the same way. In a chain of lone steps (a CUDA graph of 32 layers of the
-cross-attention alone) this path takes about a quarter less time per layer than the CUDA kernel (H200, workbench);
-with the self-attention's counterpart (engine/kernels/decode_attention.py) it shortens a lone window
+cross-attention alone) this path takes less time per layer than the CUDA kernel; with the self-attention's counterpart (engine/kernels/decode_attention.py) it shortens a lone window
 (`benchmarks/gpu_throughput.py --concurrency 1`).
 """
 
@@ -422,7 +421,7 @@ if triton is not None:
         wait_for_previous(PDL)  # launched as a dependent: it starts while the splits run, then waits for them
         row = tl.program_id(0)
         if CONTIGUOUS:  # rows in order, HEAD_DIM apart: no index arithmetic after the wait, aligned stores
-            # (a lone row's chain of 32 layers: ~0.5 us per layer less than the strided form, workbench)
+            # (shorter than the strided form in a lone row's chain of layers)
             o = O + row * HEAD_DIM
         else:
             t = row % T
