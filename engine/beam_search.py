@@ -14,15 +14,27 @@ of a window read one cross slot, written by the one encoder pass of the window (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from engine.sequence import Sequence
-
 NEG_INF = float("-inf")
+
+
+class Beam(Protocol):
+    """What a beam search reads and writes of each of its members (engine/sequence.py's Sequence is one)."""
+
+    slot: int
+    tokens: list[int]
+    logprobs: list[float]
+    sum_logprob: float
+    last_timestamp: int
+    pending: list[int]
+    finished: bool
+
+    @property
+    def fixed_decode_tokens(self) -> int | None: ...
 
 
 @dataclass(slots=True)
@@ -43,7 +55,7 @@ class BeamGroup:
     `patience` and `length_penalty` are faster-whisper's: the search ends once round(beam_size * patience)
     hypotheses have finished, and hypotheses are ranked by score / length ** length_penalty."""
 
-    members: list[Sequence]
+    members: list[Beam]
     patience: float = 1.0
     length_penalty: float = 1.0
     scores: list[float] = field(default_factory=list)
@@ -61,7 +73,7 @@ class BeamGroup:
         return self.leader.finished
 
     @property
-    def leader(self) -> Sequence:
+    def leader(self) -> Beam:
         """The member that carries the window's result once the search ends."""
         return self.members[0]
 
@@ -83,7 +95,7 @@ class BeamGroup:
         self.candidates = None
         size = self.size
         if self.max_steps is None:  # CTranslate2: at most half the context, and never past it
-            fixed = self.leader.job.fixed_decode_tokens
+            fixed = self.leader.fixed_decode_tokens
             start = num_cached - 1  # the position of the last prompt token
             self.max_steps = fixed if fixed is not None else min(n_text_ctx // 2, n_text_ctx - start)
         last_step = self.step + 1 >= self.max_steps

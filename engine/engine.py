@@ -237,7 +237,7 @@ class Engine(EngineFront):
         if not new:
             return new
         for seq in new:
-            self._mark_started(seq.job.transcription.request_id)
+            self._mark_started(seq.job.request_id)
         # one encoder pass and one cross slot per window, which a beam search's beams share
         windows = [s for s in new if not s.beam_follower]
         runner.encode_into_slots([s.job.mel for s in windows], [s.cross_slot for s in windows])
@@ -282,9 +282,8 @@ class Engine(EngineFront):
                 seq.settle(token)
             if r.output is Output.FORCED or seq.finished:
                 continue
-            t = seq.job.transcription
-            if t.first_token_at is None:
-                t.first_token_at = now
+            if not seq.tokens:  # the window's first output: its request's first, unless a window came before
+                self.requests.first_output(seq.job.request_id, now)
             if r.output is Output.LANGUAGE:
                 seq.language = tok.language_codes[token]
             elif seq.beam is not None:  # the group's candidates decide, below
@@ -308,10 +307,8 @@ class Engine(EngineFront):
         cache); their transcriptions queue the next window, a retry, or finish."""
         for seq in self.scheduler.running:
             if seq.finished and not seq.aborted and seq.job.word_timestamps and not seq.beam_follower:
-                t = seq.job.transcription
-                text = t.tokens_to_align(seq)
-                language = seq.language or t.language or "en"
-                seq.alignment = self.runner.align(seq, text, language, t.task.value, seq.job.num_frames)
+                text, language, task = self.requests.to_align(seq)
+                seq.alignment = self.runner.align(seq, text, language, task, seq.job.num_frames)
         for seq in self.scheduler.release_finished(self.runner.cache):
             if not seq.aborted and not seq.beam_follower:
                 for job in self.requests.window_done(seq):
@@ -321,12 +318,9 @@ class Engine(EngineFront):
         log.exception("engine step failed; failing the requests it was decoding")
         self._in_flight = None
         self.runner.reset_steps()
-        for seq in self.scheduler.running:
-            t = seq.job.transcription
-            t.aborted = True
-            self.requests.fail(t.request_id, EngineInternalError("decoding failed"))
+        for seq in list(self.scheduler.running):
+            self.requests.fail(seq.job.request_id, EngineInternalError("decoding failed"))
         self.scheduler.running = []
-        self.scheduler.drop_aborted()
 
     # ---- requests in and out ----------------------------------------------------------------------
 

@@ -381,7 +381,7 @@ class ModelRunner:
         rules = self.io.rules(seqs, state)
         logits = self.logits_processor(logits, rules)
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
-        gens = [s.job.transcription.generator_for(s.job) if t > 0 else None for s, t in zip(seqs, temps)]
+        gens = [s.job.generator if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens, self.config.kernels.greedy_pick)
         groups = beam_rows(seqs)  # their rows' tokens are not used: the groups' candidates are
         if keep:

@@ -108,22 +108,44 @@ class RequestTable:
             exc = EngineInternalError("preparing the audio failed")
         handle.emit(exc)
 
+    def first_output(self, request_id: str, now: float) -> None:
+        """A window of the request gave its first output (the request's time to first token, if it is the first)."""
+        entry = self.transcriptions.get(request_id)
+        if entry is not None and entry[0].first_token_at is None:
+            entry[0].first_token_at = now
+
+    def to_align(self, seq: Sequence) -> tuple[list[int], str, str]:
+        """A finished window's text tokens whose words get timestamps, its language and its task."""
+        t = self.transcriptions[seq.job.request_id][0]
+        return t.tokens_to_align(seq), seq.language or t.language or "en", t.task.value
+
     def window_done(self, seq: Sequence) -> list[WindowJob]:
         """A finished window back to its transcription: the next windows or retries to queue, or none (the request
         is done, or failed: a bug in one request's bookkeeping must not take down the others)."""
-        t = seq.job.transcription
+        request_id = seq.job.request_id
+        entry = self.transcriptions.get(request_id)
+        if entry is None:  # ended since (aborted, failed): its windows were dropped
+            return []
+        t, handle = entry
         try:
             jobs = t.on_window_done(seq)
         except Exception as exc:
             if not isinstance(exc, EngineError):
-                log.exception("request %s failed", t.request_id)
+                log.exception("request %s failed", request_id)
                 exc = EngineInternalError("finishing a window failed")
-            t.aborted = True
-            self.transcriptions.pop(t.request_id, (None, None))[1].emit(exc)
+            self._end(request_id, exc)
             return []
         if not jobs and t.done:
-            self.transcriptions.pop(t.request_id, None)
+            self.transcriptions.pop(request_id, None)
         return jobs
+
+    def _end(self, request_id: str, error: EngineError) -> None:
+        """The request ends early with `error`: its transcription stops, its windows leave the scheduler."""
+        entry = self.transcriptions.pop(request_id, None)
+        if entry is not None:
+            entry[0].aborted = True
+            self.scheduler.drop(request_id)
+            entry[1].emit(error)
 
     def abort(self, request_id: str) -> None:
         for pending in self.features_pending:
@@ -132,20 +154,13 @@ class RequestTable:
                 self.mark_started(request_id)
                 pending.handle.emit(RequestAbortedError(f"request {request_id} was aborted"))
                 return
-        entry = self.transcriptions.pop(request_id, None)
-        if entry is None:
-            return
-        entry[0].aborted = True
-        self.mark_started(request_id)
-        entry[1].emit(RequestAbortedError(f"request {request_id} was aborted"))
-        self.scheduler.drop_aborted()
+        if request_id in self.transcriptions:
+            self.mark_started(request_id)
+            self._end(request_id, RequestAbortedError(f"request {request_id} was aborted"))
 
     def fail(self, request_id: str, error: EngineError) -> None:
         """A decoding request fails (its step failed); its windows are dropped."""
-        entry = self.transcriptions.pop(request_id, None)
-        if entry is not None:
-            entry[0].aborted = True
-            entry[1].emit(error)
+        self._end(request_id, error)
 
     def fail_all(self, exc: BaseException) -> None:
         """The loop died: every request it held learns why."""

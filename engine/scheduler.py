@@ -45,7 +45,7 @@ class Scheduler:
         return bool(self.running or self.num_waiting)
 
     def add(self, job: WindowJob, continuing: bool) -> None:
-        if job.transcription.options.background:
+        if job.background:
             self.waiting_background.append(job)
         else:
             (self.waiting_next if continuing else self.waiting_new).append(job)
@@ -62,8 +62,7 @@ class Scheduler:
         for job, slot in zip(self._take(free, rows), cross):
             members = [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
             if job.beam_size > 1:
-                options = job.transcription.options
-                group = BeamGroup(members, options.patience, options.length_penalty)
+                group = BeamGroup(members, job.patience, job.length_penalty)
                 for m in members:
                     m.beam = group
             admitted += members
@@ -85,9 +84,6 @@ class Scheduler:
         for queue in self.queues:
             while queue and len(jobs) < free:
                 job = queue[0]
-                if job.transcription.aborted:
-                    queue.popleft()
-                    continue
                 if used + job.beam_size > slots:
                     return jobs
                 jobs.append(queue.popleft())
@@ -100,13 +96,15 @@ class Scheduler:
         seq.detecting = job.detect_language
         return seq
 
-    def drop_aborted(self) -> None:
+    def drop(self, request_id: str) -> None:
+        """A request that ended early (aborted, failed): its waiting windows are dropped, its running sequences end
+        at the next release."""
         for q in self.queues:
-            kept = [j for j in q if not j.transcription.aborted]
+            kept = [j for j in q if j.request_id != request_id]
             q.clear()
             q.extend(kept)
         for seq in self.running:
-            if seq.job.transcription.aborted:
+            if seq.job.request_id == request_id:
                 seq.finished = seq.aborted = True
 
     def release_finished(self, cache: KVCache) -> list[Sequence]:

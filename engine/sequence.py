@@ -7,13 +7,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from engine.beam_search import BeamGroup
     from engine.keywords import KeywordBias
     from engine.longform.alignment import AlignmentInput
-    from engine.longform.transcription import Transcription
 
 # `Sequence.pending` holds this in place of a token the GPU has sampled but the host has not read yet: the next
 # step takes it from the previous step's output on the device (row `Sequence.row`), so it can be launched before
@@ -23,9 +23,10 @@ ON_DEVICE = -1
 
 @dataclass(slots=True)
 class WindowJob:
-    """A window waiting for a slot: its mel, its prompt and the temperature to decode it at."""
+    """A window waiting for a slot: its mel, its prompt and the temperature to decode it at, and what the scheduler
+    and the runner need of its request (a plain record: the request's state stays in the engine's RequestTable)."""
 
-    transcription: Transcription
+    request_id: str
     mel: Tensor  # (n_mels, N_FRAMES)
     prompt: list[int]
     temperature: float
@@ -40,6 +41,10 @@ class WindowJob:
     keywords: KeywordBias | None = None  # the request's keyword biasing
     candidate: int = 0  # which of an attempt's best_of samples
     beam_size: int = 1  # above 1: beam search (engine/beam_search.py), one slot per beam
+    patience: float = 1.0  # the beam search's (faster-whisper's)
+    length_penalty: float = 1.0
+    background: bool = False  # a background request's (DecodeOptions.background): only slots no other window needs
+    generator: torch.Generator | None = None  # what sampling above temperature 0 draws from
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +68,10 @@ class Sequence:
     aborted: bool = False
     alignment: AlignmentInput | None = None  # word-timestamp inputs, read from the slot before it is reused
     beam: BeamGroup | None = None  # the window's beams, when it decodes with beam search
+
+    @property
+    def fixed_decode_tokens(self) -> int | None:
+        return self.job.fixed_decode_tokens
 
     @property
     def host_bound(self) -> bool:

@@ -65,12 +65,8 @@ class ChunkedTranscription(Transcription):
         part.seed = window_seed(self.options.seed, index)
         return part
 
-    def generator_for(self, job: WindowJob) -> torch.Generator:
-        return self.parts[job.window_index].generator_for(job)
-
     def _own(self, index: int, job: WindowJob) -> WindowJob:
-        """A part's job, addressed to this request (which the engine tracks and aborts) and to its window."""
-        job.transcription = self
+        """A part's job (of this request's id, drawing from the part's generator), addressed to its window."""
         job.window_index = index
         return job
 

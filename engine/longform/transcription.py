@@ -97,11 +97,11 @@ class Transcription:
             self._generator = torch.Generator().manual_seed(self.seed)
         return self._generator
 
-    def generator_for(self, job: WindowJob) -> torch.Generator:
+    def generator_for(self, candidate: int) -> torch.Generator:
         """The generator a window's sampling draws from: the request's (its windows decode one after another,
         so the draws come in one order); each of best_of samples decoded side by side has its own."""
         if self.candidate_generators:
-            return self.candidate_generators[job.candidate]
+            return self.candidate_generators[candidate]
         return self.generator
 
     @property
@@ -149,7 +149,7 @@ class Transcription:
             prompt += tok.sot_sequence(language, opts.task.value) + tail
             forced = []
         return WindowJob(
-            transcription=self,
+            request_id=self.request_id,
             mel=pad_or_trim(window, N_FRAMES),
             prompt=prompt,
             temperature=temperature,
@@ -164,6 +164,10 @@ class Transcription:
             keywords=self.keyword_bias,
             candidate=candidate,
             beam_size=opts.beam_size if temperature == 0 else 1,
+            patience=opts.patience,
+            length_penalty=opts.length_penalty,
+            background=opts.background,
+            generator=self.generator_for(candidate) if temperature > 0 else None,
         )
 
     def on_window_done(self, seq: Sequence) -> list[WindowJob]:

@@ -99,5 +99,5 @@ def test_the_last_allowed_step_keeps_every_beam_as_a_hypothesis():
 
 
 def test_a_job_holds_its_beam_count():
-    job = WindowJob(transcription=None, mel=None, prompt=[], temperature=0.0, detect_language=False, beam_size=5)  # type: ignore[arg-type]
+    job = WindowJob(request_id="req-0", mel=None, prompt=[], temperature=0.0, detect_language=False, beam_size=5)  # type: ignore[arg-type]
     assert job.beam_size == 5

@@ -3,8 +3,6 @@ a cross slot is free again once no running sequence reads it."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from engine.model.dims import DUMMY_DIMS
@@ -13,10 +11,8 @@ from engine.scheduler import Scheduler
 from engine.sequence import WindowJob
 
 
-def job(beam_size: int = 1) -> WindowJob:
-    options = SimpleNamespace(background=False, patience=1.0, length_penalty=1.0)
-    transcription = SimpleNamespace(options=options, aborted=False)
-    return WindowJob(transcription, torch.zeros(1), [1, 2], 0.0, False, beam_size=beam_size)  # type: ignore[arg-type]
+def job(beam_size: int = 1, request_id: str = "req-0") -> WindowJob:
+    return WindowJob(request_id, torch.zeros(1), [1, 2], 0.0, False, beam_size=beam_size)
 
 
 def test_beams_share_their_windows_cross_slot_and_rows_sit_side_by_side():
@@ -47,3 +43,14 @@ def test_a_cross_slot_is_free_once_its_window_leaves_and_rows_stay_contiguous():
     assert [(s.slot, s.cross_slot) for s in sched.running] == [(0, 0), (1, 2)]  # the tail row moved into the hole
     (last,) = sched.admit()
     assert (last.slot, last.cross_slot) == (2, 1)
+
+
+def test_a_dropped_request_leaves_the_queues_and_its_running_windows_end():
+    sched = Scheduler(num_slots=2, max_encoder_batch=8)
+    for request_id in ("a", "b", "a", "c"):
+        sched.add(job(request_id=request_id), continuing=False)
+    running = sched.admit()
+    assert [s.job.request_id for s in running] == ["a", "b"]
+    sched.drop("a")
+    assert running[0].finished and running[0].aborted and not running[1].finished
+    assert [j.request_id for q in sched.queues for j in q] == ["c"]
