@@ -41,6 +41,8 @@ INT8_WORD_DIFFERENCES = {
 INT8_COMPUTE_WORD_DIFFERENCES = {
     **INT8_WORD_DIFFERENCES,
     "g1_en_timit-sample_LDC93S1.wav": "dog suit and greasy -> dog suit in greasy",
+    # on an AVX2 CPU without AVX-512 (oneDNN's int8 products there differ in rounding from its VNNI kernels)
+    "g1_en_spontaneous_mfa-acoustic-corpus.wav": "nothing going else going on -> nothing going on going on",
 }
 MAX_INT8_WORD_EDITS = 2  # per allow-listed clip: a word or two, never a different transcript
 
