@@ -20,7 +20,7 @@ from .drain import Drain
 from .errors import install_error_handlers
 from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
-from .realtime.connection import SharedLoad
+from .realtime.load import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime, ui
 from .settings import Settings

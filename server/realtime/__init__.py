@@ -2,10 +2,16 @@
 
 - audio_input.py: a session's input format (24 kHz PCM16, G.711 mu-law / A-law) decoded and resampled to the
   engine's 16 kHz by FFmpeg (PyAV), one stateful decoder and resampler per session.
+- buffers.py: the input audio buffer: a session's uncommitted 16 kHz audio and the item it is to become, appends
+  measured against the session's and the server's caps before they are decoded.
+- turns.py: server VAD: where turns start and end (and idle timeouts) from Silero's speech probabilities.
+- partials.py: when the open turn is decoded again for live deltas, and which words of those decodes are sent.
+- load.py: what the sessions of a server share: sessions open, decodes in flight, audio buffered, the worker
+  thread for large events.
 - session.py: the session's configuration as the SDK's models describe it: defaults, `session.update` validated
   and merged, the effective session sent back.
 - events.py: the server's events as dicts of the SDK's shapes, and the protocol's errors.
 - speech_batcher.py: Silero's speech probabilities for every live session in one pass (server_vad).
-- connection.py: one WebSocket: client events in, transcription of committed turns through the engine, server
-  events out through a bounded queue.
+- connection.py: one WebSocket: client events in and dispatched, turns committed and transcribed through the
+  engine, server events out through a bounded queue.
 """

@@ -1,0 +1,30 @@
+"""What the realtime sessions of one server share: how many are open, the decodes they have in flight, the audio
+they buffer, and the one worker thread that takes their large events.
+
+Each connection reads and updates the one SharedLoad the app holds; the limits it carries are the server's, not a
+session's, so one busy session is weighed against all the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are parsed and decoded in a worker thread
+
+
+@dataclasses.dataclass
+class SharedLoad:
+    """What every connection of the server sees: the sessions open and the decodes in flight. While a final one is, no session launches a
+    partial refresh (finals come first: a partial is only a preview that the next one replaces), and partial
+    decodes are capped server-wide (`--realtime-max-partial-decodes`): under load the previews thin out, the
+    finals stay prompt."""
+
+    max_partials: int = 4
+    sessions: int = 0  # connections open
+    finals_in_flight: int = 0
+    partials_in_flight: int = 0
+    buffered_samples: int = 0  # uncommitted audio of every session, and the appends being decoded
+    # large events are parsed and decoded one at a time: each holds several copies of its audio while it is, and
+    # the default executor stays free for the rest of the server (/health reads engine stats through it)
+    decoding: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(1))

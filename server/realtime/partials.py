@@ -1,0 +1,128 @@
+"""Partial transcripts of the open turn: when its audio so far is decoded again, and which words of those decodes
+are sent as `delta` events before the turn is committed.
+
+A partial decode is launched after each PARTIAL_EVERY_S of new audio in the turn, one at a time per turn, none
+while a final decode is in flight anywhere on the server, and no more than the server's cap at once (SharedLoad):
+it is only a preview that the next one replaces, so under load the previews thin out and the finals stay prompt.
+What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+
+from engine import SAMPLE_RATE
+
+from .buffers import InputBuffer
+from .events import new_id
+from .load import SharedLoad
+
+log = logging.getLogger(__name__)
+
+PARTIAL_EVERY_S = 1.0  # while a turn is open, decode what it holds so far after each this much new audio
+# Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
+# turn at every refresh; the rest of a longer turn comes with its final decode.
+MAX_PARTIAL_S = 30.0
+WORD = re.compile(r"\S+")
+
+
+class Partials:
+    """A turn's live text: the words two successive decodes of its growing audio agreed on are sent as deltas, so
+    what is sent is never taken back; the final decode's transcript then sends only what follows them."""
+
+    def __init__(self) -> None:
+        self.sent = 0  # words already sent as deltas
+        self.sent_text = ""  # the deltas sent, joined
+        self.last: list[str] = []  # the previous partial decode's words
+        self.in_flight = False
+        self.done = False  # the final decode has started: late partial results are dropped
+
+    def agree(self, text: str) -> tuple[int, int]:
+        """The characters [start, end) of a new partial decode's `text` that can be sent ((0, 0) for none)."""
+        spans = [m.span() for m in WORD.finditer(text)]
+        words = [text[a:b] for a, b in spans]
+        agreed = 0
+        # the last word of a decode is where its audio was cut: its punctuation (a period before a pause the
+        # speaker then continues after) depends on what follows, so it is never stable yet
+        while agreed < min(len(words), len(self.last)) - 1 and words[agreed] == self.last[agreed]:
+            agreed += 1
+        self.last = words
+        if agreed <= self.sent or text[: len(self.sent_text)] != self.sent_text:
+            return 0, 0
+        start, end = len(self.sent_text), spans[agreed - 1][1]
+        self.sent, self.sent_text = agreed, text[:end]
+        return start, end
+
+    def rest(self, transcript: str) -> int:
+        """Where what the final transcript adds to the deltas sent starts (all of it if it does not continue them:
+        a partial decode's agreed words the final one does not share are already sent, and they stay sent)."""
+        if transcript.startswith(self.sent_text):
+            return len(self.sent_text)
+        # the final decode changed a sent word (its punctuation, most likely): continue after as many words
+        log.info("a realtime turn's final transcript does not continue its sent deltas")
+        spans = [m.span() for m in WORD.finditer(transcript)]
+        return spans[self.sent - 1][1] if len(spans) > self.sent else len(transcript)
+
+
+class PartialScheduler:
+    """One session's partial decodes: when the open turn in `buffer` gets its next one, and each turn's Partials
+    until its final decode takes them."""
+
+    def __init__(self, buffer: InputBuffer, load: SharedLoad) -> None:
+        self.buffer = buffer
+        self.load = load
+        self.turns: dict[str, Partials] = {}
+        self.at = 0  # buffered samples when the last partial decode of the open turn was launched
+
+    def restart(self) -> None:
+        """The open turn starts with what the buffer holds now: its first partial is due PARTIAL_EVERY_S later."""
+        self.at = self.buffer.num_samples
+
+    def launch(self, start: int | None) -> tuple[str, Partials, np.ndarray] | None:
+        """The open turn's item, Partials and audio (from stream position `start`; None: no speech yet) for a
+        partial decode if one is due now, counted in flight until finished(); None if not."""
+        if start is None:
+            return None  # no speech yet
+        buffer, load = self.buffer, self.load
+        if buffer.num_samples - self.at < PARTIAL_EVERY_S * SAMPLE_RATE:
+            return None
+        if load.finals_in_flight or load.partials_in_flight >= load.max_partials:
+            return None
+        if buffer.item_id is None:  # manual commits: the turn gets its id with its first partial
+            buffer.item_id = new_id("item")
+        partials = self.turns.setdefault(buffer.item_id, Partials())
+        if partials.in_flight:
+            return None
+        self.at = buffer.num_samples
+        end = buffer.end
+        if end - max(start, buffer.offset) > MAX_PARTIAL_S * SAMPLE_RATE:
+            return None  # measured before it is copied: a long manual buffer would be copied at every append
+        audio = buffer.buffered(start, end)
+        partials.in_flight = True
+        load.partials_in_flight += 1
+        return buffer.item_id, partials, audio
+
+    def finished(self, partials: Partials) -> None:
+        """A launched partial decode is over (or never reached the engine): the turn and the server may launch
+        the next."""
+        partials.in_flight = False
+        self.load.partials_in_flight -= 1
+
+    def commit(self, item_id: str) -> None:
+        """The turn is committed: a partial decode of it still running is dropped when it ends."""
+        partials = self.turns.get(item_id)
+        if partials is not None:
+            partials.done = True
+
+    def take(self, item_id: str) -> Partials | None:
+        """The turn's Partials, for its final decode (None if it had no partial decode)."""
+        return self.turns.pop(item_id, None)
+
+    def discard(self, item_id: str | None) -> None:
+        """The open turn is cleared: what its partial decodes sent is forgotten, and one still running is dropped."""
+        partials = self.turns.pop(item_id, None) if item_id is not None else None
+        if partials is not None:
+            partials.done = True

@@ -1,0 +1,136 @@
+"""Server VAD: where a session's turns start and end, from Silero's speech probabilities over its input stream.
+
+Silero runs on the stream as it arrives (SpeechBatcher, with every other session's appends). A turn starts at the
+first frame at or above `threshold` and ends once `silence_duration_ms` of frames have stayed below `threshold -
+0.15` (Silero's hysteresis); its audio runs from `prefix_padding_ms` before the speech to the end of that silence.
+With `idle_timeout_ms`, a stream that long without speech is committed as a turn all the same (the model may hear
+speech the VAD did not). Between turns the buffer keeps only what the next one may start with: the prefix
+padding, or under `idle_timeout_ms` the quiet audio since the last turn.
+
+The detector says what it finds as it goes (detect() is a generator): the connection turns each finding into the
+protocol's events and commits each turn before the detector reads the next frame, so events and buffer stay in
+step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine import SAMPLE_RATE
+
+from .buffers import InputBuffer
+from .events import new_id
+from .session import TurnDetection
+from .speech_batcher import SpeechBatcher
+
+FRAME_MS = 32  # Silero's frame at 16 kHz
+NEG_THRESHOLD_GAP = 0.15  # silero's hysteresis: speech ends below threshold - 0.15
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    item_id: str
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class IdleTimeout:
+    """`idle_timeout_ms` without speech: OpenAI's `timeout_triggered`; a Turn of the quiet audio follows."""
+
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, eq=False)
+class Turn:
+    """A turn to commit: its item and its audio."""
+
+    item_id: str
+    audio: np.ndarray
+
+
+Detection = SpeechStarted | SpeechStopped | IdleTimeout | Turn
+
+
+class TurnDetector:
+    """One session's server VAD state: its Silero stream, the speech in progress, and where the stream has been
+    without speech since. It cuts the turns out of `buffer` and gives the open turn its item id."""
+
+    def __init__(self, batcher: SpeechBatcher, buffer: InputBuffer) -> None:
+        self.batcher = batcher
+        self.speech = batcher.stream()  # this session's stream, pushed in one pass with the other sessions'
+        self.buffer = buffer
+        self.speech_start: int | None = None  # frame index where the current speech began
+        self.silent_since: int | None = None
+        self.idle_from = 0  # where the stream has been without speech since (idle_timeout_ms)
+
+    @property
+    def idle_from_ms(self) -> int:
+        return self.idle_from * 1000 // SAMPLE_RATE
+
+    def turn_start(self, td: TurnDetection) -> int | None:
+        """The stream position where the open turn's audio begins (its speech, less the prefix padding); None
+        while no speech has started."""
+        if self.speech_start is None:
+            return None
+        return max(0, self.speech_start * FRAME_MS - td.prefix_padding_ms) * SAMPLE_RATE // 1000
+
+    async def hear(self, samples: np.ndarray) -> tuple[int, list[float]]:
+        """The index of the first frame `samples` completes, and the speech probabilities of the frames it does."""
+        first = self.speech.frames_done
+        # Silero in a worker thread, with every session's appends of the moment: the loop keeps serving
+        return first, await self.batcher.push(self.speech, samples)
+
+    def detect(self, td: TurnDetection, first: int, probs: list[float]) -> Iterator[Detection]:
+        """Turns from the speech probabilities of frames `first`, `first + 1`, ... of the stream."""
+        for i, prob in enumerate(probs, start=first):
+            if self.speech_start is None:
+                if td.idle_timeout_ms is not None and i * FRAME_MS - self.idle_from_ms >= td.idle_timeout_ms:
+                    yield from self._idle_timeout(i * FRAME_MS)
+                if prob >= td.threshold:
+                    self.speech_start, self.silent_since = i, None
+                    self.buffer.item_id = new_id("item")
+                    start_ms = max(0, i * FRAME_MS - td.prefix_padding_ms, self.buffer.offset * 1000 // SAMPLE_RATE)
+                    yield SpeechStarted(self.buffer.item_id, start_ms)
+                continue
+            if prob >= td.threshold - NEG_THRESHOLD_GAP:
+                self.silent_since = None
+                continue
+            if self.silent_since is None:
+                self.silent_since = i
+            if (i + 1 - self.silent_since) * FRAME_MS >= td.silence_duration_ms:
+                yield from self._end_speech(td, self.silent_since, i + 1)
+        if self.speech_start is None:  # keep only the padding a next turn may start with (or the idle audio)
+            keep_from = self.speech.frames_done * FRAME_MS - td.prefix_padding_ms
+            if td.idle_timeout_ms is not None:
+                keep_from = min(keep_from, self.idle_from_ms)
+            self.buffer.drop_before(max(0, keep_from) * SAMPLE_RATE // 1000)
+
+    def _end_speech(self, td: TurnDetection, silent_frame: int, end_frame: int) -> Iterator[Detection]:
+        yield SpeechStopped(self.buffer.item_id, silent_frame * FRAME_MS)
+        start = self.turn_start(td)
+        end = end_frame * FRAME_MS * SAMPLE_RATE // 1000
+        yield Turn(self.buffer.item_id, self.buffer.buffered(start, end))
+        self.buffer.drop_before(end)
+        self.speech_start = self.silent_since = self.buffer.item_id = None
+        self.idle_from = end
+
+    def _idle_timeout(self, now_ms: int) -> Iterator[Detection]:
+        """The quiet audio since idle_from is committed as a turn (the model may hear speech the VAD did not)."""
+        item_id = new_id("item")
+        yield IdleTimeout(item_id, self.idle_from_ms, now_ms)
+        start = self.idle_from
+        end = now_ms * SAMPLE_RATE // 1000
+        yield Turn(item_id, self.buffer.buffered(start, end))
+        self.buffer.drop_before(end)
+        self.idle_from = end
