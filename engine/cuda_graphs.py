@@ -13,7 +13,7 @@ from torch import Tensor
 from engine.audio import N_FRAMES
 from engine.backends import KV_BUCKET, DecodeBackend
 from engine.model.kv_cache import KVCache
-from engine.sampling import LogitsProcessor, sample
+from engine.decoding import LogitsProcessor, sample
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
+from engine.decoding import BeamGroup
 from engine.feature_worker import FeatureWorker
 from engine.frontend import EngineFront, RequestHandle, check_audio
 from engine.messages import AbortRequest, AddRequest
@@ -236,6 +237,7 @@ class Engine(EngineFront):
         new = sched.admit()
         if not new:
             return new
+        runner.admit(new)
         for seq in new:
             self._mark_started(seq.job.request_id)
         # one encoder pass and one cross slot per window, which a beam search's beams share
@@ -275,7 +277,7 @@ class Engine(EngineFront):
         tok, now = self.tokenizer, time.perf_counter()
         # a launch of several steps holds several rows per sequence: its next input is its last one's token
         last = {id(r.seq): i for i, r in enumerate(rows)} if latest else {}
-        beams: dict[int, LaunchedRow] = {}
+        beams: dict[int, tuple[BeamGroup, int]] = {}  # each group read in this step: its first row's cached count
         for i, (r, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
             seq = r.seq
             if latest and last[id(seq)] == i:
@@ -287,19 +289,14 @@ class Engine(EngineFront):
             if r.output is Output.LANGUAGE:
                 seq.language = tok.language_codes[token]
             elif seq.beam is not None:  # the group's candidates decide, below
-                beams.setdefault(id(seq.beam), r)
+                beams.setdefault(id(seq.beam), (seq.beam, r.num_cached))
             elif seq.append(token, logprob, r.num_cached, tok.eot, tok.timestamp_begin, self.runner.n_text_ctx):
                 self.num_tokens += 1
-        copies: list[tuple[int, int]] = []  # every group's forks of this step, copied in one call
-        positions = 0
-        for r in beams.values():
-            group = r.seq.beam
-            group.advance(self.runner.vocab_size, tok.eot, tok.timestamp_begin, r.num_cached,
-                          self.runner.n_text_ctx, copies)  # fmt: skip
-            positions = max(positions, r.num_cached)  # positions past a row's own are never read
-            self.num_tokens += group.size
-        if copies:
-            self.runner.cache.copy_self(copies, positions)
+        if beams:
+            copies, positions, n = self.runner.beam_search.advance(list(beams.values()))
+            self.num_tokens += n
+            if copies:  # every group's forks of this step, copied in one call
+                self.runner.cache.copy_self(copies, positions)
         self._finish_windows()
 
     def _finish_windows(self) -> None:

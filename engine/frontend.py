@@ -113,8 +113,6 @@ class EngineFront:
             if len(tokens) > limit:
                 raise InvalidRequestError(f"keywords take {len(tokens)} tokens; at most {limit} fit", "keywords")
             changes["keyword_prompt"] = tuple(tokens)
-        if options.keywords and options.keyword_sequences is None:
-            changes["keyword_sequences"] = tuple(tuple(self.tokenizer.encode(" " + k)) for k in options.keywords)
         if options.decode_budget_per_window is None:
             changes["decode_budget_per_window"] = self.config.decode_budget_per_window
         if options.seed is None:

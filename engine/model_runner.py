@@ -9,13 +9,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from engine import beam_search
 from engine.audio import N_FRAMES
 from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
 from engine.cpus import available_cpus
 from engine.cuda_graphs import GraphRunner
+from engine.decoding import BeamSearch, RuleSetup, StepContext, logits_processor, sample
 from engine.features import LogMelBuilder, LogMelSpectrogram
 from engine.kernels import int8_attention
 from engine.longform.alignment import AlignmentInput
@@ -24,7 +24,6 @@ from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
 from engine.model.tokenizer import Tokenizer
 from engine.model.weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 from engine.model.whisper import Whisper
-from engine.sampling import LogitsProcessor, sample
 from engine.sequence import Sequence
 from engine.step_io import StepInputs, StepOutput, host_state
 
@@ -132,15 +131,18 @@ class ModelRunner:
         )
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
         tok = self.tokenizer
-        self.logits_processor = LogitsProcessor(
-            tok,
-            dims.n_vocab,
-            suppress_tokens=ckpt.suppress_tokens or tok.default_suppress_tokens(),
-            begin_suppress_tokens=ckpt.begin_suppress_tokens or [tok.encode(" ")[0], tok.eot],
-            max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
-            device=self.device,
+        self.logits_processor = logits_processor(
+            RuleSetup(
+                tok,
+                dims.n_vocab,
+                self.device,
+                suppress_tokens=ckpt.suppress_tokens or tok.default_suppress_tokens(),
+                begin_suppress_tokens=ckpt.begin_suppress_tokens or [tok.encode(" ")[0], tok.eot],
+                max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
+            )
         )
-        self.io = StepInputs(self.device, self.logits_processor)
+        self.beam_search = BeamSearch(dims.n_vocab, tok.eot, tok.timestamp_begin, self.n_text_ctx)
+        self.io = StepInputs(self.device)
         self.multi_step = config.multi_step or (MULTI_STEP_GPU if self.on_gpu else 1)
         self.graphs: GraphRunner | None = None
         if self.on_gpu and not config.enforce_eager:
@@ -234,6 +236,13 @@ class ModelRunner:
 
     # ---- decoder ----------------------------------------------------------------------------------
 
+    def admit(self, seqs: list[Sequence]) -> None:
+        """New rows: each logit rule makes its state for them, and a window's rows decoded with beam search (side by
+        side, one cross slot) become its beams."""
+        for seq in seqs:
+            self.logits_processor.admit(seq)
+        self.beam_search.admit(seqs)
+
     def prompt_graph_fits(self, seqs: list[Sequence]) -> bool:
         """Whether prefill(seqs) replays a graph: new sequences in slots 0..n-1 (nothing else running), prompts of
         one captured length, each starting with <|startoftranscript|> (its logits give the no-speech probability)."""
@@ -317,7 +326,7 @@ class ModelRunner:
             job = s.job
             if not s.sampling or s.num_launched == 0 or job.with_timestamps != timestamps or job.temperature > 0:
                 return 1
-            if job.keywords is not None or job.beam_size > 1:  # the host decides each next token
+            if s.host_bound:  # the host decides each next token
                 return 1
             if s.num_cached + k > self.n_text_ctx:
                 return 1
@@ -352,7 +361,7 @@ class ModelRunner:
         if keep:
             self.io.keep(step_tokens[-1], state)
         values = torch.cat([step_tokens.flatten().double(), step_logprobs.flatten().double()])
-        return StepOutput(values, k * len(seqs), [])
+        return StepOutput(values, k * len(seqs))
 
     def reset_steps(self) -> None:
         """Forget the last step's device outputs (after a failed step: no sequence may take its tokens)."""
@@ -372,38 +381,42 @@ class ModelRunner:
         return AlignmentInput(text, qk.float().cpu(), token_probs, num_frames, len(prompt), language)
 
     def _sample(
-        self, seqs: list[Sequence], logits: Tensor, state: Tensor | None, extra: Tensor | None, extra_rows: list[int],
-        keep: bool = False,
-    ) -> StepOutput:
-        """Rules and sampling, queued on the device; the tokens, their log-probabilities and `extra` (the no-speech
-        probabilities of `extra_rows`) go to the host in one copy that nothing waits for yet. With `keep` the
-        sampled tokens and the updated rule state stay on the device for the next step (`decode`)."""
-        rules = self.io.rules(seqs, state)
-        logits = self.logits_processor(logits, rules)
+        self, seqs: list[Sequence], logits: Tensor, state: Tensor | None, no_speech: Tensor | None,
+        no_speech_rows: list[int], keep: bool = False,
+    ) -> StepOutput:  # fmt: skip
+        """Rules and sampling, queued on the device; the tokens, their log-probabilities, the no-speech probabilities
+        of `no_speech_rows` and the beam groups' candidates go to the host in one copy that nothing waits for yet.
+        With `keep` the sampled tokens and the updated rule state stay on the device for the next step (`decode`)."""
+        processor = self.logits_processor
+        logits = processor(logits, processor.prepare(seqs, StepContext(self.io.to_device, state)))
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
         gens = [s.job.generator if t > 0 else None for s, t in zip(seqs, temps)]
         tokens, logprobs = sample(logits, temps, gens, self.config.kernels.greedy_pick)
-        groups = beam_rows(seqs)  # their rows' tokens are not used: the groups' candidates are
         if keep:
             sampled = [i for i, s in enumerate(seqs) if s.sampling]  # rows whose token joins the sequence
             if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp
                 every = len(sampled) == len(seqs)
                 rows = None if every else self.io.to_device(sampled)
-                new = self.logits_processor.next_state(*((state, tokens) if every else (state[rows], tokens[rows])))
+                new = processor.next_state(*((state, tokens) if every else (state[rows], tokens[rows])))
                 state = new if every else state.index_copy(0, rows, new)
             self.io.keep(tokens, state)
-        parts = [tokens.double(), logprobs.double()] + ([extra.double()] if extra is not None else [])
-        beams: list[beam_search.BeamGroup] = []
-        if groups:
-            ranked, beams = beam_search.candidates(logits, groups, self.io.to_device)
-            parts.append(ranked)
-        return StepOutput(torch.cat(parts), len(seqs), [seqs[i] for i in extra_rows], beams)
+        parts = [tokens.double(), logprobs.double()]
+        extras = []
+        if no_speech is not None:
+            parts.append(no_speech.double())
+            extras.append((len(no_speech_rows), no_speech_reader([seqs[i] for i in no_speech_rows])))
+        ranked = self.beam_search.rank(logits, seqs, self.io.to_device)  # their rows' sampled tokens are not used
+        if ranked is not None:
+            parts.append(ranked[0])
+            extras.append((len(ranked[0]), ranked[1]))
+        return StepOutput(torch.cat(parts), len(seqs), extras)
 
 
-def beam_rows(seqs: list[Sequence]) -> list[tuple[beam_search.BeamGroup, list[int]]]:
-    """The beam groups choosing their next tokens in this step, each with its members' rows (member order)."""
-    chosen = {id(s.beam): s.beam for s in seqs if s.beam is not None and s.sampling}
-    if not chosen:  # the common step: no row map built
-        return []
-    row = {id(s): i for i, s in enumerate(seqs)}
-    return [(g, [row[id(m)] for m in g.members]) for g in chosen.values()]
+def no_speech_reader(seqs: list[Sequence]):
+    """What sets each of `seqs`' no-speech probability once the step is read."""
+
+    def read(values: list[float]) -> None:
+        for seq, p in zip(seqs, values):
+            seq.no_speech_prob = p
+
+    return read

@@ -80,14 +80,12 @@ class DecodeOptions:
     # Language detection picks among these ISO codes only (OpenAI's `languages[]`); None: any the model knows.
     languages: tuple[str, ...] | None = None
     # Words and phrases the decode is biased toward (OpenAI's `keywords[]`): a bonus on the logits of their tokens
-    # (engine/keywords.py, scaled by `keyword_bias`; 0: none) and, with `keywords_in_prompt`, as a list in every
-    # window's prompt too (faster-whisper's hotwords: more of the names come out right, and the text around them
-    # can change where they are not spoken). The engine's submit sets their token sequences and the prompt's tokens
-    # (() for none).
+    # (engine/decoding/keywords.py, scaled by `keyword_bias`; 0: none) and, with `keywords_in_prompt`, as a list in
+    # every window's prompt too (faster-whisper's hotwords: more of the names come out right, and the text around
+    # them can change where they are not spoken). The engine's submit sets the prompt's tokens (() for none).
     keywords: tuple[str, ...] = ()
     keyword_bias: float = 1.0
     keywords_in_prompt: bool = False
-    keyword_sequences: tuple[tuple[int, ...], ...] | None = None
     keyword_prompt: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

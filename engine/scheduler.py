@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from engine.beam_search import BeamGroup
 from engine.model.kv_cache import KVCache
 from engine.sequence import Sequence, WindowJob
 
@@ -53,19 +52,14 @@ class Scheduler:
     def admit(self) -> list[Sequence]:
         """Give free rows and cross slots to waiting windows; the new sequences take the rows right after the
         running ones. A window decoded with beam search takes one row per beam, side by side, and one cross slot
-        that its beams share."""
+        that its beams share (the runner makes them its beams: ModelRunner.admit)."""
         rows = self.num_slots - len(self.running)
         cross = self._free_cross()
         free = min(rows, len(cross), self.max_encoder_batch, self.num_waiting)
         free = self.admissible(free) if free else 0
         admitted: list[Sequence] = []
         for job, slot in zip(self._take(free, rows), cross):
-            members = [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
-            if job.beam_size > 1:
-                group = BeamGroup(members, job.patience, job.length_penalty)
-                for m in members:
-                    m.beam = group
-            admitted += members
+            admitted += [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
         self.running.extend(admitted)
         return admitted
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from engine.request import DecodeOptions
+
 if TYPE_CHECKING:
-    from engine.beam_search import BeamGroup
-    from engine.keywords import KeywordBias
+    from engine.decoding.beam_search import BeamGroup
     from engine.longform.alignment import AlignmentInput
 
 # `Sequence.pending` holds this in place of a token the GPU has sampled but the host has not read yet: the next
@@ -24,7 +25,8 @@ ON_DEVICE = -1
 @dataclass(slots=True)
 class WindowJob:
     """A window waiting for a slot: its mel, its prompt and the temperature to decode it at, and what the scheduler
-    and the runner need of its request (a plain record: the request's state stays in the engine's RequestTable)."""
+    and the runner need of its request, its options among them, from which the logit rules and the beam search make
+    their state (a plain record: the request's state stays in the engine's RequestTable)."""
 
     request_id: str
     mel: Tensor  # (n_mels, N_FRAMES)
@@ -37,12 +39,9 @@ class WindowJob:
     window_index: int = 0  # which of the request's windows (chunked mode decodes several at once)
     word_timestamps: bool = False
     num_frames: int = 0  # mel frames of real audio in the window (the rest is padding)
-    languages: tuple[int, ...] | None = None  # the language tokens detection may pick (None: any)
-    keywords: KeywordBias | None = None  # the request's keyword biasing
+    options: DecodeOptions = field(default_factory=DecodeOptions)  # the request's, as the engine prepared them
     candidate: int = 0  # which of an attempt's best_of samples
-    beam_size: int = 1  # above 1: beam search (engine/beam_search.py), one slot per beam
-    patience: float = 1.0  # the beam search's (faster-whisper's)
-    length_penalty: float = 1.0
+    beam_size: int = 1  # above 1: beam search (engine/decoding/beam_search.py), one slot per beam
     background: bool = False  # a background request's (DecodeOptions.background): only slots no other window needs
     generator: torch.Generator | None = None  # what sampling above temperature 0 draws from
 
@@ -68,16 +67,16 @@ class Sequence:
     aborted: bool = False
     alignment: AlignmentInput | None = None  # word-timestamp inputs, read from the slot before it is reused
     beam: BeamGroup | None = None  # the window's beams, when it decodes with beam search
+    # each logit rule's state for this row, as (rule index, state) for the rules that apply to its window
+    # (engine/decoding/processor.py)
+    rule_states: list[tuple[int, Any]] = field(default_factory=list)
+    # Its next step's inputs are decided on the host from this step's output (keyword bonuses follow the last
+    # token; beams are chosen from the group's candidates): the step must be read before the next is launched.
+    host_bound: bool = False
 
     @property
     def fixed_decode_tokens(self) -> int | None:
         return self.job.fixed_decode_tokens
-
-    @property
-    def host_bound(self) -> bool:
-        """Its next step's inputs are decided on the host from this step's output (keyword bonuses follow the last
-        token; beams are chosen from the group's candidates): the step must be read before the next is launched."""
-        return self.beam is not None or self.job.keywords is not None
 
     @property
     def beam_follower(self) -> bool:

@@ -13,18 +13,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engine.beam_search import BeamGroup
-from engine.sampling import LogitsProcessor, StepRules
 from engine.sequence import ON_DEVICE, Sequence
 
 
 class StepInputs:
     """Builds launches' inputs; keeps the last launch's sampled tokens and rule state on the device (`keep`)."""
 
-    def __init__(self, device: torch.device, processor: LogitsProcessor):
+    def __init__(self, device: torch.device):
         self.device = device
         self.on_gpu = device.type == "cuda"
-        self.processor = processor
         self.prev: tuple[Tensor, Tensor | None] | None = None  # the last launch's tokens and rule state, kept
 
     def keep(self, tokens: Tensor, state: Tensor | None) -> None:
@@ -76,46 +73,6 @@ class StepInputs:
                 raise RuntimeError("a sequence needs rule state that the last step did not keep")
         return state
 
-    def rules(self, seqs: list[Sequence], state: Tensor | None) -> StepRules:
-        """Row sets from the host's view of each sequence; the timestamp rules' inputs from `state` (rows of last
-        token, second to last, last timestamp), which may still be on its way from the previous step."""
-        first, eot, detect, ts_rows = [], [], [], []
-        banned_rows, banned_tokens = [], []
-        bonus_rows, bonus_tokens, bonuses = [], [], []
-        for i, s in enumerate(seqs):
-            if s.detecting and not s.forced:
-                detect.append(i)
-                if s.job.languages is not None:
-                    banned = self.processor.language_ids.difference(s.job.languages)
-                    banned_rows += [i] * len(banned)
-                    banned_tokens += banned
-            if not s.sampling:
-                continue
-            if s.num_launched == 0:
-                first.append(i)
-            if s.must_not_end:
-                eot.append(i)
-            if s.job.with_timestamps:
-                ts_rows.append(i)
-            if s.job.keywords is not None:  # the engine keeps such rows' tokens on the host (Engine.step)
-                for token, (value, gated) in s.job.keywords.bonuses(s.tokens, self.processor.eot).items():
-                    bonus_rows.append(i)
-                    bonus_tokens.append(token)
-                    bonuses.append(-value if gated else value)  # the sign carries the gate: one host copy
-
-        def rows(xs: list) -> Tensor | None:
-            return self.to_device(xs) if xs else None
-
-        rules = StepRules(is_first=rows(first), suppress_eot=rows(eot), detect_language=rows(detect))
-        if banned_rows:
-            rules.banned_languages = (self.to_device(banned_rows), self.to_device(banned_tokens))
-        if bonus_rows:
-            rules.bonus = (self.to_device(bonus_rows), self.to_device(bonus_tokens), self.to_device(bonuses))
-        if ts_rows:
-            rules.with_timestamps = rows(ts_rows)
-            self.processor.timestamp_inputs(rules, state)
-        return rules
-
 
 def host_row(seq: Sequence, have_prev: bool) -> list[int]:
     """[token or ON_DEVICE, position, its row in the last step or -1 (the host's values are exact), state]."""
@@ -146,12 +103,12 @@ def from_last_step(own: Tensor, last: Tensor, rows: list[int], take: Callable[[]
 
 class StepOutput:
     """A step's tokens, log-probabilities and extra values on their way to the host: the copy is queued behind the
-    step, so reading it (`result`) is the one wait for the GPU, and the host can launch the next step first."""
+    step, so reading it (`result`) is the one wait for the GPU, and the host can launch the next step first.
+    `extras`: after the 2n tokens and log-probabilities, each extra part's length and the reader it goes to."""
 
-    def __init__(self, values: Tensor, n: int, extra_seqs: list[Sequence], beams: list[BeamGroup] | None = None):
+    def __init__(self, values: Tensor, n: int, extras: list[tuple[int, Callable[[list[float]], None]]] | None = None):
         self.n = n
-        self.extra_seqs = extra_seqs
-        self.beams = beams or []
+        self.extras = extras or []
         self.event = None
         if values.device.type == "cuda":
             self.values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -162,16 +119,13 @@ class StepOutput:
             self.values = values
 
     def result(self) -> tuple[list[int], list[float]]:
-        """Waits for the step; the no-speech probabilities go to their sequences, tokens and log-probs are returned."""
+        """Waits for the step; the extra parts go to their readers, tokens and log-probs are returned."""
         if self.event is not None:
             self.event.synchronize()
         out = self.values.tolist()
         n = self.n
-        for seq, p in zip(self.extra_seqs, out[2 * n :]):
-            seq.no_speech_prob = p
-        at = 2 * n + len(self.extra_seqs)
-        for group in self.beams:  # after the no-speech probabilities: each group's 2B values, then 2B indices
-            k = 2 * group.size
-            group.candidates = (out[at : at + k], [int(i) for i in out[at + k : at + 2 * k]])
-            at += 2 * k
+        at = 2 * n
+        for size, read in self.extras:
+            read(out[at : at + size])
+            at += size
         return [int(t) for t in out[:n]], out[n : 2 * n]

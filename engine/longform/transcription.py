@@ -12,7 +12,6 @@ from torch import Tensor
 
 from engine.audio import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
 from engine.features import pad_or_trim
-from engine.keywords import KeywordBias
 from engine.longform.alignment import AlignmentInput, add_word_timestamps, find_alignment
 from engine.longform.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 from engine.model.tokenizer import Tokenizer
@@ -87,8 +86,6 @@ class Transcription:
             per_window *= options.best_of  # each fallback attempt draws best_of samples
         self.token_budget = None if per_window is None else per_window * max(1, math.ceil(duration / CHUNK_LENGTH))
         self.tokens_sampled = 0  # every attempt's, EOT included
-        sequences = options.keyword_sequences
-        self.keyword_bias = KeywordBias(list(sequences), options.keyword_bias) if sequences and options.keyword_bias else None
 
     @property
     def generator(self) -> torch.Generator:
@@ -160,12 +157,9 @@ class Transcription:
             window_index=index,
             word_timestamps=opts.word_timestamps,
             num_frames=window.shape[-1],
-            languages=tuple(tok.language_ids[c] for c in opts.languages) if detect and opts.languages else None,
-            keywords=self.keyword_bias,
+            options=opts,
             candidate=candidate,
             beam_size=opts.beam_size if temperature == 0 else 1,
-            patience=opts.patience,
-            length_penalty=opts.length_penalty,
             background=opts.background,
             generator=self.generator_for(candidate) if temperature > 0 else None,
         )

@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
-from engine.sampling import sample
+from engine.decoding import sample
 
 
 @pytest.fixture(scope="module")
@@ -239,36 +239,48 @@ def test_jfk_on_cuda(graph_engine, gpu_clips, read_wav):
 
 def test_logit_rules_and_sampling_never_wait_for_the_gpu(graph_engine):
     """From a step's launch to the one read of its tokens nothing may wait for the GPU, so the host queues the
-    logit rules and the sampling behind the step (a hidden wait, a scalar copied from pageable memory, once cost
-    a quarter of every large-v3 step). Every rule is active here, on some row."""
-    from engine.sampling import StepRules, sample
+    logit rules' inputs, the rules and the sampling behind the step (a hidden wait, a scalar copied from pageable
+    memory, once cost a quarter of every large-v3 step). Every registered rule is active here, on some row."""
+    from engine.decoding import StepContext
+    from engine.sequence import Sequence, WindowJob
 
     runner = graph_engine.runner
-    dev, tok = runner.device, runner.tokenizer
+    dev, tok, processor = runner.device, runner.tokenizer, runner.logits_processor
+    ts = tok.timestamp_begin
 
-    def rows(*values, dtype=torch.long):
-        return torch.tensor(values, dtype=dtype, device=dev)
+    def row(slot: int, **job) -> Sequence:
+        seq = Sequence(job=WindowJob("req", torch.zeros(1), [tok.sot], 0.0, **job), slot=slot)
+        processor.admit(seq)
+        return seq
 
-    rules = StepRules(
-        is_first=rows(0), suppress_eot=rows(1), detect_language=rows(2), with_timestamps=rows(0, 3),
-        last_is_ts=rows(False, True, dtype=torch.bool), penultimate_is_ts=rows(False, False, dtype=torch.bool),
-        min_timestamp=rows(tok.timestamp_begin, tok.timestamp_begin + 5), is_first_ts=rows(True, False, dtype=torch.bool),
-    )  # fmt: skip
+    first = row(0, detect_language=False)  # its first sampled token, with timestamps
+    fixed = row(1, detect_language=False, with_timestamps=False, fixed_decode_tokens=5)
+    fixed.num_launched = 1  # four more before it may end
+    languages = ("en", "de") if tok.is_multilingual else None
+    detect = row(2, detect_language=True, options=DecodeOptions(languages=languages))
+    detect.detecting = True
+    lone = row(3, detect_language=False, options=DecodeOptions(keywords=("Dashwood",)))
+    lone.num_launched, lone.tokens = 2, [100, ts + 5]  # after a lone timestamp
+    seqs = [first, fixed, detect, lone]
+    used = {type(processor.per_row[k]).__name__ for s in seqs for k, _ in s.rule_states}
+    assert used == {type(r).__name__ for r in processor.per_row}, "a rule no row exercises"
+    state = torch.tensor([[-1, -1, -1], [-1, -1, -1], [-1, -1, -1], [ts + 5, 100, ts + 5]], device=dev)
     logits = torch.randn(4, runner.dims.n_vocab, device=dev)
     logits[1, tok.eot] = 100.0  # the row that must not end
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        tokens, logprobs = sample(runner.logits_processor(logits, rules), [0.0] * 4, [None] * 4)
+        prepared = processor.prepare(seqs, StepContext(runner.io.to_device, state))
+        tokens, logprobs = sample(processor(logits, prepared), [0.0] * 4, [None] * 4)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     tokens = tokens.tolist()
-    assert tok.timestamp_begin <= tokens[0] <= tok.timestamp_begin + 50  # a window opens with an early timestamp
+    assert ts <= tokens[0] <= ts + 50  # a window opens with an early timestamp
     assert tokens[1] != tok.eot
-    if tok.language_ids:
-        assert tokens[2] in tok.language_ids.values()
+    if tok.is_multilingual:
+        assert tokens[2] in {tok.language_ids["en"], tok.language_ids["de"]}
     # after a lone timestamp: another one, not earlier than the last, or the end
-    assert tokens[3] == tok.eot or tokens[3] >= tok.timestamp_begin + 5
+    assert tokens[3] == tok.eot or tokens[3] >= ts + 5
     assert torch.isfinite(logprobs).all()
 
 

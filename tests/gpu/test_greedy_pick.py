@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.kernels import greedy_pick
-from engine.sampling import sample
+from engine.decoding import sample
 
 
 @pytest.mark.parametrize("rows,vocab", [(1, 51866), (5, 51865), (256, 51866), (3, 4096)])

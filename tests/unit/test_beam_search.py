@@ -1,4 +1,5 @@
-"""BeamGroup's rules on hand-made candidates: CTranslate2's finishing and refill, reordering with the fewest
+"""BeamSearch's rules on hand-made candidates, through its interface (admit, then advance once a step's candidates
+are read): CTranslate2's finishing and refill, reordering with the fewest
 self-attention copies, and the length-normalized pick."""
 
 from __future__ import annotations
@@ -6,8 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from engine.beam_search import BeamGroup
+from engine.decoding.beam_search import BeamGroup, BeamSearch
+from engine.request import DecodeOptions
 from engine.sequence import Sequence, WindowJob
 
 V, EOT, TS = 100, 50, 60  # vocabulary, <|endoftext|>, first timestamp token
@@ -21,25 +24,23 @@ class FakeCache:
         self.copies.append((copies, num_positions))
 
 
-class Job:
-    fixed_decode_tokens = None
+SEARCH = BeamSearch(V, EOT, TS, 448)
 
 
 def group(size: int, patience: float = 1.0, length_penalty: float = 1.0) -> BeamGroup:
-    members = [Sequence(job=Job(), slot=10 + b) for b in range(size)]  # type: ignore[arg-type]
-    g = BeamGroup(members, patience, length_penalty)
-    for m in members:
-        m.beam = g
+    options = DecodeOptions(beam_size=size, patience=patience, length_penalty=length_penalty)
+    job = WindowJob("req", torch.zeros(1), [1], 0.0, False, options=options, beam_size=size)
+    (g,) = SEARCH.admit([Sequence(job=job, slot=10 + b) for b in range(size)])
+    assert all(m.beam is g and m.host_bound for m in g.members)
     return g
 
 
 def step(g: BeamGroup, cache: FakeCache, picks: list[tuple[int, int, float]], num_cached: int = 4) -> None:
     """Feed one step's 2B candidates, (beam, token, score) best first."""
     g.candidates = ([p[2] for p in picks], [p[0] * V + p[1] for p in picks])
-    copies: list[tuple[int, int]] = []
-    g.advance(V, EOT, TS, num_cached, 448, copies)
+    copies, positions, _ = SEARCH.advance([(g, num_cached)])
     if copies:
-        cache.copy_self(copies, num_cached)
+        cache.copy_self(copies, positions)
 
 
 def test_first_step_expands_one_beam_and_later_children_copy_only_when_a_parent_forks():

@@ -1,8 +1,8 @@
-"""Keyword biasing's matching (engine/keywords.py): which tokens get a bonus after a row's text."""
+"""Keyword biasing's matching (engine/decoding/keywords.py): which tokens get a bonus after a row's text."""
 
 from __future__ import annotations
 
-from engine.keywords import CONTINUE_BONUS, START_BONUS, KeywordBias
+from engine.decoding.keywords import CONTINUE_BONUS, START_BONUS, KeywordBias
 
 EOT = 100  # tokens from here on are specials and timestamps
 

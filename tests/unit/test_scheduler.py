@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.decoding import BeamSearch
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
 from engine.scheduler import Scheduler
@@ -15,12 +16,19 @@ def job(beam_size: int = 1, request_id: str = "req-0") -> WindowJob:
     return WindowJob(request_id, torch.zeros(1), [1, 2], 0.0, False, beam_size=beam_size)
 
 
+def admit(sched: Scheduler) -> list:
+    """Admission as the engine makes it: the scheduler's rows, a beam-searched window's rows made its beams."""
+    rows = sched.admit()
+    BeamSearch(100, 50, 60, 448).admit(rows)
+    return rows
+
+
 def test_beams_share_their_windows_cross_slot_and_rows_sit_side_by_side():
     sched = Scheduler(num_slots=12, max_encoder_batch=8, num_cross_slots=4)
     jobs = [job(1), job(3), job(1), job(5), job(1)]
     for j in jobs:
         sched.add(j, continuing=False)
-    admitted = sched.admit()
+    admitted = admit(sched)
     # 1 + 3 + 1 + 5 rows fit in 12; the last window waits for a cross slot (4 of 4 held), not for rows (2 left)
     assert [s.slot for s in admitted] == list(range(10))
     assert [s.cross_slot for s in admitted] == [0, 1, 1, 1, 2, 3, 3, 3, 3, 3]
@@ -33,7 +41,7 @@ def test_a_cross_slot_is_free_once_its_window_leaves_and_rows_stay_contiguous():
     sched = Scheduler(num_slots=8, max_encoder_batch=8, num_cross_slots=3)
     for j in (job(1), job(3), job(1), job(1)):
         sched.add(j, continuing=False)
-    first = sched.admit()
+    first = admit(sched)
     assert [s.cross_slot for s in first] == [0, 1, 1, 1, 2]
     shape = CacheShape.for_model(DUMMY_DIMS["tiny"], None, 32)
     cache = KVCache(shape, 8, torch.float32, torch.device("cpu"), num_cross_slots=3)
@@ -41,7 +49,7 @@ def test_a_cross_slot_is_free_once_its_window_leaves_and_rows_stay_contiguous():
         m.finished = True
     sched.release_finished(cache)
     assert [(s.slot, s.cross_slot) for s in sched.running] == [(0, 0), (1, 2)]  # the tail row moved into the hole
-    (last,) = sched.admit()
+    (last,) = admit(sched)
     assert (last.slot, last.cross_slot) == (2, 1)
 
 

@@ -13,8 +13,9 @@ of a window read one cross slot, written by the one encoder pass of the window (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -25,6 +26,7 @@ NEG_INF = float("-inf")
 class Beam(Protocol):
     """What a beam search reads and writes of each of its members (engine/sequence.py's Sequence is one)."""
 
+    job: Any  # its window's: beam_size, and the request's options (patience, length_penalty)
     slot: int
     tokens: list[int]
     logprobs: list[float]
@@ -32,9 +34,14 @@ class Beam(Protocol):
     last_timestamp: int
     pending: list[int]
     finished: bool
+    beam: BeamGroup | None
+    host_bound: bool
 
     @property
     def fixed_decode_tokens(self) -> int | None: ...
+
+    @property
+    def sampling(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -174,22 +181,73 @@ class BeamGroup:
             m.finished = True
 
 
-def candidates(
-    logits: Tensor, groups: list[tuple[BeamGroup, list[int]]], to_device
-) -> tuple[Tensor, list[BeamGroup]]:
-    """Each group's best 2B (beam, token) candidates by running score plus log-probability, on the device, and the
-    groups in the order of the result: (G * 4B,) float64, per group 2B values then 2B flat indices
-    (beam * vocab + token). `groups`: each group with its members' rows in `logits` (member order). Groups of one
-    beam size share one top-k; the float32 sums are those of CTranslate2's float32 beam search."""
-    by_size: dict[int, list[tuple[BeamGroup, list[int]]]] = {}
-    for g, rows in groups:
-        by_size.setdefault(g.size, []).append((g, rows))
-    parts, order = [], []
-    for size, chosen in by_size.items():
-        rows = to_device([r for _, r in chosen])  # (G, B)
-        scores = to_device([g.running_scores() for g, _ in chosen]).float()
-        logp = torch.log_softmax(logits[rows].float(), dim=-1)  # (G, B, V)
-        values, indices = (scores[:, :, None] + logp).flatten(1).topk(2 * size, dim=-1)
-        parts.append(torch.cat([values.double(), indices.double()], dim=1).flatten())
-        order += [g for g, _ in chosen]
-    return torch.cat(parts), order
+class BeamSearch:
+    """Beam search as rows of the batch, the one object the engine calls for it: `admit` groups a window's rows,
+    `rank` queues each group's best candidates on the device behind the step, and `advance` applies them once read,
+    returning the self-attention prefixes to copy where a beam forks."""
+
+    def __init__(self, vocab: int, eot: int, timestamp_begin: int, n_text_ctx: int):
+        self.vocab = vocab
+        self.eot = eot
+        self.timestamp_begin = timestamp_begin
+        self.n_text_ctx = n_text_ctx
+
+    def admit(self, rows: list[Beam]) -> list[BeamGroup]:
+        """New rows: the rows of a window decoded with beam search (`job.beam_size` of them, one cross slot) become
+        its beams, with its request's patience and length penalty; their steps are read before the next launch, as
+        the next beams are chosen on the host."""
+        windows: dict[int, list[Beam]] = {}
+        for row in rows:
+            if row.job.beam_size > 1:
+                windows.setdefault(id(row.job), []).append(row)
+        groups = []
+        for members in windows.values():
+            options = members[0].job.options
+            group = BeamGroup(members, options.patience, options.length_penalty)
+            for m in members:
+                m.beam = group
+                m.host_bound = True
+            groups.append(group)
+        return groups
+
+    def rank(self, logits: Tensor, seqs: list[Beam], to_device) -> tuple[Tensor, Callable[[list[float]], None]] | None:
+        """Each group choosing its next tokens in this step: its best 2B (beam, token) candidates by running score
+        plus log-probability, on the device; returns them (G * 4B float64: per group 2B values then 2B flat indices,
+        beam * vocab + token) and the reader that hands each group its part once the step is read. None: no beams."""
+        chosen = {id(s.beam): s.beam for s in seqs if s.beam is not None and s.sampling}
+        if not chosen:  # the common step: no row map built
+            return None
+        row = {id(s): i for i, s in enumerate(seqs)}
+        by_size: dict[int, list[BeamGroup]] = {}
+        for g in chosen.values():
+            by_size.setdefault(g.size, []).append(g)
+        parts, order = [], []
+        for size, groups in by_size.items():  # groups of one beam size share one top-k
+            rows = to_device([[row[id(m)] for m in g.members] for g in groups])  # (G, B)
+            scores = to_device([g.running_scores() for g in groups]).float()
+            logp = torch.log_softmax(logits[rows].float(), dim=-1)  # (G, B, V)
+            # the float32 sums are those of CTranslate2's float32 beam search
+            values, indices = (scores[:, :, None] + logp).flatten(1).topk(2 * size, dim=-1)
+            parts.append(torch.cat([values.double(), indices.double()], dim=1).flatten())
+            order += groups
+
+        def read(out: list[float]) -> None:
+            at = 0
+            for group in order:
+                k = 2 * group.size
+                group.candidates = (out[at : at + k], [int(i) for i in out[at + k : at + 2 * k]])
+                at += 2 * k
+
+        return torch.cat(parts), read
+
+    def advance(self, led: list[tuple[BeamGroup, int]]) -> tuple[list[tuple[int, int]], int, int]:
+        """Each read group with its positions cached after the step: the next beams or the end. Returns the
+        self-attention copies to make (parent's row, child's row) before the next step, how many positions they
+        cover and how many tokens the groups took."""
+        copies: list[tuple[int, int]] = []
+        positions = tokens = 0
+        for group, num_cached in led:
+            group.advance(self.vocab, self.eot, self.timestamp_begin, num_cached, self.n_text_ctx, copies)
+            positions = max(positions, num_cached)  # positions past a row's own are never read
+            tokens += group.size
+        return copies, positions, tokens
