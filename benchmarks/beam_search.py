@@ -58,7 +58,7 @@ def parity(models: list[str]) -> None:
     import jiwer
 
     from engine import DecodeOptions, Engine, EngineConfig
-    from engine.audio import decode_audio
+    from engine.audio.uploads import decode_audio
     from tests.helpers.transcripts import normalize_english
 
     rows = clips()

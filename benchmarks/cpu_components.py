@@ -76,7 +76,7 @@ def main() -> None:
     engine_audio.soundfile = sndfile
     print(f"30 s WAV: libsndfile {fast:.2f} ms, PyAV {pyav:.2f} ms per decode; samples equal: {same}")
 
-    from engine import model_runner
+    from engine.runtime import model_runner
 
     if args.default_heap:
         model_runner.keep_freed_memory = lambda: False  # the runner applies it on a CPU; here it must not
@@ -96,8 +96,8 @@ def main() -> None:
 
 
 def step_phases(args) -> None:
-    from engine.engine import Engine
     from engine.request import DecodeOptions
+    from engine.runtime.engine import Engine
 
     engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads))
     engine.start()

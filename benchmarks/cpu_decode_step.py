@@ -63,17 +63,16 @@ def main() -> None:
         return
 
     torch.set_num_threads(args.threads)
-    from engine.audio import decode_audio
+    from engine.audio.uploads import decode_audio
     from engine.model.weights import resolve_model
 
     audio = decode_audio(DATA / CLIP)
     ms, counts = [], []
     if args.only == "ours":
         from engine.config import EngineConfig
-        from engine.engine import Engine
-        from engine.request import DecodeOptions
-
         from engine.kernels.options import KernelOptions
+        from engine.request import DecodeOptions
+        from engine.runtime.engine import Engine
 
         kernels = KernelOptions(cpu_decode=not args.no_cpu_kernels)
         engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, kernels=kernels))

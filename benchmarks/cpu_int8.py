@@ -56,7 +56,7 @@ def busy() -> None:
 def measure(system: str, args) -> dict:
     import torch
 
-    from engine.audio import decode_audio
+    from engine.audio.uploads import decode_audio
     from engine.model.weights import resolve_model
 
     torch.set_num_threads(args.threads)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time
 
-from engine.audio import decode_audio
+from engine.audio.uploads import decode_audio
 from engine.backends.cpu_int8_encoder import Int8Blocks
 from engine.kernels import cpu_kernels
 from engine.kernels.cpu_kernels import COLS, QuantizedWeight

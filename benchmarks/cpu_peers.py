@@ -98,13 +98,13 @@ def main() -> None:
     from faster_whisper import WhisperModel
     from transformers import WhisperForConditionalGeneration
 
-    from engine.audio import decode_audio
+    from engine.audio.features import LogMelSpectrogram, batch_features
+    from engine.audio.uploads import decode_audio
     from engine.config import EngineConfig
-    from engine.engine import Engine
-    from engine.features import LogMelSpectrogram, batch_features
     from engine.model.tokenizer import Tokenizer
     from engine.model.weights import load_checkpoint, resolve_model
     from engine.request import DecodeOptions
+    from engine.runtime.engine import Engine
     from tests.helpers.weights_export import write_hf_export
 
     resolved = resolve_model(args.model)

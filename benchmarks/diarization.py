@@ -50,7 +50,7 @@ def main() -> None:
 
     from engine import DecodeOptions, Engine, EngineConfig, SpeakerDiarizer, diarized_segments
     from engine.diarization import speaker_turns
-    from engine.longform.vad import VoiceActivityDetector
+    from engine.transcription.vad import VoiceActivityDetector
 
     engine = Engine(EngineConfig(model=args.model, device="cpu"))
     engine.start()
@@ -109,7 +109,7 @@ def real_recording(model: str) -> None:
 
     from engine import DecodeOptions, Engine, EngineConfig, SpeakerCount, SpeakerDiarizer, decode_audio
     from engine.diarization import speaker_turns
-    from engine.longform.vad import VoiceActivityDetector
+    from engine.transcription.vad import VoiceActivityDetector
     from tests.helpers.data import DATA
 
     samples = decode_audio(DATA / REAL)

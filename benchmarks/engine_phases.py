@@ -24,8 +24,8 @@ def phase_targets(engine) -> list[tuple[object, str, str]]:
     if runner.graphs is not None:
         targets += [(runner.graphs, "decode"), (runner.graphs, "encode")]
     # the sampler (a module function), a step's output copy and its read, the small host-to-device copies
-    import engine.model_runner as model_runner
-    from engine.step_io import StepOutput
+    import engine.runtime.model_runner as model_runner
+    from engine.runtime.step_io import StepOutput
 
     targets += [(model_runner, "sample"), (StepOutput, "__init__"), (StepOutput, "result")]
     named = []

@@ -24,8 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.cuda_graphs import GraphRunner  # noqa: E402
-from engine.model_runner import ModelRunner  # noqa: E402
+from engine.runtime.cuda_graphs import GraphRunner  # noqa: E402
+from engine.runtime.model_runner import ModelRunner  # noqa: E402
 
 KV = 128  # cached positions attended in the decoder steps measured here
 

@@ -28,8 +28,8 @@ from engine_phases import print_engine_phases, wrapped_phases  # noqa: E402
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.kernels.options import KernelOptions  # noqa: E402
-from engine.engine import Engine  # noqa: E402
 from engine.request import DecodeOptions  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
 
 KINDS = (  # first match wins: cuDNN's attention kernels name their architecture too ("sdpa_sm90")
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "attend")),

@@ -42,8 +42,8 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
                timestamps: bool = False, int8_kernel: str = "cuda", batch_invariant: bool = False):
     from engine.config import EngineConfig
     from engine.kernels.options import KernelOptions
-    from engine.engine import Engine
     from engine.request import DecodeOptions
+    from engine.runtime.engine import Engine
 
     engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,

@@ -92,7 +92,7 @@ def synthetic_wav(seconds: float, seed: int = 0) -> bytes:
 def load_uploads(files: list[Path], synthetic_seconds: float | None) -> list[Upload]:
     if synthetic_seconds is not None:
         return [Upload(f"synthetic-{synthetic_seconds:g}s.wav", synthetic_wav(synthetic_seconds), synthetic_seconds)]
-    from engine.audio import decode_audio  # decodes exactly as the server does, for the audio length
+    from engine.audio.uploads import decode_audio  # decodes exactly as the server does, for the audio length
 
     uploads = []
     for path in files:

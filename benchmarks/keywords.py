@@ -4,7 +4,7 @@
 
 Speech with rare names and jargon is made with espeak-ng (Debian's `espeak-ng`; a synthetic voice, harder than a
 person), one sentence per case with the keywords it holds. Four ways to decode each: no keywords, the keywords in
-the prompt only (faster-whisper's hotwords), the logit bonus only (engine/keywords.py; the server's default),
+the prompt only (faster-whisper's hotwords), the logit bonus only (engine/decoding/keywords.py; the server's default),
 both (`keywords_in_prompt`). Prints each way's keyword recall (keywords found verbatim, ignoring case, over
 keywords spoken) and the WER on the LibriSpeech clips of tests/data decoded with every case's keywords as
 distractors (it should not rise). Engine level, CPU.
@@ -59,7 +59,7 @@ def main() -> None:
     import jiwer
 
     from engine import DecodeOptions, Engine, EngineConfig, EngineError
-    from engine.audio import decode_audio
+    from engine.audio.uploads import decode_audio
     from tests.helpers.transcripts import normalize_english as normalize
 
     engine = Engine(EngineConfig(model=args.model, device="cpu"))

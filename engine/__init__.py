@@ -13,24 +13,22 @@ import importlib
 
 # module -> the names it exports through this package
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "engine.audio": (
-        "SAMPLE_RATE", "TOKENS_PER_SECOND", "AudioDecodeError", "AudioTooLongError", "decode_audio",
-        "decode_channels",
-    ),
+    "engine.audio.constants": ("SAMPLE_RATE", "TOKENS_PER_SECOND"),
+    "engine.audio.uploads": ("AudioDecodeError", "AudioTooLongError", "decode_audio", "decode_channels"),
     "engine.config": ("EngineConfig",),
     "engine.cpus": ("available_cpus",),
     "engine.diarization": (
         "MAX_SPEAKERS", "Diarization", "DiarizationJob", "DiarizedSegment", "DiarizerProcess", "SpeakerCount",
         "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label", "speaker_labels",
     ),
-    "engine.engine": ("Engine",),
-    "engine.engine_process": ("EngineProcess",),
+    "engine.runtime.engine": ("Engine",),
+    "engine.processes.engine_process": ("EngineProcess",),
     "engine.frontend": ("EngineLike", "Handle", "RequestHandle"),
     "engine.kernels.options": ("KernelOptions",),
-    "engine.longform.vad": ("VoiceActivityDetector",),
+    "engine.transcription.vad": ("VoiceActivityDetector",),
     "engine.model.tokenizer": ("LANGUAGES",),
-    "engine.model_runner": ("resolve_device",),
-    "engine.pool": ("EnginePool",),
+    "engine.runtime.model_runner": ("resolve_device",),
+    "engine.processes.pool": ("EnginePool",),
     "engine.request": (
         "DEFAULT_TEMPERATURES", "MAX_BEAM_SIZE", "MAX_BEST_OF", "ChunkingOptions", "DecodeBudgetExceededError",
         "DecodeOptions", "EngineDeadError", "EngineError", "EngineOverloadedError", "EngineStats",
@@ -58,8 +56,8 @@ def __dir__() -> list[str]:
 def start_engine(config, own_process: bool, gpu: int | None = None):
     """Load the model and start serving (an EngineLike): in this process (a loop thread) or in a child process of
     its own (which sees only GPU `gpu`, when given)."""
-    from engine.engine import Engine
-    from engine.engine_process import EngineProcess
+    from engine.processes.engine_process import EngineProcess
+    from engine.runtime.engine import Engine
 
     engine = EngineProcess(config, gpu) if own_process else Engine(config)
     engine.start()

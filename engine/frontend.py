@@ -13,7 +13,6 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.longform.transcription import prompt_tokens
 from engine.model.tokenizer import Tokenizer
 from engine.request import (
     DecodeOptions,
@@ -23,6 +22,7 @@ from engine.request import (
     Task,
     TranscriptionResult,
 )
+from engine.transcription.sequential import prompt_tokens
 
 
 @runtime_checkable

@@ -3,7 +3,7 @@
 A dead engine (its process killed, its loop crashed) fails only the requests it held; the supervisor notices within
 a poll, starts a new one with back-off between attempts, and /health turns 200 again once it is up. After
 `max_restarts` failed starts in a row it gives up and /health stays 503 (an orchestrator then replaces the server).
-Data parallel engines (engine/pool.py) have a supervisor each, which puts its engine in the pool's slot: the
+Data parallel engines (engine/processes/pool.py) have a supervisor each, which puts its engine in the pool's slot: the
 others serve meanwhile, and /health stays 200 while any is up.
 """
 

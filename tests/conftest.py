@@ -56,7 +56,7 @@ def short_english_clips(short_clips) -> list[dict[str, str]]:
 @pytest.fixture(scope="session")
 def load_clip(data_dir):
     """file name -> 16 kHz mono float32, decoded once per session."""
-    from engine.audio import decode_audio
+    from engine.audio.uploads import decode_audio
 
     cache: dict[str, np.ndarray] = {}
 
@@ -72,7 +72,7 @@ def load_clip(data_dir):
 
 def _started_engine(model: str):
     from engine.config import EngineConfig
-    from engine.engine import Engine
+    from engine.runtime.engine import Engine
 
     engine = Engine(EngineConfig(model=model, device="cpu"))
     engine.start()

@@ -24,7 +24,7 @@ NEG_INF = float("-inf")
 
 
 class Beam(Protocol):
-    """What a beam search reads and writes of each of its members (engine/sequence.py's Sequence is one)."""
+    """What a beam search reads and writes of each of its members (engine/runtime/sequence.py's Sequence is one)."""
 
     job: Any  # its window's: beam_size, and the request's options (patience, length_penalty)
     slot: int

@@ -23,7 +23,7 @@ from torch import Tensor
 from engine.decoding.rule import LogitRule, RuleRows, RuleSetup, StepContext
 
 if TYPE_CHECKING:
-    from engine.sequence import WindowJob
+    from engine.runtime.sequence import WindowJob
 
 # The bonuses and the gate: the settings of a sweep (tiny.en, `benchmarks/keywords.py`) that spelled the most
 # keywords right without changing any word of the LibriSpeech clips decoded with unrelated keywords.

@@ -10,7 +10,7 @@ from torch import Tensor
 from engine.decoding.rule import NEG_INF, LogitRule, RuleRows, RuleSetup, StepContext
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence, WindowJob
+    from engine.runtime.sequence import Sequence, WindowJob
 
 
 class LanguageDetection(LogitRule):

@@ -13,7 +13,7 @@ from engine.decoding.suppression import FixedLength, SuppressTokens
 from engine.decoding.timestamps import TimestampRules
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence
+    from engine.runtime.sequence import Sequence
 
 
 class LogitsProcessor:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from engine.model.tokenizer import Tokenizer
-    from engine.sequence import Sequence, WindowJob
+    from engine.runtime.sequence import Sequence, WindowJob
 
 NEG_INF = float("-inf")
 

@@ -11,7 +11,7 @@ from torch import Tensor
 from engine.decoding.rule import NEG_INF, LogitRule, RuleSetup
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence, WindowJob
+    from engine.runtime.sequence import Sequence, WindowJob
 
 
 class SuppressTokens(LogitRule):

@@ -14,7 +14,7 @@ from engine.decoding.rule import NEG_INF, LogitRule, RuleRows, RuleSetup, StepCo
 from engine.kernels import row_logsumexp
 
 if TYPE_CHECKING:
-    from engine.sequence import WindowJob
+    from engine.runtime.sequence import WindowJob
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.audio import SAMPLE_RATE
+from engine.audio.constants import SAMPLE_RATE
 from engine.cpus import available_cpus
 from engine.diarization.priority import MAX_NICE, lower_priority
 from engine.diarization.stages import MAX_SPEAKERS, Clustered, SpeakerStages

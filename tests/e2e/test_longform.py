@@ -26,7 +26,7 @@ def wer(reference: str, hypothesis: str) -> float:
 def faster_whisper_text(data_dir) -> str:
     WhisperModel = pytest.importorskip("faster_whisper").WhisperModel
 
-    from engine.audio import decode_audio
+    from engine.audio.uploads import decode_audio
     from engine.model.weights import resolve_model
 
     model = WhisperModel(

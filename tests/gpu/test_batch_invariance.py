@@ -8,14 +8,14 @@ import torch
 
 from engine.backends.gpu_invariant import BatchInvariantGpuBackend
 from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.engine_process import EngineProcess
 from engine.kernels import invariant_ops, row_logsumexp
 from engine.kernels.fused_ops import norm_rows
 from engine.kernels.int8_attention import fixed_split_attention, quantize
 from engine.kernels.options import KernelOptions
-from engine.model_runner import ModelRunner
+from engine.processes.engine_process import EngineProcess
 from engine.request import ChunkingOptions, DecodeOptions
+from engine.runtime.engine import Engine
+from engine.runtime.model_runner import ModelRunner
 
 INVARIANT = KernelOptions(batch_invariant=True)
 ROW_COUNTS = (1, 2, 3, 7, 16, 63, 64, 65, 130, 200)

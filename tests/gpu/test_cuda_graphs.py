@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.decoding import sample
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
-from engine.decoding import sample
+from engine.runtime.engine import Engine
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +242,7 @@ def test_logit_rules_and_sampling_never_wait_for_the_gpu(graph_engine):
     logit rules' inputs, the rules and the sampling behind the step (a hidden wait, a scalar copied from pageable
     memory, once cost a quarter of every large-v3 step). Every registered rule is active here, on some row."""
     from engine.decoding import StepContext
-    from engine.sequence import Sequence, WindowJob
+    from engine.runtime.sequence import Sequence, WindowJob
 
     runner = graph_engine.runner
     dev, tok, processor = runner.device, runner.tokenizer, runner.logits_processor

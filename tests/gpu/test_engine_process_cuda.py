@@ -4,9 +4,9 @@ the child, and its transcripts are the in-process engine's."""
 import jiwer
 
 from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.engine_process import EngineProcess
+from engine.processes.engine_process import EngineProcess
 from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
 
 
 def test_engine_process_gives_the_in_process_transcripts(cuda, gpu_model, gpu_clips, read_wav):

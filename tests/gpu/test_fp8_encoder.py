@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.audio import N_FRAMES
+from engine.audio.constants import N_FRAMES
+from engine.audio.features import pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.features import pad_or_trim
 from engine.kernels import fp8
 from engine.kernels.fused_ops import add_norm_fp8, quantize_rows
 from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
 from tests.helpers.transcripts import normalize_english
 
 

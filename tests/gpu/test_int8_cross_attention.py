@@ -6,12 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.kernels import int8_attention
 from engine.kernels.int8_attention import dequantize, quantize
 from engine.kernels.int8_attention import int8_attention as attention
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
 
 
 @pytest.mark.parametrize("kernel", ["cuda", "triton"])

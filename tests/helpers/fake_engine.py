@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import openai
 
-from engine.audio import SAMPLE_RATE
+from engine.audio.constants import SAMPLE_RATE
 from engine.request import DecodeOptions, EngineStats, Segment, SegmentEvent, TranscriptionResult
 from server.app import create_app
 from server.settings import Settings

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from engine.audio import SAMPLE_RATE
+from engine.audio.constants import SAMPLE_RATE
 from engine.request import ChunkingOptions, DecodeOptions, TranscriptionResult
 from tests.helpers.engine_runs import WAIT_S
 from tests.helpers.transcripts import normalize_english

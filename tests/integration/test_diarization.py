@@ -16,7 +16,7 @@ from tests.helpers.conversations import FOUR, RATE, VADSpans, annotation, assemb
 
 @pytest.fixture(scope="module")
 def four_speakers(data_dir):
-    from engine.longform.vad import VoiceActivityDetector
+    from engine.transcription.vad import VoiceActivityDetector
 
     samples, turns = assemble(FOUR, 300, data=data_dir)
     return samples, reference(samples, turns, VADSpans(VoiceActivityDetector()))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine_process import EngineProcess
+from engine.processes.engine_process import EngineProcess
 from engine.request import DecodeOptions, EngineDeadError, InvalidRequestError, RequestAbortedError
 from tests.helpers.engine_runs import WAIT_S, submit_all
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.audio import N_FRAMES
-from engine.features import pad_or_trim
+from engine.audio.constants import N_FRAMES
+from engine.audio.features import pad_or_trim
 from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.kernels.int8_attention import dequantize, quantize
 from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
 from tests.helpers.engine_runs import submit_all, tokens_of
 from tests.helpers.transcripts import normalize_english
 

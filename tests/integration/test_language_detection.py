@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.audio import N_SAMPLES
+from engine.audio.constants import N_SAMPLES
 from engine.request import DecodeOptions
 from tests.helpers.engine_runs import submit_all
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
 from tests.helpers.engine_runs import WAIT_S, scores, settled_steps, submit_all
 
 # Whisper's defaults: timestamps, temperature fallback, previous-text prompts for later windows (those are longer

@@ -76,7 +76,7 @@ def int8_dir(hf_export_dir, tmp_path_factory):
 
 def transcripts_from(model_dir, audios, dtype="auto", int8_weights=False):
     from engine.config import EngineConfig
-    from engine.engine import Engine
+    from engine.runtime.engine import Engine
 
     engine = Engine(EngineConfig(model=str(model_dir), device="cpu", dtype=dtype))
     engine.start()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine.audio import SAMPLE_RATE, AudioDecodeError, AudioTooLongError, decode_audio, duration_s
+from engine.audio.constants import SAMPLE_RATE
+from engine.audio.uploads import AudioDecodeError, AudioTooLongError, decode_audio, duration_s
 from tests.helpers import hostile_media
 from tests.helpers.data import DATA, missing
 from tests.helpers.hostile_media import dash, ffconcat, free_udp_port, hls, sdp, udp_socket_inodes
@@ -221,7 +222,7 @@ def test_corrupted_clip_decodes_or_raises_decode_error(seed: int):
 
 def native_pcm16(source) -> np.ndarray | None:
     """What the libsndfile fast path reads from a path or file object, or None where it declines."""
-    from engine import audio
+    from engine.audio import uploads as audio
 
     if isinstance(source, Path):
         with open(source, "rb") as f:
@@ -232,7 +233,7 @@ def native_pcm16(source) -> np.ndarray | None:
 
 def test_native_pcm16_fast_path_gives_pyav_samples(monkeypatch):
     """16 kHz mono 16-bit WAV/FLAC is read by libsndfile in one call; the samples must be PyAV's exactly."""
-    from engine import audio
+    from engine.audio import uploads as audio
 
     native = [p for p in sorted(DATA_DIR.glob("*")) if p.suffix in (".wav", ".flac")]
     if not native:

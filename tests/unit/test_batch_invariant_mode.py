@@ -8,9 +8,9 @@ import torch
 from engine.backends import select_backend
 from engine.backends.gpu_invariant import unsupported_reason
 from engine.kernels.options import KernelOptions
-from engine.longform.chunked_transcription import window_seed
 from engine.model.dims import ModelDimensions
 from engine.model.whisper import Whisper
+from engine.transcription.chunked import window_seed
 
 TINY = ModelDimensions(
     n_mels=80, n_audio_ctx=16, n_audio_state=64, n_audio_head=1, n_audio_layer=1,

@@ -11,7 +11,7 @@ import torch
 
 from engine.decoding.beam_search import BeamGroup, BeamSearch
 from engine.request import DecodeOptions
-from engine.sequence import Sequence, WindowJob
+from engine.runtime.sequence import Sequence, WindowJob
 
 V, EOT, TS = 100, 50, 60  # vocabulary, <|endoftext|>, first timestamp token
 

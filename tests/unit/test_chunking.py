@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.longform.span_packing import Piece, Window, pack_spans, split_long
+from engine.transcription.span_packing import Piece, Window, pack_spans, split_long
 
 
 def test_consecutive_spans_fill_windows_in_order():

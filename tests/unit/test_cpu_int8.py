@@ -15,7 +15,7 @@ from engine.backends.cpu_int8_encoder import Int8Blocks, Int8Linear, quantize_ro
 from engine.model.dims import DUMMY_DIMS
 from engine.model.weights import dummy_state_dict
 from engine.model.whisper import Whisper
-from engine.model_runner import resolve_dtype, resolve_int8_weights
+from engine.runtime.model_runner import resolve_dtype, resolve_int8_weights
 from server.openmp import SPIN_COUNT, set_spin_default
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

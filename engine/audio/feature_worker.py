@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.features import LogMelSpectrogram
+from engine.audio.features import LogMelSpectrogram
 from engine.messages import AbortRequest, AddRequest
 
 

@@ -14,7 +14,7 @@ from engine.request import DecodeOptions
 
 if TYPE_CHECKING:
     from engine.decoding.beam_search import BeamGroup
-    from engine.longform.alignment import AlignmentInput
+    from engine.transcription.alignment import AlignmentInput
 
 # `Sequence.pending` holds this in place of a token the GPU has sampled but the host has not read yet: the next
 # step takes it from the previous step's output on the device (row `Sequence.row`), so it can be launched before

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.audio import TOKENS_PER_SECOND
+from engine.audio.constants import TOKENS_PER_SECOND
 from engine.model.tokenizer import Tokenizer
 from engine.request import Segment, Word
 

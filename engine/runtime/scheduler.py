@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.model.kv_cache import KVCache
-from engine.sequence import Sequence, WindowJob
+from engine.runtime.sequence import Sequence, WindowJob
 
 
 class Scheduler:

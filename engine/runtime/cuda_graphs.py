@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.audio import N_FRAMES
+from engine.audio.constants import N_FRAMES
 from engine.backends import KV_BUCKET, DecodeBackend
-from engine.model.kv_cache import KVCache
 from engine.decoding import LogitsProcessor, sample
+from engine.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 

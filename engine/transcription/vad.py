@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.audio import SAMPLE_RATE
+from engine.audio.constants import SAMPLE_RATE
 from engine.request import ChunkingOptions
 
 FRAME_SAMPLES = 512  # silero's frame at 16 kHz (32 ms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from engine.audio import HOP_LENGTH, SAMPLE_RATE
+from engine.audio.constants import HOP_LENGTH, SAMPLE_RATE
 from engine.model.tokenizer import TIME_PRECISION
 
 FRAME_SECONDS = HOP_LENGTH / SAMPLE_RATE  # 0.01 s per mel frame

@@ -31,9 +31,8 @@ import threading
 
 import numpy as np
 
-from engine.audio import N_SAMPLES
+from engine.audio.constants import N_SAMPLES
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.frontend import EngineFront, RequestHandle, check_audio
 from engine.messages import (
     Abort,
@@ -54,6 +53,7 @@ from engine.request import (
     EngineStats,
     TranscriptionResult,
 )
+from engine.runtime.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Audio constants and decoding of uploaded audio to 16 kHz mono float32.
+"""Decoding of uploaded audio to 16 kHz mono float32 (or two channels).
 
 Uploads are hostile: FFmpeg reads nothing but the uploaded bytes (no demuxer that follows
 references to other files, URLs or devices, no protocol at all), and decoding stops once the
@@ -13,6 +13,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from engine.audio.constants import SAMPLE_RATE
+
 try:
     import av
 except ImportError:  # the engine can run without PyAV (e.g. fed arrays on a GPU box); decoding cannot
@@ -25,16 +27,6 @@ except (ImportError, OSError):  # OSError: the wheel's libsndfile could not be l
 # Tags that are not UTF-8 (an upload's metadata is anyone's) must not fail the open: PyAV before 19 decodes them
 # strictly unless told to ignore errors; 19 dropped the option and no longer raises on them.
 _OPEN_OPTIONS = {"metadata_errors": "ignore"} if av is not None and int(av.__version__.split(".")[0]) < 19 else {}
-
-SAMPLE_RATE = 16000
-N_FFT = 400
-HOP_LENGTH = 160
-CHUNK_LENGTH = 30
-N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in one 30-second window
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in one window
-N_SAMPLES_PER_TOKEN = HOP_LENGTH * 2  # the encoder's second conv has stride 2
-FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100: 10 ms per mel frame
-TOKENS_PER_SECOND = SAMPLE_RATE // N_SAMPLES_PER_TOKEN  # 50: 20 ms per encoder output
 
 # Decoded samples are buffered and resampled in chunks this long (at the source rate):
 # one resampler call per codec frame is about twice as slow on mp3.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engine.sequence import ON_DEVICE, Sequence
+from engine.runtime.sequence import ON_DEVICE, Sequence
 
 
 class StepInputs:

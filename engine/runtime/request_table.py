@@ -16,18 +16,18 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from engine.audio import CHUNK_LENGTH, SAMPLE_RATE
-from engine.feature_worker import features_ready
-from engine.features import LogMelBuilder
+from engine.audio.constants import CHUNK_LENGTH, SAMPLE_RATE
+from engine.audio.feature_worker import features_ready
+from engine.audio.features import LogMelBuilder
 from engine.frontend import RequestHandle
-from engine.longform.chunked_transcription import ChunkedTranscription
-from engine.longform.transcription import Transcription
-from engine.longform.vad import VoiceActivityDetector
 from engine.messages import AddRequest
-from engine.model_runner import ModelRunner
 from engine.request import DecodeOptions, EngineDeadError, EngineError, EngineInternalError, RequestAbortedError
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, WindowJob
+from engine.runtime.model_runner import ModelRunner
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import Sequence, WindowJob
+from engine.transcription.chunked import ChunkedTranscription
+from engine.transcription.sequential import Transcription
+from engine.transcription.vad import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.audio import HOP_LENGTH, N_FFT, N_FRAMES, SAMPLE_RATE
+from engine.audio.constants import HOP_LENGTH, N_FFT, N_FRAMES, SAMPLE_RATE
 
 
 def mel_filters(n_mels: int, device: torch.device | str = "cpu") -> torch.Tensor:

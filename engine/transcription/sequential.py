@@ -10,10 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.audio import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
-from engine.features import pad_or_trim
-from engine.longform.alignment import AlignmentInput, add_word_timestamps, find_alignment
-from engine.longform.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
+from engine.audio.constants import CHUNK_LENGTH, FRAMES_PER_SECOND, N_FRAMES
+from engine.audio.features import pad_or_trim
 from engine.model.tokenizer import Tokenizer
 from engine.request import (
     DecodeBudgetExceededError,
@@ -24,7 +22,9 @@ from engine.request import (
     TokenLogprob,
     TranscriptionResult,
 )
-from engine.sequence import Sequence, WindowJob
+from engine.runtime.sequence import Sequence, WindowJob
+from engine.transcription.alignment import AlignmentInput, add_word_timestamps, find_alignment
+from engine.transcription.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 
 
 @dataclass(slots=True)

@@ -7,13 +7,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engine.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES
-from engine.longform.segments import FRAME_SECONDS
-from engine.longform.span_packing import Window, pack_spans
-from engine.longform.transcription import Transcription
+from engine.audio.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES
 from engine.model.tokenizer import Tokenizer
 from engine.request import DecodeOptions, Segment, SegmentEvent, TranscriptionResult
-from engine.sequence import Sequence, WindowJob
+from engine.runtime.sequence import Sequence, WindowJob
+from engine.transcription.segments import FRAME_SECONDS
+from engine.transcription.sequential import Transcription
+from engine.transcription.span_packing import Window, pack_spans
 
 JOIN_TOLERANCE_MS = 1000
 

@@ -9,23 +9,23 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from engine.audio import N_FRAMES
+from engine.audio.constants import N_FRAMES
+from engine.audio.features import LogMelBuilder, LogMelSpectrogram
 from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
 from engine.cpus import available_cpus
-from engine.cuda_graphs import GraphRunner
 from engine.decoding import BeamSearch, RuleSetup, StepContext, logits_processor, sample
-from engine.features import LogMelBuilder, LogMelSpectrogram
 from engine.kernels import int8_attention
-from engine.longform.alignment import AlignmentInput
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
 from engine.model.tokenizer import Tokenizer
 from engine.model.weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 from engine.model.whisper import Whisper
-from engine.sequence import Sequence
-from engine.step_io import StepInputs, StepOutput, host_state
+from engine.runtime.cuda_graphs import GraphRunner
+from engine.runtime.sequence import Sequence
+from engine.runtime.step_io import StepInputs, StepOutput, host_state
+from engine.transcription.alignment import AlignmentInput
 
 log = logging.getLogger(__name__)
 

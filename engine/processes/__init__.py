@@ -1,0 +1,8 @@
+"""Engines beyond one loop thread: an engine in a child process, and several behind one interface.
+
+- `engine_process.py`: `EngineProcess`, the engine in a child process (one GPU each), behind the same protocol
+- `pool.py`: `EnginePool`, data parallel engines behind one engine's interface (least load first; a request no
+  engine had started moves to a live one when its engine dies)
+
+May import engine.runtime and the modules at engine's top level.
+"""

@@ -1,0 +1,12 @@
+"""Transcription: every request's state machine, between its audio and its segments (not only long audio).
+
+- `sequential.py`: Whisper's sequential algorithm for one request (seek, previous-text prompt, temperature
+  fallback, best_of, no-speech skipping), one window at a time: `Transcription`
+- `chunked.py`: chunking_strategy: speech spans found by VAD (`vad.py`), packed into windows (`span_packing.py`)
+  that all decode at once
+- `segments.py`: timestamp tokens to segments; `alignment.py`: word timestamps (alignment heads, DTW)
+
+May import engine.model (the tokenizer), engine.audio, engine.request and the window records of
+engine.runtime.sequence; never the loop, the runner or the backends: the loop hands finished windows in, and takes
+WindowJobs out.
+"""
