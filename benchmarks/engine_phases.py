@@ -15,22 +15,32 @@ from collections.abc import Callable, Iterator
 def phase_targets(engine) -> list[tuple[object, str, str]]:
     """(object, method name, phase label) for each engine-loop method worth timing."""
     runner, decoder, backend = engine.runner, engine.runner.model.decoder, engine.runner.backend
-    targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample", "logits_processor")]
-    targets += [(runner.io, n) for n in ("build", "rules", "to_device")]
-    targets += [(engine, n) for n in ("step", "_add", "_admit", "_launch", "_postprocess", "_finish_windows")]
+    targets = [(runner, n) for n in ("encode_into_slots", "prefill", "decode", "_sample")]
+    targets += [(runner.io, n) for n in ("build", "to_device")]
+    targets += [(engine, n) for n in ("step", "_admit", "_launch", "_postprocess", "_finish_windows")]
+    targets += [(engine.requests, "add")]
     targets += [(engine.scheduler, "admit"), (decoder, "fill_cross_cache")]
     # eager model time (a GPU step with graphs skips them)
     targets += [(backend, "eager_step"), (backend, "prompt_pass"), (backend, "logits")]
     if runner.graphs is not None:
         targets += [(runner.graphs, "decode"), (runner.graphs, "encode")]
-    # the sampler (a module function), a step's output copy and its read, the small host-to-device copies
-    import engine.runtime.model_runner as model_runner
+    # the logit rules' inputs and edits, the sampler, a step's output copy and its read (class methods: the
+    # instances are called through special methods)
+    from engine.decoding import LogitsProcessor, Sampler
     from engine.runtime.step_io import StepOutput
 
-    targets += [(model_runner, "sample"), (StepOutput, "__init__"), (StepOutput, "result")]
+    targets += [
+        (LogitsProcessor, "prepare"),
+        (LogitsProcessor, "__call__"),
+        (Sampler, "__call__"),
+        (StepOutput, "__init__"),
+        (StepOutput, "result"),
+    ]
     named = []
     for obj, name in targets:
-        owner = obj.__name__.rsplit(".", 1)[-1] if isinstance(obj, type) or hasattr(obj, "__file__") else type(obj).__name__
+        owner = (
+            obj.__name__.rsplit(".", 1)[-1] if isinstance(obj, type) or hasattr(obj, "__file__") else type(obj).__name__
+        )
         named.append((obj, name, f"{owner}.{name}"))
     return named
 
@@ -82,4 +92,6 @@ def print_engine_phases(engine, run: Callable[[], float], label: str, repeats: i
     print("| phase | ms per request | calls | us per call |")
     print("|---|---|---|---|")
     for phase, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
-        print(f"| {phase} | {seconds / repeats * 1e3:.2f} | {calls[phase] // repeats} | {seconds / calls[phase] * 1e6:.0f} |")
+        print(
+            f"| {phase} | {seconds / repeats * 1e3:.2f} | {calls[phase] // repeats} | {seconds / calls[phase] * 1e6:.0f} |"
+        )

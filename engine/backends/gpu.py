@@ -27,7 +27,7 @@ from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 from engine.kernels.fused_ops import add_norm, add_norm_linear, linear, norm, norm_product_applies, one_row_logits
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
-from engine.model.whisper import NEG_INF, Whisper, cross_attention
+from engine.model.whisper import NEG_INF, Whisper, indexed_cross_attention
 
 VOCAB_PADDING = 64  # rows of the output projection's weight: a multiple of this (pad_vocabulary)
 # From this many rows a masked step's self-attention runs as two batched products and a softmax instead of SDPA:
@@ -37,7 +37,7 @@ UNFUSED_SELF_ATTENTION_ROWS = 128
 
 def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """q (batch, heads, 1, dim) against the cached k/v (batch, heads, kv_len, dim); mask additive or None."""
-    if q.is_cuda and q.shape[0] >= UNFUSED_SELF_ATTENTION_ROWS and q.shape[2] == 1 and mask is not None:
+    if q.shape[0] >= UNFUSED_SELF_ATTENTION_ROWS and q.shape[2] == 1 and mask is not None:
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5).add_(mask)
         return torch.matmul(scores.softmax(dim=-1), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -54,6 +54,8 @@ class GpuBackend(DecodeBackend):
             model.encoder.use_quantized(Fp8Blocks(model.encoder.blocks, MODEL_DTYPE_BLOCKS))
             torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
         model.encoder.fuse_qkv()
+        # the rows' cross slots read through their index on the device, so a captured graph serves any rows
+        model.decoder.cross_attention = indexed_cross_attention
         self.output_weight = pad_vocabulary(model.decoder)
         dims = model.dims
         probe = torch.empty(1, 1, 1, dims.n_text_state // dims.n_text_head, dtype=cache_dtype, device=device)
@@ -110,7 +112,9 @@ class GpuBackend(DecodeBackend):
                 o = attn.merge_heads(decode_self_attention(qkv[:, :, 0].transpose(1, 2), k, v, mask))
             x, h = add_norm(x, linear(attn.out, o, pdl), block.cross_attn_ln)
             cross = block.cross_attn
-            o = cross_attention(cross.split_heads(linear(cross.query, h, pdl)), cache, i, slot_start, self.kernels)
+            o = indexed_cross_attention(
+                cross.split_heads(linear(cross.query, h, pdl)), cache, i, slot_start, self.kernels
+            )
             x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), pdl), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h, self.kernels), next_norm)
         return h
@@ -129,10 +133,8 @@ class GpuBackend(DecodeBackend):
             x, q = add_norm_linear(
                 x, linear(attn.out, o, pdl), block.cross_attn_ln, cross.query.weight, cross.query.bias, pdl=pdl
             )
-            o = cross.merge_heads(cross_attention(cross.split_heads(q), cache, i, slot, self.kernels))
-            x, f = add_norm_linear(
-                x, linear(cross.out, o, pdl), block.mlp_ln, fc1.weight, fc1.bias, gelu=True, pdl=pdl
-            )
+            o = cross.merge_heads(indexed_cross_attention(cross.split_heads(q), cache, i, slot, self.kernels))
+            x, f = add_norm_linear(x, linear(cross.out, o, pdl), block.mlp_ln, fc1.weight, fc1.bias, gelu=True, pdl=pdl)
             y = linear(block.mlp[2], f, pdl)
         return add_norm(x, y, self.decoder.ln)[1]
 

@@ -10,7 +10,7 @@ A decoding feature is a rule (a LogitRule in a file of its own, registered in RU
 - `timestamps.py`: the timestamp rules (openai/whisper's ApplyTimestampRules) from a per-row state on the device
 - `language.py`: a language pick among language tokens, and a request's languages
 - `keywords.py`: `KeywordBias` (OpenAI's `keywords[]`) and its rule, `KeywordBonus`
-- `sampling.py`: `sample`, greedy or seeded draws with each pick's log-probability
+- `sampling.py`: `Sampler`, greedy or seeded draws with each pick's log-probability
 - `beam_search.py`: `BeamSearch` (admit, rank, advance) over `BeamGroup`s, a window's beams as rows of the batch
 
 Imports: the model's tokenizer and the kernels; the sequences it is handed only as types.
@@ -23,7 +23,7 @@ from engine.decoding.keywords import KeywordBonus
 from engine.decoding.language import LanguageDetection
 from engine.decoding.processor import LogitsProcessor
 from engine.decoding.rule import LogitRule, RuleSetup, StepContext
-from engine.decoding.sampling import sample
+from engine.decoding.sampling import Sampler
 from engine.decoding.suppression import FixedLength, SuppressBlank, SuppressTokens
 from engine.decoding.timestamps import TimestampRules
 
@@ -51,5 +51,5 @@ __all__ = [
     "RuleSetup",
     "StepContext",
     "logits_processor",
-    "sample",
+    "Sampler",
 ]

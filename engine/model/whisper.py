@@ -24,14 +24,10 @@ NEG_INF = float("-inf")
 
 def cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: int, kernels: KernelOptions) -> Tensor:
     """q (rows, heads, t, dim) of the rows row_start.. against each row's encoder K/V (its window's cross slot, which
-    a beam search's rows share), read where they live. On a GPU the kernels take the rows' slot index (a graph
-    replays with whatever the index holds); elsewhere each run of rows that a slice of the cache serves is one call
+    a beam search's rows share), read where they live: each run of rows that a slice of the cache serves is one call
     (a shared slot's rows become that many more query positions), which is one call without beams."""
     b = q.shape[0]
     k, v, k_scale, v_scale = cache.cross_layer(layer, slice(None))
-    if q.is_cuda:
-        index, order = cache.cross_slots_of(row_start, b)
-        return indexed_attention(q, k, k_scale, v, v_scale, index, order, kernels)
     outs = []
     for r0, r1, slot, shared in cache.cross_runs(row_start, b):
         rows = q[r0:r1]
@@ -46,6 +42,14 @@ def cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: int, kerne
             o = _attend(rows, k[sl], ks, v[sl], vs, kernels)
         outs.append(o)
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def indexed_cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: int, kernels: KernelOptions) -> Tensor:
+    """cross_attention() with the kernels that take the rows' slot index on the device (a CUDA graph replays with
+    whatever the index holds): the GPU backends' choice (GpuBackend sets it on the decoder)."""
+    k, v, k_scale, v_scale = cache.cross_layer(layer, slice(None))
+    index, order = cache.cross_slots_of(row_start, q.shape[0])
+    return indexed_attention(q, k, k_scale, v, v_scale, index, order, kernels)
 
 
 def _attend(q: Tensor, k: Tensor, k_scale: Tensor | None, v: Tensor, v_scale: Tensor | None, kernels) -> Tensor:
@@ -206,6 +210,7 @@ class TextDecoder(nn.Module):
         )
         self.ln = nn.LayerNorm(dims.n_text_state)
         self.kernels: KernelOptions = DEFAULT_KERNELS  # for its own passes; select_backend sets the engine's
+        self.cross_attention = cross_attention  # how its rows read their cross slots; a GPU backend sets its own
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """tokens, positions (batch, q) -> the residual stream entering the first block (batch, q, n_text_state)"""
@@ -273,7 +278,7 @@ class TextDecoder(nn.Module):
             x, h = add_norm(x, linear(attn.out, o, self.kernels.pdl), block.cross_attn_ln)
             cross = block.cross_attn
             q = cross.split_heads(linear(cross.query, h, self.kernels.pdl))
-            o = cross_attention(q, cache, i, slot_start, self.kernels)
+            o = self.cross_attention(q, cache, i, slot_start, self.kernels)
             x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), self.kernels.pdl), block.mlp_ln)
             x, h = add_norm(x, block.feed_forward(h, self.kernels), next_norm)
         return h
@@ -303,7 +308,9 @@ class TextDecoder(nn.Module):
         for i, block in enumerate(self.blocks):
             attn, h = block.attn, block.attn_ln(x)
             q, k, v = attn.qkv(h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal
+            )
             x = x + attn.out(attn.merge_heads(o))
             cross, h = block.cross_attn, block.cross_attn_ln(x)
             q = cross.split_heads(cross.query(h))

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from engine.audio.constants import N_FRAMES
 from engine.backends import KV_BUCKET, DecodeBackend
-from engine.decoding import LogitsProcessor, sample
+from engine.decoding import LogitsProcessor, Sampler
 from engine.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,9 @@ class GraphRunner:
         self.backend = backend
         self.model = model = backend.model
         self.processor = processor
-        self.greedy_kernel = greedy_kernel
         self.cache = cache
         self.device = cache.self_k.device
+        self.sample = Sampler(self.device, greedy_kernel)
         dims = model.dims
         self.decode_sizes = buckets_up_to(DECODE_BATCH_BUCKETS, num_slots)
         # a backend that encodes one window at a time needs one encoder graph
@@ -144,7 +144,7 @@ class GraphRunner:
         for j in range(self.multi_steps):
             self._decode_step(bs, self.kv_sizes[-1])
             logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs], state if timestamps else None)
-            tokens, logprobs = sample(logits, [0.0] * bs, [None] * bs, self.greedy_kernel)
+            tokens, logprobs = self.sample(logits, [0.0] * bs, [None] * bs)
             self.dec.multi_tokens[j, :bs] = tokens
             self.dec.multi_logprobs[j, :bs] = logprobs
             self.dec.tokens[:bs, 0] = tokens

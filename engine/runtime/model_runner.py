@@ -15,7 +15,7 @@ from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
 from engine.cpus import available_cpus
-from engine.decoding import BeamSearch, RuleSetup, StepContext, logits_processor, sample
+from engine.decoding import BeamSearch, RuleSetup, Sampler, StepContext, logits_processor
 from engine.kernels import int8_attention
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
@@ -141,6 +141,7 @@ class ModelRunner:
                 max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
             )
         )
+        self.sample = Sampler(self.device, config.kernels.greedy_pick)
         self.beam_search = BeamSearch(dims.n_vocab, tok.eot, tok.timestamp_begin, self.n_text_ctx)
         self.io = StepInputs(self.device)
         self.multi_step = config.multi_step or (MULTI_STEP_GPU if self.on_gpu else 1)
@@ -353,7 +354,7 @@ class ModelRunner:
             for j in range(k):
                 logits = self._eager_logits(seqs, tokens[:, None], positions + j, ahead=j)
                 logits = processor.plain(logits, no_eot, state)
-                tokens, logprobs = sample(logits, *greedy, self.config.kernels.greedy_pick)
+                tokens, logprobs = self.sample(logits, *greedy)
                 state = None if state is None else processor.next_state(state, tokens)
                 step_tokens.append(tokens)
                 step_logprobs.append(logprobs)
@@ -391,7 +392,7 @@ class ModelRunner:
         logits = processor(logits, processor.prepare(seqs, StepContext(self.io.to_device, state)))
         temps = [s.job.temperature if s.sampling else 0.0 for s in seqs]
         gens = [s.job.generator if t > 0 else None for s, t in zip(seqs, temps)]
-        tokens, logprobs = sample(logits, temps, gens, self.config.kernels.greedy_pick)
+        tokens, logprobs = self.sample(logits, temps, gens)
         if keep:
             sampled = [i for i, s in enumerate(seqs) if s.sampling]  # rows whose token joins the sequence
             if state is not None and sampled:  # a sampled token becomes the last one; a timestamp the last timestamp

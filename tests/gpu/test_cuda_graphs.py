@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.decoding import sample
+from engine.decoding import Sampler
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
@@ -129,7 +129,7 @@ def test_every_multi_step_graph_matches_single_steps(graph_engine):
                 multi_state = None if state is None else got[2].clone()
                 for j in range(k):
                     logits = processor.plain(graphs.decode(tokens, positions + j, kv).clone(), no_eot, state)
-                    step_tokens, step_logprobs = sample(logits, [0.0] * n, [None] * n)
+                    step_tokens, step_logprobs = runner.sample(logits, [0.0] * n, [None] * n)
                     assert torch.equal(step_tokens, multi_tokens[j]), (timestamps, n, j)
                     assert torch.allclose(step_logprobs, multi_logprobs[j], rtol=1e-5, atol=1e-6), (timestamps, n, j)
                     state = None if state is None else processor.next_state(state, step_tokens)
@@ -271,7 +271,7 @@ def test_logit_rules_and_sampling_never_wait_for_the_gpu(graph_engine):
     torch.cuda.set_sync_debug_mode("error")
     try:
         prepared = processor.prepare(seqs, StepContext(runner.io.to_device, state))
-        tokens, logprobs = sample(processor(logits, prepared), [0.0] * 4, [None] * 4)
+        tokens, logprobs = runner.sample(processor(logits, prepared), [0.0] * 4, [None] * 4)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     tokens = tokens.tolist()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from engine.decoding import Sampler
 from engine.kernels import greedy_pick
-from engine.decoding import sample
 
 
 @pytest.mark.parametrize("rows,vocab", [(1, 51866), (5, 51865), (256, 51866), (3, 4096)])
@@ -36,6 +36,7 @@ def test_pick_matches_argmax_and_log_softmax(cuda, rows, vocab):
 def test_sample_draws_rows_at_temperature_and_keeps_the_greedy_rows(cuda):
     gen = torch.Generator(cuda).manual_seed(3)
     x = torch.randn(4, 51866, device=cuda, generator=gen) * 4
+    sample = Sampler(x.device)
     greedy = sample(x, [0.0] * 4, [None] * 4)
     assert torch.equal(greedy[0], x.argmax(dim=-1))
     assert (greedy[1] - torch.log_softmax(x, dim=-1).max(dim=-1).values).abs().max().item() < 1e-5
