@@ -44,6 +44,15 @@ def process_server():
     remote.stop()
 
 
+@pytest.fixture(scope="package")
+def diarization_preload_server():
+    """The default model with the diarization models loaded at start-up (`--diarization-preload`), for the test of
+    that flag and for diarization beside plain requests; stopped after the last end-to-end test."""
+    remote = RemoteServer("--diarization-preload")
+    yield remote
+    remote.stop()
+
+
 @pytest.fixture
 def doomed_process_server():
     """Like process_server, for a test that kills its engine process."""
