@@ -2,12 +2,14 @@
 
 Shared by the decoder's unit tests and the end-to-end ones: an SDP file (FFmpeg's sdp demuxer binds the RTP port
 and waits), HLS and DASH playlists and ffconcat lists (they name URLs or local files to open); a TCP listener on
-127.0.0.1 for the URLs to point at, and the UDP sockets a process holds, read from Linux's /proc.
+127.0.0.1 for the URLs to point at, and the UDP sockets a process holds, read from Linux's /proc. Also hours of
+audio in a few kilobytes (silent_flac: tests/e2e/test_long_audio.py and benchmarks/long_audio.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import socket
 import threading
@@ -38,6 +40,26 @@ def dash(base_url: str, mime_type: str = "audio/mpeg") -> str:
 
 def ffconcat(*entries: str) -> str:
     return "ffconcat version 1.0\n" + "".join(f"file '{entry}'\n" for entry in entries)
+
+
+def silent_flac(seconds: float, sample_rate: int = 16000) -> bytes:
+    """Digital silence in 65,535-sample FLAC frames: 58 KB for four hours at 16 kHz."""
+    import av  # here: the module's other uploads need no codec library
+    import numpy as np
+
+    block = 65535
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="flac") as container:
+        stream = container.add_stream("flac", rate=sample_rate, options={"frame_size": str(block)})
+        stream.layout, stream.format = "mono", "s16"
+        zeros = np.zeros((1, block), dtype=np.int16)
+        total = int(seconds * sample_rate)
+        for start in range(0, total, block):
+            frame = av.AudioFrame.from_ndarray(zeros[:, : min(block, total - start)], format="s16", layout="mono")
+            frame.rate, frame.pts = sample_rate, start
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buffer.getvalue()
 
 
 def free_udp_port() -> int:
