@@ -37,10 +37,8 @@ def one_line_error(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_transcribe_text_and_srt(data_dir):
-    done = cli("transcribe", str(data_dir / JFK))
-    assert done.returncode == 0, done.stderr
-    assert contains_words(done.stdout, JFK_WORDS)
+def test_transcribe_srt(data_dir):
+    """srt, the language given. (The default output, text, is read in test_transcribe_several_files_and_a_bad_one.)"""
     done = cli("transcribe", str(data_dir / JFK), "--output-format", "srt", "--language", "en")
     assert done.returncode == 0, done.stderr
     assert contains_words(" ".join(s.content for s in srt.parse(done.stdout)), JFK_WORDS)
@@ -64,6 +62,9 @@ def test_transcribe_several_files_and_a_bad_one(data_dir, tmp_path):
     assert done.returncode == 1
     assert "bad.wav" in done.stderr
     assert done.stdout.count("==> ") == 2
+    # each good file's text, in the default output format
+    for part in done.stdout.split("==> ")[1:]:
+        assert contains_words(part, JFK_WORDS), done.stdout
 
 
 def test_bad_flags_exit_2():

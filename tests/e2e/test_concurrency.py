@@ -1,11 +1,13 @@
-"""Continuous batching must not change results: 16 concurrent requests == the same 16 sent one by one."""
+"""Continuous batching must not change results: 16 concurrent requests == the same 16 sent one by one.
+
+verbose_json only: the response format does not reach the engine (every format decodes with timestamps), and
+verbose_json's body holds what the text format's does (the text) and more (segments, tokens, times), so a run as
+`text` would repeat this one's check."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-
-import pytest
 
 # Probabilities may differ in the last bits with the batch size (GEMM blocking); tokens and text may not.
 BATCH_SENSITIVE = ("avg_logprob", "no_speech_prob")
@@ -30,13 +32,12 @@ CLIPS = [
 ]
 
 
-@pytest.mark.parametrize("response_format", ["text", "verbose_json"])
-def test_concurrent_equals_sequential(server, data_dir, response_format):
+def test_concurrent_equals_sequential(server, data_dir):
     assert len(CLIPS) == 16
 
     async def one(client, name: str) -> str:
         raw = await client.audio.transcriptions.with_raw_response.create(
-            file=data_dir / name, model="whisper-1", response_format=response_format
+            file=data_dir / name, model="whisper-1", response_format="verbose_json"
         )
         return raw.text  # the exact body bytes, decoded
 
@@ -49,9 +50,7 @@ def test_concurrent_equals_sequential(server, data_dir, response_format):
     sequential, concurrent = asyncio.run(run())
     assert all(body.strip() for body in sequential)
     for name, alone, batched in zip(CLIPS, sequential, concurrent):
-        if response_format == "verbose_json":
-            alone, batched = comparable(alone), comparable(batched)
-        assert batched == alone, f"{name} differs when batched"
+        assert comparable(batched) == comparable(alone), f"{name} differs when batched"
 
 
 def comparable(body: str) -> dict:
