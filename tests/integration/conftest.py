@@ -6,7 +6,13 @@ import shutil
 
 import pytest
 
-from tests.helpers.engine_runs import TranscriptCache, faster_whisper_model, faster_whisper_transcribe, submit_all
+from tests.helpers.engine_runs import (
+    WAIT_S,
+    TranscriptCache,
+    faster_whisper_model,
+    faster_whisper_transcribe,
+    submit_all,
+)
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +59,31 @@ def tiny_transcripts(tiny_engine, load_clip):
 def tiny_references(tiny_fw, load_clip):
     """faster-whisper's greedy tiny.en transcripts, likewise shared."""
     return TranscriptCache(lambda names: {name: faster_whisper_transcribe(tiny_fw, load_clip(name)) for name in names})
+
+
+@pytest.fixture(scope="session")
+def base_transcripts(base_engine, load_clip):
+    """The engine's greedy base transcripts (GREEDY options, the language detected), likewise shared."""
+    return TranscriptCache(lambda names: submit_all(base_engine, {name: load_clip(name) for name in names}))
+
+
+@pytest.fixture(scope="session")
+def base_references(base_fw, load_clip):
+    """faster-whisper's greedy base transcripts (the language detected), likewise shared."""
+    return TranscriptCache(lambda names: {name: faster_whisper_transcribe(base_fw, load_clip(name)) for name in names})
+
+
+@pytest.fixture(scope="session")
+def tiny_alone(tiny_engine, load_clip):
+    """(clip, DecodeOptions) -> tiny.en's result for that clip decoded alone, one step per launch: the reference
+    that the engines decoding another way (several steps a launch, a stepwise prompt, overlapped steps) must equal.
+    Decoded the first time a test asks and then kept, as several tests ask for the same one (the clip decoded to the
+    decoder's context limit, 446 tokens, by three of them)."""
+    results = {}
+
+    def alone(name: str, options):
+        if (name, options) not in results:
+            results[name, options] = tiny_engine.submit(load_clip(name), options).wait(timeout=WAIT_S)
+        return results[name, options]
+
+    return alone

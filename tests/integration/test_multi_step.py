@@ -53,34 +53,32 @@ def test_several_steps_per_launch_give_the_same_tokens(multi_tiny, tiny_engine, 
 
 
 @pytest.mark.parametrize("fixed", [50, 1000], ids=["count-inside-a-launch", "context-limit"])
-def test_fixed_token_counts_and_the_context_limit(multi_tiny, tiny_engine, load_clip, fixed):
+def test_fixed_token_counts_and_the_context_limit(multi_tiny, tiny_alone, load_clip, fixed):
     """A fixed count that ends inside a launch's steps falls back to one step per launch for them; at the context
     limit no launch may write past position n_text_ctx - 1."""
     options = DecodeOptions(without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=fixed)
-    audio = load_clip(CLIPS[0])
-    multi = multi_tiny.submit(audio, options).wait(timeout=WAIT_S)
-    single = tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
+    multi = multi_tiny.submit(load_clip(CLIPS[0]), options).wait(timeout=WAIT_S)
+    single = tiny_alone(CLIPS[0], options)
     assert fields(multi) == fields(single)
     assert multi.num_tokens == min(fixed, multi_tiny.runner.n_text_ctx - 2)  # <|startoftranscript|><|notimestamps|>
 
 
-def test_timestamp_rules_run_inside_a_launch(multi_tiny, tiny_engine, load_clip):
+def test_timestamp_rules_run_inside_a_launch(multi_tiny, tiny_alone, load_clip):
     """With timestamps every step's rules take the rule state the step before left on the device: a long clip's
     windows (seeking by their last timestamps) and a short one equal one step per launch, in fewer launches."""
     options = DecodeOptions(temperatures=(0.0,))
     for name in ("g2_en_earnings22_4482311_3-62s.wav", CLIPS[1]):
-        audio = load_clip(name)
         before = settled_steps(multi_tiny)
-        multi = multi_tiny.submit(audio, options).wait(timeout=WAIT_S)
+        multi = multi_tiny.submit(load_clip(name), options).wait(timeout=WAIT_S)
         launches = settled_steps(multi_tiny) - before
-        single = tiny_engine.submit(audio, options).wait(timeout=WAIT_S)
+        single = tiny_alone(name, options)
         assert fields(multi) == fields(single), name
         assert len(multi.segments) > 1, name  # timestamps were decoded
         assert launches < multi.num_tokens / 2, name
 
 
 @pytest.mark.parametrize("multi_step", [1, STEPS], ids=["one-step", "multi-step"])
-def test_a_timestamp_window_joins_windows_without_timestamps(tiny_engine, load_clip, multi_step):
+def test_a_timestamp_window_joins_windows_without_timestamps(tiny_alone, load_clip, multi_step):
     """A window with timestamp rules admitted while others decode without them: its rule state comes from the
     host (it takes nothing from the last launch), the others' tokens from the device; both transcripts equal the
     ones decoded alone."""
@@ -96,5 +94,5 @@ def test_a_timestamp_window_joins_windows_without_timestamps(tiny_engine, load_c
         results = first.wait(timeout=WAIT_S), stamped.wait(timeout=WAIT_S)
     finally:
         engine.shutdown()
-    assert fields(results[0]) == fields(tiny_engine.submit(long_audio, GREEDY).wait(timeout=WAIT_S))
-    assert fields(results[1]) == fields(tiny_engine.submit(jfk, DecodeOptions(temperatures=(0.0,))).wait(timeout=WAIT_S))
+    assert fields(results[0]) == fields(tiny_alone("g2_en_earnings22_4482311_3-62s.wav", GREEDY))
+    assert fields(results[1]) == fields(tiny_alone(CLIPS[0], DecodeOptions(temperatures=(0.0,))))

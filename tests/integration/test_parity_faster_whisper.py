@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from tests.helpers.engine_runs import faster_whisper_transcribe, first_difference, submit_all, tokens_of
+from tests.helpers.engine_runs import first_difference, tokens_of
 
 MIN_IDENTICAL = 0.95  # float32 round-off in a different kernel may flip a near-tie argmax on a rare clip
 MIN_LANGUAGE_PROBABILITY = 0.5  # below this faster-whisper itself is unsure, so a different pick is no bug
@@ -46,16 +44,11 @@ def test_tiny_en_matches_faster_whisper(tiny_engine, short_english_clips, tiny_t
     assert all(result.language == "en" for result in ours.values())
 
 
-@pytest.fixture(scope="module")
-def base_audios(short_clips, load_clip):
+def test_base_matches_faster_whisper(base_engine, short_clips, base_transcripts, base_references):
     names = [row["file"] for row in short_clips if row["language"] != "en"] + list(BASE_ENGLISH)
     assert set(BASE_ENGLISH) <= {row["file"] for row in short_clips}
-    return {name: load_clip(name) for name in names}
-
-
-def test_base_matches_faster_whisper(base_engine, base_fw, base_audios):
-    ours = submit_all(base_engine, base_audios)  # language=None: the engine detects it
-    references = {name: faster_whisper_transcribe(base_fw, audio) for name, audio in base_audios.items()}
+    ours = base_transcripts(names)  # language=None: the engine detects it
+    references = base_references(names)
     assert_mostly_identical(ours, references, base_engine.tokenizer, "base")
 
     wrong = {
