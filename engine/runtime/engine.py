@@ -87,6 +87,8 @@ class Engine(EngineFront):
         overlap = config.overlap_steps
         self.overlap_steps = self.runner.on_gpu if overlap is None else overlap
         self._in_flight: Launch | None = None
+        self._admitted_at = 0.0  # when the last admission (encoder pass and prompts) ended, and what it took
+        self._admission_s = 0.0
         self.requests = RequestTable(runner, self.scheduler, self._mark_started)
         self.num_steps = 0
         self.num_tokens = 0
@@ -234,7 +236,11 @@ class Engine(EngineFront):
         through a prompt pass, or one token per decode step (`stepwise_prompt_tokens`) while the batch is small,
         none waits and no graph replays their prompt pass."""
         sched, runner = self.scheduler, self.runner
-        new = sched.admit()
+        # Paced: until the running sequences have decoded for as long as the last admission took, only new
+        # requests are admitted, so that a long upload's windows take at most about half of the loop from
+        # another request's steps (host time: on a GPU the launches return before the kernels end, and rarely pace)
+        started = time.perf_counter()
+        new = sched.admit(pace=started - self._admitted_at < self._admission_s)
         if not new:
             return new
         runner.admit(new)
@@ -251,6 +257,8 @@ class Engine(EngineFront):
         else:
             tokens, logprobs = runner.prefill(new)  # reads its rows' state before launch() advances it
             self._postprocess([seq.launch(row) for row, seq in enumerate(new)], tokens, logprobs, latest=True)
+        self._admitted_at = time.perf_counter()
+        self._admission_s = self._admitted_at - started
         return new
 
     def _launch(self, admitted: list[Sequence]) -> Launch | None:

@@ -15,7 +15,10 @@ class Scheduler:
     in flight finishes first and memory stays bounded; new requests are served first come, first served;
     background requests (DecodeOptions.background: previews) only get slots no other window waits for.
     Each step admits at most `max_encoder_batch` windows so running sequences wait for at most one
-    encoder batch between decode steps.
+    encoder batch between decode steps. While the engine paces admissions (`admit(pace=True)`), a window that
+    continues a request, or a background one, waits as long as another request's sequences decode: a long
+    upload's next window (an encoder pass that costs a CPU forty decode steps) must not stall a short request's
+    steps again and again. New requests are never held back.
     """
 
     def __init__(
@@ -49,16 +52,21 @@ class Scheduler:
         else:
             (self.waiting_next if continuing else self.waiting_new).append(job)
 
-    def admit(self) -> list[Sequence]:
+    def admit(self, pace: bool = False) -> list[Sequence]:
         """Give free rows and cross slots to waiting windows; the new sequences take the rows right after the
         running ones. A window decoded with beam search takes one row per beam, side by side, and one cross slot
-        that its beams share (the runner makes them its beams: ModelRunner.admit)."""
+        that its beams share (the runner makes them its beams: ModelRunner.admit). `pace`: hold back continuing
+        and background windows while other requests' sequences run."""
+        held = self._held() if pace else None
         rows = self.num_slots - len(self.running)
         cross = self._free_cross()
-        free = min(rows, len(cross), self.max_encoder_batch, self.num_waiting)
+        waiting = self.num_waiting
+        if held is not None:
+            waiting -= sum(held(job) for queue in (self.waiting_next, self.waiting_background) for job in queue)
+        free = min(rows, len(cross), self.max_encoder_batch, waiting)
         free = self.admissible(free) if free else 0
         admitted: list[Sequence] = []
-        for job, slot in zip(self._take(free, rows), cross):
+        for job, slot in zip(self._take(free, rows, held), cross):
             admitted += [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
         self.running.extend(admitted)
         return admitted
@@ -70,18 +78,32 @@ class Scheduler:
             return list(range(self.num_cross_slots))
         return [c for c in range(self.num_cross_slots) if c not in used]
 
-    def _take(self, free: int, slots: int) -> list[WindowJob]:
-        """Up to `free` waiting windows, in queue order, whose beams fit in `slots` together; first come, first
-        served: no later window jumps ahead of one that does not fit."""
+    def _held(self) -> Callable[[WindowJob], bool]:
+        """While pacing, a continuing or background window waits if another request's sequences are running (a
+        request's own windows do not slow another's)."""
+        running = {s.job.request_id for s in self.running}
+        return lambda job: len(running) > 1 or (bool(running) and job.request_id not in running)
+
+    def _take(self, free: int, slots: int, held: Callable[[WindowJob], bool] | None) -> list[WindowJob]:
+        """Up to `free` waiting windows, in queue order, whose beams fit in `slots` together, passing over the
+        continuing and background windows `held` names; first come, first served: no later window jumps ahead of
+        one that does not fit."""
         jobs: list[WindowJob] = []
         used = 0
         for queue in self.queues:
+            passed: list[WindowJob] = []  # held: back to the queue's front, in their order
+            check = held if queue is not self.waiting_new else None
             while queue and len(jobs) < free:
                 job = queue[0]
+                if check is not None and check(job):
+                    passed.append(queue.popleft())
+                    continue
                 if used + job.beam_size > slots:
+                    queue.extendleft(reversed(passed))
                     return jobs
                 jobs.append(queue.popleft())
                 used += job.beam_size
+            queue.extendleft(reversed(passed))
         return jobs
 
     @staticmethod

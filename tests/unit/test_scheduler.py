@@ -62,3 +62,19 @@ def test_a_dropped_request_leaves_the_queues_and_its_running_windows_end():
     sched.drop("a")
     assert running[0].finished and running[0].aborted and not running[1].finished
     assert [j.request_id for q in sched.queues for j in q] == ["c"]
+
+
+def test_pacing_holds_another_requests_next_window_but_never_a_new_one():
+    sched = Scheduler(num_slots=8, max_encoder_batch=8)
+    sched.add(job(request_id="short"), continuing=False)
+    assert [s.job.request_id for s in sched.admit(pace=True)] == ["short"]  # nothing runs yet: nothing is held
+    sched.add(job(request_id="long"), continuing=True)
+    sched.add(job(request_id="short"), continuing=True)
+    sched.add(job(request_id="long"), continuing=True)
+    sched.add(job(request_id="new"), continuing=False)
+    # "short" runs: its own next window goes in, "long"'s two wait at the queue's front in their order, "new" goes in
+    assert [s.job.request_id for s in sched.admit(pace=True)] == ["short", "new"]
+    assert [j.request_id for j in sched.waiting_next] == ["long", "long"]
+    # two requests run now: every continuing window waits while pacing, and goes in once the engine stops pacing
+    assert sched.admit(pace=True) == []
+    assert [s.job.request_id for s in sched.admit()] == ["long", "long"]
