@@ -22,6 +22,32 @@ from engine.model.kv_cache import KVCache
 NEG_INF = float("-inf")
 
 
+class _Uninitialised:
+    """A layer that skips torch's random initialisation: its weights always come from a checkpoint (the model is
+    built on the meta device and loaded with assign=True; weights.py makes the dummy ones). Initialising meta
+    tensors runs torch's Python reference kernels, whose first call imports torch's compiler: seconds of every
+    server's, engine process's and CLI's start."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Linear(_Uninitialised, nn.Linear):
+    pass
+
+
+class Conv1d(_Uninitialised, nn.Conv1d):
+    pass
+
+
+class Embedding(_Uninitialised, nn.Embedding):
+    pass
+
+
+class LayerNorm(_Uninitialised, nn.LayerNorm):
+    pass
+
+
 def cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: int, kernels: KernelOptions) -> Tensor:
     """q (rows, heads, t, dim) of the rows row_start.. against each row's encoder K/V (its window's cross slot, which
     a beam search's rows share), read where they live: each run of rows that a slice of the cache serves is one call
@@ -62,10 +88,10 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int):
         super().__init__()
         self.n_head = n_head
-        self.query = nn.Linear(n_state, n_state)
-        self.key = nn.Linear(n_state, n_state, bias=False)
-        self.value = nn.Linear(n_state, n_state)
-        self.out = nn.Linear(n_state, n_state)
+        self.query = Linear(n_state, n_state)
+        self.key = Linear(n_state, n_state, bias=False)
+        self.value = Linear(n_state, n_state)
+        self.out = Linear(n_state, n_state)
         # q, k and v as one product (fuse_qkv): set for the decoder's self-attention, and the encoder's on a GPU
         self.register_buffer("qkv_weight", None, persistent=False)
         self.register_buffer("qkv_bias", None, persistent=False)
@@ -128,12 +154,12 @@ class ResidualAttentionBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int, cross_attention: bool = False):
         super().__init__()
         self.attn = MultiHeadAttention(n_state, n_head)
-        self.attn_ln = nn.LayerNorm(n_state)
+        self.attn_ln = LayerNorm(n_state)
         self.cross_attn = MultiHeadAttention(n_state, n_head) if cross_attention else None
-        self.cross_attn_ln = nn.LayerNorm(n_state) if cross_attention else None
+        self.cross_attn_ln = LayerNorm(n_state) if cross_attention else None
         n_mlp = n_state * 4
-        self.mlp = nn.Sequential(nn.Linear(n_state, n_mlp), nn.GELU(), nn.Linear(n_mlp, n_state))
-        self.mlp_ln = nn.LayerNorm(n_state)
+        self.mlp = nn.Sequential(Linear(n_state, n_mlp), nn.GELU(), Linear(n_mlp, n_state))
+        self.mlp_ln = LayerNorm(n_state)
 
     def feed_forward(self, h: Tensor, kernels: KernelOptions = DEFAULT_KERNELS) -> Tensor:
         """The MLP on its normalized input (the residual add is the caller's, fused with the next norm)."""
@@ -151,13 +177,13 @@ class ResidualAttentionBlock(nn.Module):
 class AudioEncoder(nn.Module):
     def __init__(self, dims: ModelDimensions):
         super().__init__()
-        self.conv1 = nn.Conv1d(dims.n_mels, dims.n_audio_state, kernel_size=3, padding=1)
-        self.conv2 = nn.Conv1d(dims.n_audio_state, dims.n_audio_state, kernel_size=3, stride=2, padding=1)
+        self.conv1 = Conv1d(dims.n_mels, dims.n_audio_state, kernel_size=3, padding=1)
+        self.conv2 = Conv1d(dims.n_audio_state, dims.n_audio_state, kernel_size=3, stride=2, padding=1)
         self.register_buffer("positional_embedding", torch.empty(dims.n_audio_ctx, dims.n_audio_state))
         self.blocks = nn.ModuleList(
             ResidualAttentionBlock(dims.n_audio_state, dims.n_audio_head) for _ in range(dims.n_audio_layer)
         )
-        self.ln_post = nn.LayerNorm(dims.n_audio_state)
+        self.ln_post = LayerNorm(dims.n_audio_state)
         self.quantized: nn.Module | None = None  # blocks quantized_start.. with fewer-bit products (use_quantized)
         self.quantized_start = len(self.blocks)
 
@@ -202,13 +228,13 @@ class TextDecoder(nn.Module):
 
     def __init__(self, dims: ModelDimensions):
         super().__init__()
-        self.token_embedding = nn.Embedding(dims.n_vocab, dims.n_text_state)
+        self.token_embedding = Embedding(dims.n_vocab, dims.n_text_state)
         self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, dims.n_text_state))
         self.blocks = nn.ModuleList(
             ResidualAttentionBlock(dims.n_text_state, dims.n_text_head, cross_attention=True)
             for _ in range(dims.n_text_layer)
         )
-        self.ln = nn.LayerNorm(dims.n_text_state)
+        self.ln = LayerNorm(dims.n_text_state)
         self.kernels: KernelOptions = DEFAULT_KERNELS  # for its own passes; select_backend sets the engine's
         self.cross_attention = cross_attention  # how its rows read their cross slots; a GPU backend sets its own
 
