@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +51,17 @@ class CacheShape:
         return 2 * self.n_layer * self.n_head * self.n_audio_ctx * cross
 
 
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """torch.zeros, but on a CPU in anonymous memory that the operating system zeroes a page at a time when it is
+    first written: the caches are sized for every slot (32 sequences on a CPU), and the slots a server does not use
+    then take no resident memory (torch.zeros writes every byte up front, about 700 MiB for tiny.en)."""
+    count = math.prod(shape)
+    if device.type != "cpu" or count == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = count * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype, count=count).view(shape)
+
+
 class KVCache:
     """self_k/self_v: (layers, slots, heads, n_text_ctx, head_dim); cross_k/cross_v: (..., n_audio_ctx, ...).
 
@@ -66,17 +79,17 @@ class KVCache:
         self.num_cross_slots = num_cross_slots or num_slots
         self.head_dim = shape.head_dim
         common = (shape.n_layer, self.num_cross_slots, shape.n_head)
-        self.self_kv = torch.zeros(
-            shape.n_layer, 2, num_slots, shape.n_head, shape.n_text_ctx, shape.head_dim, dtype=dtype, device=device
+        self.self_kv = zeros(
+            (shape.n_layer, 2, num_slots, shape.n_head, shape.n_text_ctx, shape.head_dim), dtype, device
         )
         self.self_k, self.self_v = self.self_kv[:, 0], self.self_kv[:, 1]
         cross_dtype = torch.int8 if int8_cross else dtype
-        self.cross_k = torch.zeros(*common, shape.n_audio_ctx, shape.head_dim, dtype=cross_dtype, device=device)
-        self.cross_v = torch.zeros_like(self.cross_k)
+        self.cross_k = zeros((*common, shape.n_audio_ctx, shape.head_dim), cross_dtype, device)
+        self.cross_v = zeros(self.cross_k.shape, cross_dtype, device)
         self.cross_k_scale = self.cross_v_scale = None
         if int8_cross:
-            self.cross_k_scale = torch.zeros(*common, shape.n_audio_ctx, dtype=SCALE_DTYPE, device=device)
-            self.cross_v_scale = torch.zeros_like(self.cross_k_scale)
+            self.cross_k_scale = zeros((*common, shape.n_audio_ctx), SCALE_DTYPE, device)
+            self.cross_v_scale = zeros(self.cross_k_scale.shape, SCALE_DTYPE, device)
 
         # each layer's view, made once: indexing [layer] at every use adds an operation per access, and a CPU
         # decode step is bound by the count of its small operations (see model.TextDecoder.forward)

@@ -472,9 +472,10 @@ BIG_APPENDS = 6  # per flooding session: without a cap on all sessions together,
 # What may be in flight: per session the event being handled (its text, its parsed audio) and the next one uvicorn
 # reads (frame buffer, bytes, text), 15 MiB each; one decode; and the 300 s the server holds. Not the audio refused.
 MAX_RSS_GROWTH = 512 * 2**20
-# Framing and parsing a 15 MiB event hold the GIL for tens of milliseconds, on a CPU that the test's clients and the
-# engine (the turn beside the floods) share with the event loop.
-MAX_HEALTH_S = 1.0
+# Framing and parsing a 15 MiB event hold the GIL for tens of milliseconds, on a CPU that the test's clients (which
+# mask 60 MiB of frames themselves) and the engine (the turn beside the floods) share with the event loop; an event
+# loop that parses or decodes the appends itself answers /health in 3-4.5 s here.
+MAX_HEALTH_S = 2.0
 
 
 def test_big_pipelined_appends_leave_the_server_responsive_and_its_memory_bounded(data_dir):
