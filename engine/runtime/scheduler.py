@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 
@@ -57,12 +58,14 @@ class Scheduler:
         running ones. A window decoded with beam search takes one row per beam, side by side, and one cross slot
         that its beams share (the runner makes them its beams: ModelRunner.admit). `pace`: hold back continuing
         and background windows while other requests' sequences run."""
-        held = self._held() if pace else None
+        waiting = self.num_waiting
         rows = self.num_slots - len(self.running)
-        cross = self._free_cross()
-        waiting = self.num_waiting  # less the held, so that the encoder batch below is sized for what is taken
-        if held is not None:
+        if not waiting or not rows:  # most steps: nothing to admit, and nothing is counted (per step, per slot)
+            return []
+        held = self._held() if pace else None
+        if held is not None:  # less the held, so that the encoder batch below is sized for what is taken
             waiting -= sum(held(job) for queue in (self.waiting_next, self.waiting_background) for job in queue)
+        cross = self._free_cross(min(rows, self.max_encoder_batch, waiting))
         free = min(rows, len(cross), self.max_encoder_batch, waiting)
         free = self.admissible(free) if free else 0
         admitted: list[Sequence] = []
@@ -71,12 +74,10 @@ class Scheduler:
         self.running.extend(admitted)
         return admitted
 
-    def _free_cross(self) -> list[int]:
-        """Cross slots no running sequence reads, lowest first."""
+    def _free_cross(self, limit: int) -> list[int]:
+        """Up to `limit` cross slots that no running sequence reads, lowest first (the plan may hold thousands)."""
         used = {s.cross_slot for s in self.running}
-        if not used:
-            return list(range(self.num_cross_slots))
-        return [c for c in range(self.num_cross_slots) if c not in used]
+        return list(itertools.islice((c for c in range(self.num_cross_slots) if c not in used), max(limit, 0)))
 
     def _held(self) -> Callable[[WindowJob], bool]:
         """While pacing, a continuing or background window waits if another request's sequences are running (a
