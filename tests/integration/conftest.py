@@ -39,6 +39,31 @@ def base_ct2_dir(base_engine, tmp_path_factory):  # likewise
     return out
 
 
+# base costs ~2 s a clip in faster-whisper on 2 cores (it runs the encoder twice: language, then text), so its
+# greedy transcripts are compared on one clip of each language the clips hold plus these English ones; tiny.en covers
+# the English clips, test_language_detection.py every multilingual clip's language.
+BASE_ENGLISH = (
+    "g1_en_jfk.flac",
+    "g1_en_librispeech-test-other_1688-142285-0000.flac",
+    "g1_en_spontaneous_mfa-acoustic-corpus.wav",
+    "g1_en_3speakers_picovoice-diarization.wav",
+    "g1_en_whispered_mfa-whisper.flac",
+    "g4_en_timit-sample_LDC93S1_8k.wav",
+)
+
+
+@pytest.fixture(scope="session")
+def base_parity_clips(short_clips) -> list[str]:
+    """The one-window clips whose greedy base transcripts are compared with faster-whisper's: the first of each
+    other language (manifest order) and BASE_ENGLISH."""
+    first: dict[str, str] = {}
+    for row in short_clips:
+        if row["language"] != "en":
+            first.setdefault(row["language"], row["file"])
+    assert set(BASE_ENGLISH) <= {row["file"] for row in short_clips}
+    return [*first.values(), *BASE_ENGLISH]
+
+
 @pytest.fixture(scope="session")
 def tiny_fw(tiny_en_dir):
     return faster_whisper_model(tiny_en_dir)

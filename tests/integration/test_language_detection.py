@@ -1,12 +1,12 @@
 """Language detection with multilingual base: the engine's pick equals faster-whisper's on every g3_* clip.
 
-Whisper detects the language on the first 30 s window. The one-window clips' languages are those of the greedy
-base transcripts that test_parity_faster_whisper.py compares (both sides detect it on the clip's one window before
-any text token; the session's caches hold them, so each side runs once per clip); here every one of them must
-agree, where that test lets an unsure pick (faster-whisper's probability below 0.5) differ. The longer clips get
-their first 30 s on both sides (faster-whisper's `detect_language(audio)` trims to that itself), and the engine's
-request decodes a single text token: the language token comes before it, so the rest of the transcript would not
-change the answer, only the test's runtime.
+Whisper detects the language on the first 30 s window. Where test_parity_faster_whisper.py compares a clip's greedy
+base transcripts (`base_parity_clips`), their languages are read from them (both sides detect it on the clip's one
+window before any text token; the session's caches hold them, so each side runs once per clip); here every one of
+them must agree, where that test lets an unsure pick (faster-whisper's probability below 0.5) differ. Every other
+clip gets its first 30 s on both sides (faster-whisper's `detect_language(audio)` trims to that itself), and the
+engine's request decodes a single text token: the language token comes before it, so the rest of the transcript would
+not change the answer, only the test's runtime.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ def g3_rows(manifest):
 
 
 def test_detected_language_matches_faster_whisper_on_every_g3_clip(
-    base_engine, base_fw, g3_rows, short_clips, load_clip, base_transcripts, base_references
+    base_engine, base_fw, g3_rows, load_clip, base_parity_clips, base_transcripts, base_references
 ):
-    short = [row["file"] for row in short_clips if row["file"].startswith("g3_")]
-    longer = {row["file"]: load_clip(row["file"])[:N_SAMPLES] for row in g3_rows if row["file"] not in short}
-    assert short and longer
-    ours = {name: result.language for name, result in base_transcripts(short).items()}
-    theirs = {name: (ref.language, ref.language_probability) for name, ref in base_references(short).items()}
-    ours.update({name: result.language for name, result in submit_all(base_engine, longer, DETECT_ONLY).items()})
-    for name, audio in longer.items():
+    transcribed = [row["file"] for row in g3_rows if row["file"] in base_parity_clips]
+    detected = {row["file"]: load_clip(row["file"])[:N_SAMPLES] for row in g3_rows if row["file"] not in transcribed}
+    assert len(transcribed) >= 8 and len(detected) >= 8
+    ours = {name: result.language for name, result in base_transcripts(transcribed).items()}
+    theirs = {name: (ref.language, ref.language_probability) for name, ref in base_references(transcribed).items()}
+    ours.update({name: result.language for name, result in submit_all(base_engine, detected, DETECT_ONLY).items()})
+    for name, audio in detected.items():
         language, probability, _ = base_fw.detect_language(audio)
         theirs[name] = (language, probability)
     lines, wrong = [], []

@@ -4,19 +4,9 @@ from __future__ import annotations
 
 from tests.helpers.engine_runs import first_difference, tokens_of
 
-MIN_IDENTICAL = 0.95  # float32 round-off in a different kernel may flip a near-tie argmax on a rare clip
+MAX_MISMATCHED = 0.05  # float32 round-off in a different kernel may flip a near-tie argmax on a rare clip (at least
+# one clip is allowed)
 MIN_LANGUAGE_PROBABILITY = 0.5  # below this faster-whisper itself is unsure, so a different pick is no bug
-# base costs ~2 s a clip in faster-whisper on 2 cores (it runs the encoder twice: language, then text), so it
-# runs on every non-English clip (language detection, multilingual tokens) plus these English ones; tiny.en covers
-# the English clips but for re-encoded copies whose decoding another copy repeats (SAME_DECODING).
-BASE_ENGLISH = (
-    "g1_en_jfk.flac",
-    "g1_en_librispeech-test-other_1688-142285-0000.flac",
-    "g1_en_spontaneous_mfa-acoustic-corpus.wav",
-    "g1_en_3speakers_picovoice-diarization.wav",
-    "g1_en_whispered_mfa-whisper.flac",
-    "g4_en_timit-sample_LDC93S1_8k.wav",
-)
 
 # The g4 clips are a few recordings in many codecs and sample formats: tiny.en covers one clip of each way they are
 # decoded and resampled, and leaves out these, whose decoding another clip repeats (tests/unit/test_audio.py decodes
@@ -41,11 +31,10 @@ def assert_mostly_identical(ours: dict, references: dict, tokenizer, label: str)
                 f"{name}: first difference at token {i}\n"
                 f"  faster-whisper: {tokenizer.decode(reference.tokens)!r}\n  engine:         {ours[name].text!r}"
             )
-    num_identical = len(references) - len(mismatches)
-    print(f"\n{label}: {num_identical}/{len(references)} clips token-identical to faster-whisper")
+    print(f"\n{label}: {len(references) - len(mismatches)}/{len(references)} clips token-identical to faster-whisper")
     for line in mismatches:
         print(line)
-    assert num_identical >= MIN_IDENTICAL * len(references), "\n".join(mismatches)
+    assert len(mismatches) <= max(1, int(MAX_MISMATCHED * len(references))), "\n".join(mismatches)
 
 
 def test_tiny_en_matches_faster_whisper(tiny_engine, short_english_clips, tiny_transcripts, tiny_references):
@@ -56,9 +45,8 @@ def test_tiny_en_matches_faster_whisper(tiny_engine, short_english_clips, tiny_t
     assert all(result.language == "en" for result in ours.values())
 
 
-def test_base_matches_faster_whisper(base_engine, short_clips, base_transcripts, base_references):
-    names = [row["file"] for row in short_clips if row["language"] != "en"] + list(BASE_ENGLISH)
-    assert set(BASE_ENGLISH) <= {row["file"] for row in short_clips}
+def test_base_matches_faster_whisper(base_engine, base_parity_clips, base_transcripts, base_references):
+    names = base_parity_clips
     ours = base_transcripts(names)  # language=None: the engine detects it
     references = base_references(names)
     assert_mostly_identical(ours, references, base_engine.tokenizer, "base")
@@ -73,4 +61,4 @@ def test_base_matches_faster_whisper(base_engine, short_clips, base_transcripts,
         name: lang for name, lang in wrong.items() if references[name].language_probability >= MIN_LANGUAGE_PROBABILITY
     }
     assert not confident, f"(engine, faster-whisper) language where faster-whisper is confident: {confident}"
-    assert len({ref.language for ref in references.values()}) >= 8  # the clips span many languages
+    assert len({ref.language for ref in references.values()}) >= 10  # the clips span many languages
