@@ -22,9 +22,9 @@ from engine.backends.base import DecodeBackend
 from engine.backends.cpu_int8_encoder import Int8Blocks
 from engine.kernels.cpu_kernels import COLS, CpuKernels, QuantizedWeight
 from engine.kernels.cpu_team import TeamSize
-from engine.kernels.fused_ops import linear, norm
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
+from engine.model.layer_ops import linear, norm
 from engine.model.whisper import TextDecoder, Whisper
 
 VOCAB_CHUNKS = 8  # column blocks of the one-row vocabulary projection

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kernels.cpu_kernels import quantize_columns
-from engine.kernels.fused_ops import add_norm
+from engine.model.layer_ops import add_norm
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -24,9 +24,18 @@ from torch import Tensor
 from engine.backends.base import DecodeBackend
 from engine.kernels import decode_attention
 from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
-from engine.kernels.fused_ops import add_norm, add_norm_linear, linear, norm, norm_product_applies, one_row_logits
+from engine.kernels.fused_ops import (
+    add_norm,
+    add_norm_linear,
+    linear,
+    linear_gelu,
+    norm,
+    norm_product_applies,
+    one_row_logits,
+)
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
+from engine.model.layer_ops import LayerOps
 from engine.model.whisper import NEG_INF, Whisper, indexed_cross_attention
 
 VOCAB_PADDING = 64  # rows of the output projection's weight: a multiple of this (pad_vocabulary)
@@ -43,6 +52,11 @@ def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+# The model's layer operations on a GPU: a residual add and its layer norm in one kernel, GELU in the product's
+# epilogue, a lone row's products in one-row kernels (each falls back to torch where its kernel does not apply)
+FUSED_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu)
+
+
 class GpuBackend(DecodeBackend):
     name = "gpu"
 
@@ -54,6 +68,7 @@ class GpuBackend(DecodeBackend):
             model.encoder.use_quantized(Fp8Blocks(model.encoder.blocks, MODEL_DTYPE_BLOCKS))
             torch.cuda.empty_cache()  # the float16 copies of those weights are gone; the memory plan comes next
         model.encoder.fuse_qkv()
+        model.encoder.ops = model.decoder.ops = FUSED_OPS
         # the rows' cross slots read through their index on the device, so a captured graph serves any rows
         model.decoder.cross_attention = indexed_cross_attention
         self.output_weight = pad_vocabulary(model.decoder)
@@ -116,7 +131,7 @@ class GpuBackend(DecodeBackend):
                 cross.split_heads(linear(cross.query, h, pdl)), cache, i, slot_start, self.kernels
             )
             x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), pdl), block.mlp_ln)
-            x, h = add_norm(x, block.feed_forward(h, self.kernels), next_norm)
+            x, h = add_norm(x, block.feed_forward(h, FUSED_OPS, pdl), next_norm)
         return h
 
     def _lone_row_step(self, x: Tensor, cache: KVCache, positions: Tensor, slot: int = 0) -> Tensor:

@@ -13,8 +13,10 @@ encoder batch and of a decoder step).
 
 cuBLASLt's epilogue computes GELU's tanh form, which differs from the exact (erf) one Whisper was trained with by at
 most 4.7e-4, at outputs near 2.7, where a float16 step is 2e-3: the epilogue is only used in half precision, where
-that difference is below the result's own rounding. float32 models and CPUs keep the exact form, and on a CPU
-`add_norm` is the two torch operations it stands for (bitwise the same results).
+that difference is below the result's own rounding. float32 models keep the exact form. The GPU backend gives
+the model these functions as its layer operations (engine/backends/gpu.py FUSED_OPS); elsewhere the model runs
+plain torch (engine/model/layer_ops.py). Where a kernel does not apply (a CPU tensor, a view, another dtype) each
+function falls back to the torch operations it stands for (bitwise the same results).
 
 `linear` with a single row (one sequence decoding) and a weight of at most ONE_ROW_MAX_WEIGHT elements runs a Triton
 matrix-vector product, a few output features per program (one for the MLP's 5,120-wide second product): at one row

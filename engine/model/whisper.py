@@ -2,9 +2,9 @@
 
 This is the reference computation, run as written on every device for prompt passes, word alignment and the
 encoder. How a device runs a decode step fast (one-kernel attention, native CPU kernels, weight layouts, fused
-products for a lone row) is its backend's business: engine/backends/. A residual add and the layer norm after it
-go through `add_norm`, and an MLP's first product and GELU through `linear_gelu`: plain torch on a CPU, one kernel
-each on a GPU (engine/kernels/fused_ops.py).
+products for a lone row) is its backend's business: engine/backends/. The layer operations (a residual add with the
+layer norm after it, a product, a product with GELU) are the encoder's and decoder's `ops`: plain torch
+(layer_ops.py) unless the backend gives them its own (the GPU backend: fused kernels).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.kernels.fused_ops import add_norm, linear, linear_gelu, norm
 from engine.kernels.int8_attention import dequantize, indexed_attention, int8_attention, quantize_into
 from engine.kernels.options import DEFAULT_KERNELS, KernelOptions
 from engine.model.dims import ModelDimensions
 from engine.model.kv_cache import KVCache
+from engine.model.layer_ops import TORCH_OPS, LayerOps
 
 NEG_INF = float("-inf")
 
@@ -161,9 +161,9 @@ class ResidualAttentionBlock(nn.Module):
         self.mlp = nn.Sequential(Linear(n_state, n_mlp), nn.GELU(), Linear(n_mlp, n_state))
         self.mlp_ln = LayerNorm(n_state)
 
-    def feed_forward(self, h: Tensor, kernels: KernelOptions = DEFAULT_KERNELS) -> Tensor:
+    def feed_forward(self, h: Tensor, ops: LayerOps = TORCH_OPS, pdl: bool = True) -> Tensor:
         """The MLP on its normalized input (the residual add is the caller's, fused with the next norm)."""
-        return linear(self.mlp[2], linear_gelu(self.mlp[0], h), kernels.pdl)
+        return ops.linear(self.mlp[2], ops.linear_gelu(self.mlp[0], h), pdl)
 
     def take_products(self) -> tuple[list[nn.Linear], nn.Linear, nn.Linear, nn.Linear]:
         """The self-attention block's four products ([query, key, value], out, the MLP's two), removed from it for a
@@ -186,6 +186,7 @@ class AudioEncoder(nn.Module):
         self.ln_post = LayerNorm(dims.n_audio_state)
         self.quantized: nn.Module | None = None  # blocks quantized_start.. with fewer-bit products (use_quantized)
         self.quantized_start = len(self.blocks)
+        self.ops = TORCH_OPS  # the layer operations; a backend may set its own
 
     def use_quantized(self, blocks: nn.Module) -> None:
         """Run the blocks from `blocks.start` on through `blocks` from now on: their products in float8 on a GPU
@@ -212,14 +213,14 @@ class AudioEncoder(nn.Module):
     def forward(self, mel: Tensor) -> Tensor:
         """mel : (batch, n_mels, 3000) -> (batch, n_audio_ctx, n_audio_state)"""
         x = self.stem(mel)
-        blocks = list(self.blocks)
+        blocks, ops = list(self.blocks), self.ops
         # each residual add is fused with the layer norm after it, the last with ln_post
-        h = norm(blocks[0].attn_ln, x)
+        h = ops.norm(blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in blocks[1:]] + [self.ln_post]
         end = self.quantized_start
         for block, next_norm in zip(blocks[:end], next_norms[:end]):
-            x, h = add_norm(x, block.attn(h), block.mlp_ln)
-            x, h = add_norm(x, block.feed_forward(h), next_norm)
+            x, h = ops.add_norm(x, block.attn(h), block.mlp_ln)
+            x, h = ops.add_norm(x, block.feed_forward(h, ops), next_norm)
         return h if end == len(blocks) else self.quantized(x, h, blocks, self.ln_post)
 
 
@@ -236,6 +237,7 @@ class TextDecoder(nn.Module):
         )
         self.ln = LayerNorm(dims.n_text_state)
         self.kernels: KernelOptions = DEFAULT_KERNELS  # for its own passes; select_backend sets the engine's
+        self.ops = TORCH_OPS  # the layer operations; a backend may set its own
         self.cross_attention = cross_attention  # how its rows read their cross slots; a GPU backend sets its own
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -287,7 +289,8 @@ class TextDecoder(nn.Module):
         # Layers are applied through their functions (norm, linear), not by calling the modules: a decode step is
         # ~100 small operations, and nn.Module.__call__'s dispatch costs ~11 us each on a CPU. Each residual add is
         # fused with the layer norm after it (the last with the final norm), so h is always the next input.
-        h = norm(self.blocks[0].attn_ln, x)
+        ops, pdl = self.ops, self.kernels.pdl
+        h = ops.norm(self.blocks[0].attn_ln, x)
         next_norms = [block.attn_ln for block in list(self.blocks)[1:]] + [self.ln]
         for i, (block, next_norm) in enumerate(zip(self.blocks, next_norms)):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
@@ -301,12 +304,12 @@ class TextDecoder(nn.Module):
             k = cache.self_k_layers[i][slots, :, :kv_len]
             v = cache.self_v_layers[i][slots, :, :kv_len]
             o = attn.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
-            x, h = add_norm(x, linear(attn.out, o, self.kernels.pdl), block.cross_attn_ln)
+            x, h = ops.add_norm(x, ops.linear(attn.out, o, pdl), block.cross_attn_ln)
             cross = block.cross_attn
-            q = cross.split_heads(linear(cross.query, h, self.kernels.pdl))
+            q = cross.split_heads(ops.linear(cross.query, h, pdl))
             o = self.cross_attention(q, cache, i, slot_start, self.kernels)
-            x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), self.kernels.pdl), block.mlp_ln)
-            x, h = add_norm(x, block.feed_forward(h, self.kernels), next_norm)
+            x, h = ops.add_norm(x, ops.linear(cross.out, cross.merge_heads(o), pdl), block.mlp_ln)
+            x, h = ops.add_norm(x, block.feed_forward(h, ops, pdl), next_norm)
         return h
 
     def prompt_pass(self, tokens: Tensor, cache: KVCache, slot_start: int) -> Tensor:

@@ -1,0 +1,43 @@
+"""The layer operations the model's reference computation goes through, as plain torch: a residual add with the
+layer norm after it, a layer norm, a product, and a product with GELU. A backend chosen at start-up may give the
+model other functions for the same operations (LayerOps): the GPU backend gives it fused kernels
+(engine/backends/gpu.py, engine/kernels/fused_ops.py). Functions, not module calls: a decode step is ~100 small
+operations, and nn.Module.__call__'s dispatch costs ~11 us each on a CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    add_norm: Callable[[Tensor, Tensor, nn.LayerNorm], tuple[Tensor, Tensor]]  # (x + y, ln(x + y))
+    norm: Callable[[nn.LayerNorm, Tensor], Tensor]  # ln(x)
+    linear: Callable[..., Tensor]  # (proj, x, pdl=True) -> proj(x); `pdl` is a GPU launch option
+    linear_gelu: Callable[[nn.Linear, Tensor], Tensor]  # gelu(proj(x))
+
+
+def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:
+    """(x + y, ln(x + y)): the residual stream after a sub-layer and the next sub-layer's input."""
+    x = x + y
+    return x, F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+def linear(proj: nn.Linear, x: Tensor, pdl: bool = True) -> Tensor:
+    return F.linear(x, proj.weight, proj.bias)
+
+
+def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
+    return F.gelu(F.linear(x, proj.weight, proj.bias))
+
+
+TORCH_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu)
