@@ -75,12 +75,15 @@ class CpuNativeBackend(CpuTorchBackend):
         self.int8: dict[int, QuantizedWeight] = {}
         self.vocab_int8: QuantizedWeight | None = None
         if kernels.cpu_int8_weights:
+            # laid out for the integer dot products where the CPU has them (and every product's inputs come in 4s)
+            dot = kernels.cpu_int8_dot and native.vnni
             for block in self.decoder.blocks:
                 for w in (block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight,
                           block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight):  # fmt: skip
-                    self.int8[id(w)] = QuantizedWeight.of(w.t())
+                    self.int8[id(w)] = QuantizedWeight.of(w.t(), interleave=dot and w.shape[1] % 4 == 0)
             embedding = self.decoder.token_embedding.weight
-            self.vocab_int8 = QuantizedWeight.of(embedding.t(), -(-embedding.shape[0] // COLS) * COLS)
+            columns = -(-embedding.shape[0] // COLS) * COLS
+            self.vocab_int8 = QuantizedWeight.of(embedding.t(), columns, interleave=dot and embedding.shape[1] % 4 == 0)
 
     def _linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
         """One row's product with a decoder weight (out, in), from its int8 copy when there is one."""

@@ -123,16 +123,19 @@ def quantize_columns(weight_t: Tensor) -> tuple[Tensor, Tensor]:
 class QuantizedWeight:
     """A linear weight as int8 with a scale per output, CTranslate2's int8 scheme: per output the scale is its
     largest magnitude over 127, so the weights of an int8 checkpoint, dequantized at load, quantize back to exactly
-    their stored integers. `blocks` (out / COLS, in, COLS) holds the integers the way the kernels stream them, each
-    task's COLS outputs contiguous (cpu_decode.c); `scales` (out,) float32; weight = dense() * scales."""
+    their stored integers. `blocks` holds the integers the way the kernels stream them, each task's COLS outputs
+    contiguous (cpu_decode.c): (out / COLS, in, COLS), or for the integer dot products (`sums` given) interleaved
+    by four inputs, (out / COLS, in / 4, COLS, 4); `scales` (out,) float32; `sums` (out,) int32 each output's sum
+    of integers; weight = dense() * scales."""
 
     blocks: Tensor
     scales: Tensor
+    sums: Tensor | None = None
 
     @classmethod
-    def of(cls, weight_t: Tensor, columns: int | None = None) -> QuantizedWeight:
+    def of(cls, weight_t: Tensor, columns: int | None = None, interleave: bool = False) -> QuantizedWeight:
         """weight_t: (in, out); the outputs are padded with zero columns to `columns` (a multiple of COLS), by
-        default to the next multiple of COLS."""
+        default to the next multiple of COLS. interleave: the integer dot products' layout (in % 4 == 0)."""
         w = weight_t.float()
         columns = columns if columns is not None else -(-w.shape[1] // COLS) * COLS
         if columns % COLS:
@@ -140,17 +143,27 @@ class QuantizedWeight:
         if columns > w.shape[1]:
             w = torch.cat([w, w.new_zeros(w.shape[0], columns - w.shape[1])], dim=1)
         values, scales = quantize_columns(w)
-        blocks = values.view(w.shape[0], columns // COLS, COLS).transpose(0, 1).contiguous()
-        return cls(blocks, scales)
+        k = w.shape[0]
+        blocks = values.view(k, columns // COLS, COLS).transpose(0, 1)
+        if not interleave:
+            return cls(blocks.contiguous(), scales)
+        if k % 4:
+            raise ValueError(f"the integer dot products need a multiple of 4 inputs, got {k}")
+        blocks = blocks.reshape(columns // COLS, k // 4, 4, COLS).transpose(2, 3).contiguous()
+        return cls(blocks, scales, values.sum(dim=0, dtype=torch.int32))
 
     @property
     def shape(self) -> tuple[int, int]:
         """(in, out), out padded to a multiple of COLS"""
-        return self.blocks.shape[1], self.blocks.shape[0] * COLS
+        inputs = self.blocks.shape[1] * (4 if self.sums is not None else 1)
+        return inputs, self.blocks.shape[0] * COLS
 
     def dense(self) -> Tensor:
         """The integers as an (in, out) input-major matrix (a copy)."""
-        return self.blocks.transpose(0, 1).reshape(self.shape).contiguous()
+        blocks = self.blocks
+        if self.sums is not None:
+            blocks = blocks.transpose(2, 3).reshape(blocks.shape[0], -1, COLS)
+        return blocks.transpose(0, 1).reshape(self.shape).contiguous()
 
 
 class CpuKernels:
@@ -168,6 +181,10 @@ class CpuKernels:
         lib.whisper_gemv_q8.restype = None
         lib.whisper_gemm_rows.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, i]
         lib.whisper_gemm_rows.restype = None
+        lib.whisper_gemm_q8_vnni.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, p, i]
+        lib.whisper_gemm_q8_vnni.restype = None
+        lib.whisper_has_vnni.restype = ctypes.c_int
+        self.vnni = bool(lib.whisper_has_vnni())  # this CPU runs the integer dot products
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
         lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]  # fmt: skip
@@ -224,6 +241,8 @@ class CpuKernels:
         gelu: bool = False,
     ) -> Tensor:
         """linear() with int8 weights (QuantizedWeight: blocked int8 and a scale per output column)."""
+        if weight.sums is not None:
+            return self._dot_q8(x.reshape(1, -1), weight, bias, residual, norm, gelu).view(*x.shape[:-1], -1)
         k, n = weight.shape
         y = torch.empty(*x.shape[:-1], n)
         ln_w, ln_b, eps = (None, None, 0.0)
@@ -248,6 +267,8 @@ class CpuKernels:
         """gelu?(norm?(x[r]) @ W + bias) (+ residual[r]) for every row of x (rows, in), each weight read once for
         all of them; W: the (in, out) input-major transpose of a float32 weight, or a QuantizedWeight."""
         quantized = isinstance(weight, QuantizedWeight)
+        if quantized and weight.sums is not None:
+            return self._dot_q8(x, weight, bias, residual, norm, gelu)
         values = weight.blocks if quantized else weight
         rows, (k, n) = x.shape[0], weight.shape
         y = torch.empty(rows, n)
@@ -260,6 +281,27 @@ class CpuKernels:
             values.data_ptr() if quantized else None, weight.scales.data_ptr() if quantized else None,
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
             y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None,
+            self.threads(),
+        )  # fmt: skip
+        return y
+
+    def _dot_q8(
+        self, x: Tensor, weight: QuantizedWeight, bias: Tensor | None, residual: Tensor | None,
+        norm: nn.LayerNorm | None, gelu: bool,
+    ) -> Tensor:  # fmt: skip
+        """Rows x (rows, in) through interleaved int8 weights with the integer dot products (each row quantized to
+        int8 with a scale of its own)."""
+        rows, (k, n) = x.shape[0], weight.shape
+        y = torch.empty(rows, n)
+        ln_w, ln_b, eps, scratch = None, None, 0.0, None
+        if norm is not None:
+            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+            scratch = torch.empty(rows, k)
+        xq = torch.empty(rows, k, dtype=torch.uint8)
+        self.lib.whisper_gemm_q8_vnni(
+            x.data_ptr(), ln_w, ln_b, eps, weight.blocks.data_ptr(), weight.scales.data_ptr(), weight.sums.data_ptr(),
+            bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
+            y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None, xq.data_ptr(),
             self.threads(),
         )  # fmt: skip
         return y

@@ -2,6 +2,7 @@
 and the same numbers as torch for the products, the attentions and a whole decode step of one or several sequences."""
 
 import ast
+import copy
 import platform
 import shutil
 import subprocess
@@ -113,6 +114,58 @@ def test_quantized_weights_of_an_int8_checkpoint_are_its_integers():
     assert padded.shape == (384, 1216) and not padded.dense()[:, 1152:].any()
 
 
+def test_interleaved_weights_hold_the_same_integers():
+    """The integer dot products' layout (four inputs' bytes side by side per output) holds the same integers and
+    scales, and each output's sum of integers."""
+    torch.manual_seed(1)
+    w = torch.randn(1152, 384)
+    plain, interleaved = QuantizedWeight.of(w.t(), 1216), QuantizedWeight.of(w.t(), 1216, interleave=True)
+    assert interleaved.shape == plain.shape == (384, 1216)
+    assert torch.equal(interleaved.dense(), plain.dense()) and torch.equal(interleaved.scales, plain.scales)
+    assert torch.equal(interleaved.sums, plain.dense().sum(dim=0, dtype=torch.int32))
+    assert plain.sums is None
+
+
+def quantized_rows_reference(x, q, bias, residual=None, norm=None, gelu=False):
+    """What the integer dot products compute: each row quantized to int8 (a scale per row, its largest magnitude
+    over 127, rounded to nearest even), the integer sums exactly, then both scales, bias, GELU, residual."""
+    x = norm(x) if norm is not None else x
+    sx = x.abs().amax(dim=1, keepdim=True) / 127
+    sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+    xq = torch.round(x * (1 / sx))
+    y = (xq.double() @ q.dense().double()).float() * (sx * q.scales)
+    y = y + bias if bias is not None else y
+    y = F.gelu(y) if gelu else y
+    return y + residual if residual is not None else y
+
+
+@native
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@torch.inference_mode()
+def test_integer_dot_products_are_the_quantized_rows_products(kernels, rows):
+    """On a CPU with AVX-512 VNNI, int8 weights laid out for it: one row's product and several rows' are the
+    products of the rows quantized to int8, with the LayerNorm, GELU, bias and residual a step fuses into them."""
+    if not kernels.vnni:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    torch.manual_seed(rows)
+    k, n = 1536, 384  # an MLP's second product: the widest sums
+    x, w, b, r = torch.randn(rows, k) * 5 + 3, torch.randn(n, k) * 0.05, torch.randn(n), torch.randn(rows, n)
+    ln = torch.nn.LayerNorm(k)
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+    q = QuantizedWeight.of(w.t(), interleave=True)
+    want = quantized_rows_reference(x, q, b, residual=r)
+    torch.testing.assert_close(kernels.linear_rows(x, q, b, residual=r), want, rtol=1e-5, atol=1e-5)
+    want = quantized_rows_reference(x, q, b, norm=ln, gelu=True)
+    torch.testing.assert_close(kernels.linear_rows(x, q, b, norm=ln, gelu=True), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        kernels.linear_q8(x[:1], q, b), quantized_rows_reference(x[:1], q, b), rtol=1e-5, atol=1e-5
+    )
+    dequantized = (q.dense().float() * q.scales).t()  # the float product it stands for, within the rows' rounding
+    want = F.linear(x, dequantized, b)
+    assert (kernels.linear_rows(x, q, b) - want).norm() < 0.01 * want.norm()
+
+
 @native
 @pytest.mark.parametrize("heads, n, capacity", [(6, 1, 448), (6, 37, 448), (20, 1500, 1500)])
 def test_attend_one_matches_sdpa(kernels, heads, n, capacity):
@@ -210,7 +263,8 @@ def test_decode_step_of_several_rows_matches_torch_path(kernels, monkeypatch):
 @native
 def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
     """KernelOptions.cpu_int8_weights on weights that are an int8 checkpoint's (integers times a scale per output):
-    one row's steps and several rows' give the float path's logits, up to the sums' rounding."""
+    one row's steps and several rows' give the float path's logits, up to the sums' rounding; with the integer dot
+    products (where the CPU has them) up to the rows' quantization too."""
     model, _, float_path = tiny_backends(kernels)
     dec = model.decoder
     with torch.no_grad():  # make every decoder product an int8 checkpoint's, as the int8 kernels will read it
@@ -223,13 +277,19 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
         dec.token_embedding.weight.copy_((q.dense().float() * q.scales)[:, : dec.token_embedding.weight.shape[0]].t())
     chunks = lay_out_for_cpu(dec, native=True)  # the one-row vocabulary projection's blocks, of the new embedding
     float_path = CpuNativeBackend(model, KernelOptions(), chunks, kernels)
-    int8_path = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True), chunks, kernels)
+    other = copy.deepcopy(model)  # an int8 backend takes over its model's encoder products: one model each
+    dot_path = CpuNativeBackend(
+        other, KernelOptions(cpu_int8_weights=True), lay_out_for_cpu(other.decoder, True), kernels
+    )
+    int8_path = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True, cpu_int8_dot=False), chunks, kernels)
     assert len(int8_path.int8) == 6 * len(dec.blocks) and int8_path.vocab_int8 is not None
+    assert all(q.sums is None for q in int8_path.int8.values())
+    assert all((q.sums is not None) == kernels.vnni for q in dot_path.int8.values())
     shape = CacheShape.for_model(model.dims, None, None)
     with torch.inference_mode():
         features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
         out = []
-        for backend in (float_path, int8_path):
+        for backend in (float_path, int8_path, dot_path):
             cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
             dec.fill_cross_cache(features, cache, 0)
             logits = [
@@ -240,6 +300,7 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
             logits.append(backend.logits(hidden[:, -1]))
             out.append(torch.cat(logits))
     torch.testing.assert_close(out[1], out[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out[2], out[0], rtol=0.05, atol=0.1)
 
 
 @native
