@@ -59,7 +59,10 @@ def main() -> None:
     ap.add_argument("--gaps", action="store_true", help="also split the GPU's idle time by the host's engine phase")
     ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"])
     ap.add_argument("--batch-invariant", action="store_true", help="the batch-invariant kernels (KernelOptions)")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.5,
+                    help="Python's thread switch interval, as `serve` and the engine process set it (its default: 5)")
     args = ap.parse_args()
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
 
     engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=args.tokenizer, encoder_precision=args.encoder_precision,

@@ -177,7 +177,10 @@ def main() -> None:
     ap.add_argument("--batch-invariant", default="off", choices=["off", "on", "both"],
                     help="the batch-invariant kernels (KernelOptions.batch_invariant); both: today's kernels, then the "
                          "invariant ones, in one process, and a table of their ratio")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.5,
+                    help="Python's thread switch interval, as `serve` and the engine process set it (its default: 5)")
     args = ap.parse_args()
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
     overlap = {"auto": None, "on": True, "off": False}[args.overlap_steps]
     if len(args.models) > 1:
         # one process per model: a finished engine's caches and graph pools are then surely returned
