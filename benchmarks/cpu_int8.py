@@ -21,6 +21,7 @@ with other work. Prints one table per load and the ratios to faster-whisper int8
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,6 +53,19 @@ BATCH_CLIPS = [
 def busy() -> None:
     while True:
         pass
+
+
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[None]:
+    """n busy processes (pure-Python loops) beside the block: a container that shares its cores with other work."""
+    loads = [multiprocessing.Process(target=busy, daemon=True) for _ in range(n)]
+    for p in loads:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in loads:
+            p.kill()
 
 
 def measure(system: str, args) -> dict:
@@ -100,17 +115,11 @@ def measure(system: str, args) -> dict:
                 with ThreadPoolExecutor(len(batch)) as pool:
                     return list(pool.map(lambda a: transcribe(many, a), batch))
 
-        loads = [multiprocessing.Process(target=busy, daemon=True) for _ in range(args.load_now)]
-        for p in loads:
-            p.start()
-        try:
+        with busy_processes(args.load_now):
             tokens = {label: run(audio) for label, audio in clips.items()}
             times = {label: median_time(lambda a=audio: run(a), args.repeats) for label, audio in clips.items()}
             alone = sum(median_time(lambda a=audio: run(a), 1) for audio in batch)
             together = median_time(run_batch, 1)
-        finally:
-            for p in loads:
-                p.kill()
     return {"times": times, "tokens": tokens, "alone": alone, "together": together}
 
 

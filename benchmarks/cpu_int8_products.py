@@ -1,6 +1,6 @@
 """CPU int8 products in isolation: the encoder's (per 30 s window, and how far int8 moves its output from
 float32's, against CTranslate2's own int8 encoder on the same features) and the decode kernels' one-row
-vocabulary projection (int8 blocks against float32).
+vocabulary projection (float32, int8 widened to floats, and int8 dot products where the CPU has AVX-512 VNNI).
 
     python benchmarks/cpu_int8_products.py [--models tiny.en base] [--threads 2] [--repeats 7]
 
@@ -85,9 +85,14 @@ def vocabulary_row(name: str, args, native) -> str:
     t32 = median_time(lambda: native.linear(x, weight_t, None), args.repeats * 4)
     t8 = median_time(lambda: native.linear_q8(x, q, None), args.repeats * 4)
     mb8, mb32 = weight_t.numel() / 1e6, weight_t.numel() * 4 / 1e6
+    dot = "-"
+    if native.vnni:
+        qd = QuantizedWeight.of(weight_t, interleave=True)
+        td = median_time(lambda: native.linear_q8(x, qd, None), args.repeats * 4)
+        dot = f"{td * 1e3:.3f} ({mb8 / td / 1e3:.0f} GB/s)"
     return (
         f"| {name} | {tuple(weight_t.shape)} | {t32 * 1e3:.3f} ({mb32 / t32 / 1e3:.0f} GB/s) | "
-        f"{t8 * 1e3:.3f} ({mb8 / t8 / 1e3:.0f} GB/s) |"
+        f"{t8 * 1e3:.3f} ({mb8 / t8 / 1e3:.0f} GB/s) | {dot} |"
     )
 
 
@@ -109,8 +114,8 @@ def main() -> None:
         print("\nthe native CPU kernels do not build here: no vocabulary projection row")
         return
     print("\none row's vocabulary projection in the decode kernels (ms)")
-    print("| model | weight (in, out) | float32 | int8 (blocked) |")
-    print("|---|---|---|---|")
+    print("| model | weight (in, out) | float32 | int8 widened to floats | int8 dot products (VNNI) |")
+    print("|---|---|---|---|---|")
     for name in args.models:
         print(vocabulary_row(name, args, native))
 

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_int8 import busy
-from cpu_peers import CLIPS, DATA, ct2_model_dir
+from cpu_int8 import busy_processes
+from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time
 
 from tests.helpers.server import RemoteServer
 
@@ -45,13 +43,7 @@ def time_server(server: RemoteServer, data: Path, repeats: int) -> dict[str, flo
                                 data={"model": "whisper-1"})  # fmt: skip
                 r.raise_for_status()
 
-            post()
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                post()
-                samples.append(time.perf_counter() - start)
-            times[label] = statistics.median(samples)
+            times[label] = median_time(post, repeats)
     return times
 
 
@@ -72,13 +64,7 @@ def time_faster_whisper(args) -> dict[str, float]:
                 segments, _ = model.transcribe(decode_audio(args.data / name), beam_size=1, vad_filter=False)
                 return [s.text for s in segments]
 
-            run()
-            samples = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                run()
-                samples.append(time.perf_counter() - start)
-            times[label] = statistics.median(samples)
+            times[label] = median_time(run, args.repeats)
     return times
 
 
@@ -112,19 +98,13 @@ def main() -> None:
     ratios: dict[int, list[float]] = {load: [] for load in args.load}
     for run in range(1, args.runs + 1):
         for load in args.load:
-            loads = [multiprocessing.Process(target=busy, daemon=True) for _ in range(load)]
-            for p in loads:
-                p.start()
-            try:
+            with busy_processes(load):
                 with RemoteServer(*serve) as server:
                     ours = time_server(server, args.data, args.repeats)
                 cmd = [sys.executable, __file__, "--peer-only", "--model", args.model, "--repeats", str(args.repeats),
                        "--threads", str(args.threads), "--data", str(args.data)]  # fmt: skip
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 theirs = json.loads(out.strip().splitlines()[-1])
-            finally:
-                for p in loads:
-                    p.kill()
             for label in CLIPS:
                 ratio = ours[label] / theirs[label]
                 ratios[load].append(ratio)

@@ -166,6 +166,13 @@ class QuantizedWeight:
         return blocks.transpose(0, 1).reshape(self.shape).contiguous()
 
 
+def _norm_args(norm: nn.LayerNorm | None) -> tuple[int | None, int | None, float]:
+    """A kernel's LayerNorm arguments: weight and bias pointers and eps, or none."""
+    if norm is None:
+        return None, None, 0.0
+    return norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+
+
 class CpuKernels:
     """Typed wrappers around the two kernels; `supports_*` say whether a tensor suits them (the caller then
     takes the torch path instead), the wrappers themselves do not check. They run on torch's thread count, or on
@@ -221,9 +228,7 @@ class CpuKernels:
         the output, norm a LayerNorm over the input (float32 weight and bias)."""
         k, n = weight_t.shape
         y = torch.empty(*x.shape[:-1], n)
-        ln_w, ln_b, eps = (None, None, 0.0)
-        if norm is not None:
-            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+        ln_w, ln_b, eps = _norm_args(norm)
         self.lib.whisper_gemv(
             x.data_ptr(), ln_w, ln_b, eps, weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
             residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu),
@@ -245,9 +250,7 @@ class CpuKernels:
             return self._dot_q8(x.reshape(1, -1), weight, bias, residual, norm, gelu).view(*x.shape[:-1], -1)
         k, n = weight.shape
         y = torch.empty(*x.shape[:-1], n)
-        ln_w, ln_b, eps = (None, None, 0.0)
-        if norm is not None:
-            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+        ln_w, ln_b, eps = _norm_args(norm)
         self.lib.whisper_gemv_q8(
             x.data_ptr(), ln_w, ln_b, eps, weight.blocks.data_ptr(), weight.scales.data_ptr(),
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
@@ -272,10 +275,8 @@ class CpuKernels:
         values = weight.blocks if quantized else weight
         rows, (k, n) = x.shape[0], weight.shape
         y = torch.empty(rows, n)
-        ln_w, ln_b, eps, scratch = None, None, 0.0, None
-        if norm is not None:
-            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
-            scratch = torch.empty(rows, k)
+        ln_w, ln_b, eps = _norm_args(norm)
+        scratch = torch.empty(rows, k) if norm is not None else None  # the normalized rows
         self.lib.whisper_gemm_rows(
             x.data_ptr(), ln_w, ln_b, eps, None if quantized else values.data_ptr(),
             values.data_ptr() if quantized else None, weight.scales.data_ptr() if quantized else None,
@@ -293,10 +294,8 @@ class CpuKernels:
         int8 with a scale of its own)."""
         rows, (k, n) = x.shape[0], weight.shape
         y = torch.empty(rows, n)
-        ln_w, ln_b, eps, scratch = None, None, 0.0, None
-        if norm is not None:
-            ln_w, ln_b, eps = norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
-            scratch = torch.empty(rows, k)
+        ln_w, ln_b, eps = _norm_args(norm)
+        scratch = torch.empty(rows, k) if norm is not None else None  # the normalized rows
         xq = torch.empty(rows, k, dtype=torch.uint8)
         self.lib.whisper_gemm_q8_vnni(
             x.data_ptr(), ln_w, ln_b, eps, weight.blocks.data_ptr(), weight.scales.data_ptr(), weight.sums.data_ptr(),

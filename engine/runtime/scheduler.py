@@ -66,8 +66,7 @@ class Scheduler:
         if held is not None:  # less the held, so that the encoder batch below is sized for what is taken
             waiting -= sum(held(job) for queue in (self.waiting_next, self.waiting_background) for job in queue)
         cross = self._free_cross(min(rows, self.max_encoder_batch, waiting))
-        free = min(rows, len(cross), self.max_encoder_batch, waiting)
-        free = self.admissible(free) if free else 0
+        free = self.admissible(len(cross)) if cross else 0
         admitted: list[Sequence] = []
         for job, slot in zip(self._take(free, rows, held), cross):
             admitted += [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
