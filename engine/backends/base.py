@@ -27,9 +27,6 @@ class DecodeBackend:
     reads_own_prefix = False
     # Whether a row's results are the same whatever else the step holds, by construction (gpu_invariant.py)
     batch_invariant = False
-    # Whether the encoder must see one window at a time (ModelRunner.encode_into_slots): where a window's features
-    # may not depend on the windows encoded with it.
-    encodes_alone = False
 
     def __init__(self, model: Whisper, kernels: KernelOptions):
         self.model = model

@@ -13,9 +13,10 @@ or the other rows:
   its tokens as rows of that same kernel, each attending its own prefix, so a prompt fed in one pass gives
   bitwise the state that feeding it a token per step would;
 - cross-attention splits the keys the same number of ways for every batch (int8_attention.fixed_split_attention);
-- the encoder runs one window at a time (ModelRunner.encode_into_slots, `encodes_alone`): cuBLAS and cuDNN pick
-  their kernels by shape, and one window is always the same shape, so its features and cross K/V are the same
-  whatever was admitted with it.
+- the encoder and the cross K/V projections run their products with the wide tile (invariant_ops.linear, wide),
+  its convolutions as such products (invariant_ops.conv1d), its attention per (window, head, query block)
+  (invariant_ops.attention) and its norms one program per row: a window's features and cross K/V are the same
+  whether it is encoded alone or among the others admitted with it (INVARIANT_OPS).
 
 The greedy pick and its log-probability (kernels/greedy_pick.py), the timestamp rules' logsumexp
 (kernels/row_logsumexp.py) and each request's own sampling generator make the step after the logits row-invariant
@@ -33,7 +34,24 @@ from engine.kernels.fused_ops import add_norm, norm_rows
 from engine.kernels.int8_attention import fixed_split_attention
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
+from engine.model.layer_ops import LayerOps
 from engine.model.whisper import Whisper
+
+
+def wide_linear(proj, x: Tensor, pdl: bool = True) -> Tensor:
+    return invariant_ops.linear(x, proj.weight, proj.bias, wide=True)
+
+
+def wide_linear_gelu(proj, x: Tensor) -> Tensor:
+    return invariant_ops.linear(x, proj.weight, proj.bias, gelu=True, wide=True)
+
+
+# The model's own passes over whole windows (the encoder, the cross K/V, an alignment pass): every operation
+# computes a row, a window or a (window, head) alone, the same way whatever else is in the batch
+INVARIANT_OPS = LayerOps(
+    add_norm=add_norm, norm=norm_rows, linear=wide_linear, linear_gelu=wide_linear_gelu,
+    attention=invariant_ops.attention, conv1d=invariant_ops.conv1d,
+)  # fmt: skip
 
 
 def unsupported_reason(model: Whisper, device: torch.device) -> str | None:
@@ -47,17 +65,24 @@ def unsupported_reason(model: Whisper, device: torch.device) -> str | None:
     w = model.decoder.blocks[0].mlp[0].weight
     if not (invariant_ops.applies(w.new_empty(1, w.shape[1]), w)):
         return f"widths of {dims.n_text_state} do not tile"
+    w = model.encoder.blocks[0].mlp[0].weight
+    if not (invariant_ops.applies(w.new_empty(1, w.shape[1]), w, wide=True)):
+        return f"encoder widths of {dims.n_audio_state} do not tile"
     return None
 
 
 class BatchInvariantGpuBackend(GpuBackend):
     batch_invariant = True
-    encodes_alone = True
 
     def __init__(
         self, model: Whisper, kernels: KernelOptions, cache_dtype: torch.dtype, device: torch.device, fp8: bool
     ):
+        if fp8:
+            raise ValueError(
+                "batch-invariant decoding: the float8 encoder's products are not; use encoder_precision model"
+            )
         super().__init__(model, kernels, cache_dtype, device, fp8)
+        model.encoder.ops = model.decoder.ops = INVARIANT_OPS
         why = unsupported_reason(model, device)
         if why is None and not self.reads_own_prefix:
             why = f"the self-attention kernel does not support heads of {model.dims.n_text_state // model.dims.n_text_head}"

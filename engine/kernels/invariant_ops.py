@@ -19,16 +19,33 @@ step's latency. So K is split too, but in a way fixed by the weight's shape (`sp
 split's partial sums go to a float32 buffer and a second kernel adds them in split order before the epilogue. The
 price is that buffer's traffic at many rows and the masked rows of a lone row's tile
 (`benchmarks/gpu_throughput.py --batch-invariant both` measures what it costs a whole decode).
+
+The model's passes over whole windows (the encoder, the cross-attention K/V) always have
+thousands of rows: `linear(..., wide=True)` runs them with a large tile and K never split (WIDE), the shape a
+tensor-core product of that size wants. Which tile is a property of the call site, never of the row count, so a
+window's rows are the same whether it is encoded alone or among 31 others. The encoder's convolutions are products
+too (`conv1d`: each output position's inputs gathered into a row), and its attention computes each (window, head,
+query block) alone (`attention`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from engine.kernels import encoder_attention
 
 try:
     import triton
     import triton.language as tl
+
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # an older Triton: the wide products load their tiles through pointers
+        TensorDescriptor = None
 
     from engine.kernels.fused_ops import gelu_tanh
 except ImportError:  # CPU-only installs: no GPU, nothing to make invariant (a CPU's products already are)
@@ -44,6 +61,11 @@ MAX_SPLITS = 8
 SPLIT_MIN_K = 256  # each split sums at least this many of K
 ENOUGH_PROGRAMS = 256  # a weight with this many output tiles needs no split to keep a lone row's product busy
 SUM_BLOCK = 1024  # outputs per program of the split-summing kernel
+# The passes over whole windows (1,500 rows each): a 128 x 128 output tile per program, K in steps of 64
+WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K = 128, 128, 64
+WIDE_WARPS, WIDE_STAGES = 8, 4  # float32 (4-byte tiles) takes 2 stages: 4 would not fit in shared memory
+# The same products with their tiles loaded by the tensor memory accelerator (Hopper on)
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 128, 8, 4
 
 
 def block_n(n: int) -> int:
@@ -65,13 +87,14 @@ def splits(n: int, k: int) -> int:
     return best
 
 
-def applies(x: Tensor, weight: Tensor) -> bool:
+def applies(x: Tensor, weight: Tensor, wide: bool = False) -> bool:
     """x (..., K) on a GPU against a contiguous (N, K) weight of its dtype, K a multiple of BLOCK_K and N of the
     tile width (Whisper's widths are multiples of 128; the vocabulary is padded to 64: backends/gpu.py)."""
     n, k = weight.shape
+    tile_k, tile_n = (WIDE_BLOCK_K, WIDE_BLOCK_N) if wide else (BLOCK_K, block_n(n))
     return (
         triton is not None and x.is_cuda and x.dtype == weight.dtype and weight.is_contiguous()
-        and k % BLOCK_K == 0 and n % block_n(n) == 0 and x.shape[-1] == k
+        and k % tile_k == 0 and n % tile_n == 0 and x.shape[-1] == k
     )  # fmt: skip
 
 
@@ -82,16 +105,18 @@ def linear(
     gelu: bool = False,
     out: Tensor | None = None,
     n_valid: int | None = None,
+    wide: bool = False,
 ) -> Tensor:
     """f(x @ weight.T + bias), f GELU's tanh form or identity, each row computed alone (see above).
 
     out: a float32 (rows, >= n_valid) buffer to write into (a row stride of its own, e.g. a graph's logits): the
     sums are rounded to x's precision first, as a half-precision product's output is, then stored as float32.
-    n_valid: store only the first n_valid features (the vocabulary inside its padded weight)."""
+    n_valid: store only the first n_valid features (the vocabulary inside its padded weight).
+    wide: the tile of the passes over whole windows (WIDE), K never split."""
     n, k = weight.shape
-    assert applies(x, weight), (x.shape, x.dtype, weight.shape, weight.dtype)
+    assert applies(x, weight, wide), (x.shape, x.dtype, weight.shape, weight.dtype, wide)
     rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
+    if not rows.is_contiguous():  # rows K apart: the kernel knows the stride, so its loads are wide and aligned
         rows = rows.contiguous()
     m = rows.shape[0]
     n_valid = n if n_valid is None else n_valid
@@ -105,15 +130,22 @@ def linear(
         assert out2d.shape[0] == m
     if m == 0:
         return result
-    bn, s = block_n(n), splits(n, k)
     epilogue = {"HAS_BIAS": bias is not None, "GELU": gelu, "ROUND": out is not None}
+    if wide and tensor_memory_accelerator(x):
+        _wide_tma(rows, weight, bias, out2d, n_valid, epilogue)
+        return result
+    if wide:
+        bm, bn, bk, s, warps = WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K, 1, WIDE_WARPS
+        stages = 2 if x.dtype == torch.float32 else WIDE_STAGES
+    else:
+        bm, bn, bk, s, warps, stages = BLOCK_M, block_n(n), BLOCK_K, splits(n, k), NUM_WARPS, NUM_STAGES
     bias = bias if bias is not None else weight  # unread without HAS_BIAS
     # each split's partial sums, float32, summed in split order by the second kernel (none with one split)
     partial = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out2d
-    _fixed_tile_matmul[(n // bn, triton.cdiv(m, BLOCK_M), s)](
-        rows, weight, bias, partial if s > 1 else out2d, m, n_valid, rows.stride(0), out2d.stride(0) if s == 1 else n,
-        K=k, K_SPLIT=k // s, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT=s > 1,
-        IEEE=x.dtype == torch.float32, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **epilogue,
+    _fixed_tile_matmul[(n // bn, triton.cdiv(m, bm), s)](
+        rows, weight, bias, partial if s > 1 else out2d, m, n_valid, out2d.stride(0) if s == 1 else n,
+        K=k, K_SPLIT=k // s, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=s > 1,
+        IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=stages, **epilogue,
     )  # fmt: skip
     if s > 1:
         _sum_splits[(triton.cdiv(m * n, SUM_BLOCK),)](
@@ -121,6 +153,54 @@ def linear(
             num_warps=4, **epilogue,
         )  # fmt: skip
     return result
+
+
+def tensor_memory_accelerator(x: Tensor) -> bool:
+    """Whether the wide products load their tiles through the tensor memory accelerator: half precision on a GPU
+    that has one (Hopper on), with Triton's descriptors. A property of the process and the dtype, never of the
+    rows, so every call of a given site takes the same kernel."""
+    return TensorDescriptor is not None and x.dtype != torch.float32 and _has_tma(x.device)
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _wide_tma(rows: Tensor, weight: Tensor, bias: Tensor | None, out2d: Tensor, n_valid: int, epilogue: dict) -> None:
+    (m, k), n = rows.shape, weight.shape[0]
+    if rows.data_ptr() % 16:  # a view that starts off the 16-byte grid: copied, never another kernel
+        rows = rows.clone()
+    a = TensorDescriptor.from_tensor(rows, [TMA_BLOCK_M, WIDE_BLOCK_K])
+    w = TensorDescriptor.from_tensor(weight, [TMA_BLOCK_N, WIDE_BLOCK_K])
+    _wide_matmul_tma[(n // TMA_BLOCK_N, triton.cdiv(m, TMA_BLOCK_M))](
+        a, w, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0), K=k,
+        BLOCK_M=TMA_BLOCK_M, BLOCK_N=TMA_BLOCK_N, BLOCK_K=WIDE_BLOCK_K, num_warps=TMA_WARPS,
+        num_stages=TMA_STAGES, **epilogue,
+    )  # fmt: skip
+
+
+def conv1d(conv: torch.nn.Conv1d, x: Tensor) -> Tensor:
+    """conv(x) for x (batch, channels, time) as one wide `linear`: each output position's kernel_size inputs per
+    channel gathered into a row (channel-major, as the weight is laid out), K zero-padded to the tile (an exact
+    zero adds nothing to a sum). Returns (batch, out_channels, time_out), a view of a time-major result: the
+    encoder's residual stream wants that layout, and the next convolution reads it as it is."""
+    (width,), (stride,), (pad,) = conv.kernel_size, conv.stride, conv.padding
+    b = x.shape[0]
+    cols = F.pad(x.transpose(1, 2), (0, 0, pad, pad)).unfold(1, width, stride)  # (batch, time_out, channels, width)
+    t_out = cols.shape[1]
+    cols = cols.reshape(b * t_out, -1)
+    weight = conv.weight.reshape(conv.weight.shape[0], -1)
+    k = -(-weight.shape[1] // WIDE_BLOCK_K) * WIDE_BLOCK_K
+    if k != weight.shape[1]:
+        cols, weight = F.pad(cols, (0, k - cols.shape[1])), F.pad(weight, (0, k - weight.shape[1]))
+    return linear(cols, weight.contiguous(), conv.bias, wide=True).view(b, t_out, -1).transpose(1, 2)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Unmasked attention (batch, heads, time, dim), each (window, head, query block) computed alone
+    (kernels/encoder_attention.py)."""
+    return encoder_attention.attention(q, k, v)
 
 
 if triton is not None:
@@ -137,11 +217,12 @@ if triton is not None:
             acc = acc.to(DTYPE).to(tl.float32)
         return acc
 
-    # M and the row strides change with the batch: specializing on them (e.g. M == 1) would compile other code
-    # for other batches, and nothing may differ between batch sizes but the grid
-    @triton.jit(do_not_specialize=["M", "n_valid", "s_xm", "s_om"])
+    # M changes with the batch: specializing on it (e.g. M == 1) would compile other code for other batches, and
+    # nothing may differ between batch sizes but the grid. The input's rows are K apart (a constant), the output's
+    # stride is the caller's buffer's.
+    @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _fixed_tile_matmul(
-        X, W, B, OUT, M, n_valid, s_xm, s_om, K: tl.constexpr, K_SPLIT: tl.constexpr,
+        X, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, K_SPLIT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr,
     ):  # fmt: skip
@@ -152,7 +233,7 @@ if triton is not None:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = split * K_SPLIT + tl.arange(0, BLOCK_K)
         row_ok = rm < M
-        x_ptr = X + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]
+        x_ptr = X + rm.to(tl.int64)[:, None] * K + rk[None, :]
         w_ptr = W + rn.to(tl.int64)[None, :] * K + rk[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for _ in range(0, K_SPLIT, BLOCK_K):  # the split's K from its start up, one accumulator
@@ -171,6 +252,25 @@ if triton is not None:
             acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
             o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
             tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])
+
+    @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
+    def _wide_matmul_tma(
+        A, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr,
+    ):  # fmt: skip
+        # A (M, K) and W (N, K) as tensor descriptors; rows past M load as zeros and are not stored
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):  # K from 0 up, one accumulator
+            a = A.load([pid_m * BLOCK_M, k])
+            w = W.load([pid_n * BLOCK_N, k])
+            acc = tl.dot(a, w.T, acc)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, B.dtype.element_ty)
+        o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
+        tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None] & (rn < n_valid)[None, :])
 
     @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _sum_splits(

@@ -1,5 +1,5 @@
 """The layer operations the model's reference computation goes through, as plain torch: a residual add with the
-layer norm after it, a layer norm, a product, and a product with GELU. A backend chosen at start-up may give the
+layer norm after it, a layer norm, a product, a product with GELU, the encoder's attention and its convolutions. A backend chosen at start-up may give the
 model other functions for the same operations (LayerOps): the GPU backend gives it fused kernels
 (engine/backends/gpu.py, engine/kernels/fused_ops.py). Functions, not module calls: a decode step is ~100 small
 operations, and nn.Module.__call__'s dispatch costs ~11 us each on a CPU.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,6 +21,15 @@ class LayerOps:
     norm: Callable[[nn.LayerNorm, Tensor], Tensor]  # ln(x)
     linear: Callable[..., Tensor]  # (proj, x, pdl=True) -> proj(x); `pdl` is a GPU launch option
     linear_gelu: Callable[[nn.Linear, Tensor], Tensor]  # gelu(proj(x))
+    attention: Callable[[Tensor, Tensor, Tensor], Tensor] = F.scaled_dot_product_attention  # unmasked (q, k, v)
+    conv1d: Callable[[nn.Conv1d, Tensor], Tensor] = nn.Conv1d.__call__  # conv(x), x (batch, channels, time)
+
+
+class Projection(NamedTuple):
+    """A weight and bias that no nn.Linear holds (a fused q/k/v), for the `linear` operations."""
+
+    weight: Tensor
+    bias: Tensor | None
 
 
 def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ from engine.kernels.int8_attention import dequantize, indexed_attention, int8_at
 from engine.kernels.options import DEFAULT_KERNELS, KernelOptions
 from engine.model.dims import ModelDimensions
 from engine.model.kv_cache import KVCache
-from engine.model.layer_ops import TORCH_OPS, LayerOps
+from engine.model.layer_ops import TORCH_OPS, LayerOps, Projection
 
 NEG_INF = float("-inf")
 
@@ -114,15 +114,16 @@ class MultiHeadAttention(nn.Module):
             return x.reshape(b, 1, -1)
         return x.transpose(1, 2).reshape(b, t, -1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, ops: LayerOps = TORCH_OPS) -> Tensor:
         """Full, unmasked self-attention (the encoder's): (batch, time, n_state) -> same."""
         if self.is_fused:
             b, t, _ = x.shape
-            q, k, v = self.qkv(x).view(b, t, 3, self.n_head, -1).unbind(2)
+            qkv = ops.linear(Projection(self.qkv_weight, self.qkv_bias), x)
+            q, k, v = qkv.view(b, t, 3, self.n_head, -1).unbind(2)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         else:  # three products, their outputs viewed in place (qkv() would concatenate them: a copy)
-            q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
-        return self.out(self.merge_heads(F.scaled_dot_product_attention(q, k, v)))
+            q, k, v = (self.split_heads(ops.linear(p, x)) for p in (self.query, self.key, self.value))
+        return ops.linear(self.out, self.merge_heads(ops.attention(q, k, v)))
 
     def qkv(self, x: Tensor) -> Tensor:
         """[q | k | v] of x along the last axis: one product once fuse_qkv has run, else three concatenated."""
@@ -204,10 +205,10 @@ class AudioEncoder(nn.Module):
 
     def stem(self, mel: Tensor) -> Tensor:
         """mel (batch, n_mels, 3000) -> the residual stream entering the first block (batch, n_audio_ctx, n_state)"""
-        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.ops.conv1d(self.conv1, mel))
         # the residual stream must be (batch, time, channels) in memory, not a transposed view of the conv's
         # output: every later add, layer norm and linear would run strided
-        x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
+        x = F.gelu(self.ops.conv1d(self.conv2, x)).transpose(1, 2).contiguous()
         return x + self.positional_embedding
 
     def forward(self, mel: Tensor) -> Tensor:
@@ -219,7 +220,7 @@ class AudioEncoder(nn.Module):
         next_norms = [block.attn_ln for block in blocks[1:]] + [self.ln_post]
         end = self.quantized_start
         for block, next_norm in zip(blocks[:end], next_norms[:end]):
-            x, h = ops.add_norm(x, block.attn(h), block.mlp_ln)
+            x, h = ops.add_norm(x, block.attn(h, ops), block.mlp_ln)
             x, h = ops.add_norm(x, block.feed_forward(h, ops), next_norm)
         return h if end == len(blocks) else self.quantized(x, h, blocks, self.ln_post)
 
@@ -251,7 +252,7 @@ class TextDecoder(nn.Module):
             cross_slots = list(range(cross_slots, cross_slots + audio_features.shape[0]))
         for i, block in enumerate(self.blocks):
             attn = block.cross_attn
-            k, v = attn.split_heads(attn.key(audio_features)), attn.split_heads(attn.value(audio_features))
+            k, v = (attn.split_heads(self.ops.linear(p, audio_features)) for p in (attn.key, attn.value))
             for w0, w1, slot in _consecutive(cross_slots):
                 ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(slot, slot + w1 - w0))
                 if k_scale is not None:

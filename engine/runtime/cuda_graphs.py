@@ -82,9 +82,7 @@ class GraphRunner:
         self.sample = Sampler(self.device, greedy_kernel)
         dims = model.dims
         self.decode_sizes = buckets_up_to(DECODE_BATCH_BUCKETS, num_slots)
-        # a backend that encodes one window at a time needs one encoder graph
-        encoder_limit = 1 if backend.encodes_alone else min(max_encoder_batch, num_slots)
-        self.encoder_sizes = buckets_up_to(ENCODER_BATCH_BUCKETS, encoder_limit)
+        self.encoder_sizes = buckets_up_to(ENCODER_BATCH_BUCKETS, min(max_encoder_batch, num_slots))
         n_ctx = cache.shape.n_text_ctx
         # Where a step's rows read their own prefix whatever the context (the backend's step kernel), one graph per
         # batch size serves every context (19 captures instead of 133 for large-v3's 448 positions).

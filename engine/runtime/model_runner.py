@@ -226,10 +226,6 @@ class ModelRunner:
         batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
         assert batch.shape[-1] == N_FRAMES
         encode = self.graphs.encode if self.graphs else self.backend.encode
-        if self.backend.encodes_alone:  # one window per pass: the same shapes, so the same kernels, for each
-            for i, slot in enumerate(cross_slots):
-                self.model.decoder.fill_cross_cache(encode(batch[i : i + 1]), self.cache, [slot])
-            return
         self.model.decoder.fill_cross_cache(encode(batch), self.cache, cross_slots)
 
     def admissible_encoder_batch(self, n: int) -> int:

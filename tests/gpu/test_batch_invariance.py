@@ -30,20 +30,21 @@ def _rows_alone_and_together(fn, x: torch.Tensor) -> None:
             assert torch.equal(part, full[start : start + n]), (n, start)
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     ("k", "n", "gelu"),
     [(1280, 3840, False), (1280, 1280, False), (1280, 5120, True), (5120, 1280, False), (384, 1152, False)],
 )
-def test_linear_rows_do_not_depend_on_the_batch(cuda, dtype, k, n, gelu):
+def test_linear_rows_do_not_depend_on_the_batch(cuda, dtype, k, n, gelu, wide):
     g = torch.Generator(device=cuda).manual_seed(0)
     x = torch.randn(200, k, device=cuda, generator=g).to(dtype)
     w = (torch.randn(n, k, device=cuda, generator=g) * k**-0.5).to(dtype)
     b = torch.randn(n, device=cuda, generator=g).to(dtype)
-    _rows_alone_and_together(lambda rows: invariant_ops.linear(rows, w, b, gelu=gelu), x)
+    _rows_alone_and_together(lambda rows: invariant_ops.linear(rows, w, b, gelu=gelu, wide=wide), x)
     ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
     ref = torch.nn.functional.gelu(ref, approximate="tanh") if gelu else ref
-    got = invariant_ops.linear(x, w, b, gelu=gelu).float()
+    got = invariant_ops.linear(x, w, b, gelu=gelu, wide=wide).float()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, ref, atol=tol * 10, rtol=tol)  # and it is the product
 
@@ -75,6 +76,28 @@ def test_norm_and_logsumexp_rows_do_not_depend_on_the_batch(cuda):
     logits[5, ::2] = float("-inf")
     _rows_alone_and_together(row_logsumexp.logsumexp_rows, logits)
     torch.testing.assert_close(row_logsumexp.logsumexp_rows(logits), logits.logsumexp(-1))
+
+
+@pytest.mark.parametrize(
+    ("channels", "width", "stride"), [(80, 384, 1), (128, 1280, 1), (384, 384, 2), (1280, 1280, 2)]
+)
+def test_the_encoder_convolutions_and_attention_per_window_do_not_depend_on_the_batch(cuda, channels, width, stride):
+    g = torch.Generator(device=cuda).manual_seed(5)
+    conv = torch.nn.Conv1d(channels, width, 3, stride=stride, padding=1, device=cuda, dtype=torch.float16)
+    x = torch.randn(9, channels, 600, device=cuda, generator=g).half()
+    together = invariant_ops.conv1d(conv, x)
+    for lo, hi in ((0, 1), (4, 5), (8, 9), (2, 7)):
+        assert torch.equal(invariant_ops.conv1d(conv, x[lo:hi].contiguous()), together[lo:hi]), (lo, hi)
+    torch.testing.assert_close(together, conv(x), atol=3e-2, rtol=3e-2)
+    heads = width // 64
+    q, k, v = (torch.randn(9, heads, 1500, 64, device=cuda, generator=g).half() for _ in range(3))
+    together = invariant_ops.attention(q, k, v)
+    for lo, hi in ((0, 1), (8, 9), (2, 7)):
+        alone = invariant_ops.attention(q[lo:hi], k[lo:hi], v[lo:hi])
+        assert torch.equal(alone, together[lo:hi]), (lo, hi)
+    torch.testing.assert_close(
+        together, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=2e-3, rtol=2e-3
+    )
 
 
 @pytest.mark.parametrize("int8", [True, False])
@@ -136,6 +159,32 @@ def test_a_step_row_alone_equals_the_row_among_others(invariant_runner):
     assert torch.isfinite(alone).all()
     for slot, others in [(0, 1), (0, 7), (5, 7), (30, 40), (0, 62), (62, 62)]:
         assert torch.equal(probe_logits(slot, others), alone), (slot, others)
+
+
+def test_a_window_encoded_alone_equals_the_window_encoded_among_others(invariant_runner, gpu_clips, read_wav):
+    """Features and cross K/V of real windows, each encoded alone (a graph of batch 1) and in batches of 2 to 16
+    (graphs with padding rows, and eager), bitwise."""
+    r = invariant_runner
+    audios = [read_wav(p) for p in gpu_clips]
+    mels = [r.mel(torch.from_numpy(audios[i % len(audios)]))[:, :3000] for i in range(16)]
+    mels = [torch.nn.functional.pad(m, (0, 3000 - m.shape[1])) for m in mels]
+
+    def cross_of(windows: list[int], start_slot: int) -> list[torch.Tensor]:
+        slots = list(range(start_slot, start_slot + len(windows)))
+        r.encode_into_slots([mels[i] for i in windows], slots)
+        held = [
+            t for t in (r.cache.cross_k, r.cache.cross_v, r.cache.cross_k_scale, r.cache.cross_v_scale) if t is not None
+        ]
+        return [torch.cat([t[:, s].flatten().float() for t in held]) for s in slots]
+
+    alone = [cross_of([i], 0)[0] for i in range(16)]
+    for windows in ([0, 1], [3, 2, 1], list(range(7)), list(range(16)), [15, *range(12)]):
+        got = cross_of(windows, 20)
+        assert all(torch.equal(got[j], alone[i]) for j, i in enumerate(windows)), windows
+    batch = torch.stack(mels[:5]).to(device="cuda", dtype=r.dtype)
+    eager = r.backend.encode(batch)
+    for i in range(5):
+        assert torch.equal(r.backend.encode(batch[i : i + 1])[0], eager[i]), i
 
 
 def test_a_prompt_pass_equals_feeding_the_prompt_step_by_step(invariant_runner):

@@ -21,7 +21,7 @@ TINY = ModelDimensions(
 def test_a_cpu_keeps_its_own_backend_and_the_gpu_mode_says_why_it_does_not_apply():
     model = Whisper(TINY).eval()
     backend = select_backend(model, torch.device("cpu"), torch.float32, False, KernelOptions(batch_invariant=True))
-    assert not backend.batch_invariant and not backend.encodes_alone
+    assert not backend.batch_invariant
     assert "GPU" in unsupported_reason(model, torch.device("cpu"))
 
 
