@@ -45,6 +45,10 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
     from engine.request import DecodeOptions
     from engine.runtime.engine import Engine
 
+    # the last engine's cache back to the device first (its request handles lived until its call returned): the
+    # memory plan counts what torch's allocator still holds as used, and both engines must get the same slots
+    gc.collect()
+    torch.cuda.empty_cache()
     engine = Engine(EngineConfig(model=model, dummy_weights=True, device="cuda", dtype="float16",
                                  tokenizer=tokenizer, enforce_eager=eager, stepwise_prompt_tokens=stepwise,
                                  cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap,
