@@ -7,7 +7,8 @@ decode that meets a near-tie then follows another path (BENCHMARKS.md, batch dep
 of a step computes a row by the same arithmetic in the same order whatever the batch, the graph bucket, the slot
 or the other rows:
 
-- every product (the lone row's too) is kernels/invariant_ops.linear: one tile shape per weight, K never split;
+- every product (the lone row's too) is kernels/invariant_ops.linear: K never split, summed in order, whatever tile
+  the row count picks;
 - layer norms and residual adds are one program per row (fused_ops.add_norm, norm_rows);
 - self-attention is the step kernel with one block shape (decode_attention, invariant=True); a prompt pass runs
   its tokens as rows of that same kernel, each attending its own prefix, so a prompt fed in one pass gives

@@ -6,24 +6,21 @@ partial sums are added in another order, at 256 rows a large tile. Each sums a r
 order, so a request's float16 logits change in their last bits with the number of other requests in the step,
 and a greedy decode that meets a near-tie follows another path from there (BENCHMARKS.md, batch dependence).
 
-`linear` here is one Triton kernel with one tile shape per weight, chosen from the weight's shape alone: a program
-computes a BLOCK_M x BLOCK_N tile of the output, walking K from 0 up in BLOCK_K steps with the tensor cores
-accumulating into float32, never split. A row's result is therefore the same whether it is the only row (the
-others of its tile are masked zeros) or one of 512, and whatever tile it falls in: the arithmetic of an output
-element depends only on its row of x and its column of the weight. Bias, GELU (tanh form, as the default path's
-cuBLASLt epilogue) and the rounding of a float32 output to the input's precision (as a half-precision cuBLAS
-output is rounded) are applied per element after the sum.
+`linear` here is one Triton kernel that never splits K: a program computes a BLOCK_M x BLOCK_N tile of the output,
+walking K from 0 up with the tensor cores accumulating into float32, 16 of K per instruction, in order. An output
+element is therefore the same sequence of operations on its row of x and its column of the weight whatever the
+other rows: whether it is the only row (the others of its tile are masked zeros) or one of 512, whatever tile it
+falls in, and whatever the tile's shape. That last point is what lets the tile follow the row count (`tile`: a
+lone row's product spreads over many narrow programs, 256 rows over fewer, larger ones): the instruction's result
+for an element does not depend on the tile around it, measured bitwise on an H200 for every tile here, fp16 and
+bf16, and asserted by tests/gpu/test_batch_invariance.py (rows alone against among others, across the tiles' row
+counts). What would change a result is splitting K (partial sums added in another order), which nothing here
+does. Bias, GELU (tanh form, as the default path's cuBLASLt epilogue) and the rounding of a float32 output to the
+input's precision (as a half-precision cuBLAS output is rounded) are applied per element after the sum.
 
-A lone row still needs many programs: a K loop of 10-40 dependent steps on a few dozen programs is bound by each
-step's latency. So K is split too, but in a way fixed by the weight's shape (`splits`), never by the rows: each
-split's partial sums go to a float32 buffer and a second kernel adds them in split order before the epilogue. The
-price is that buffer's traffic at many rows and the masked rows of a lone row's tile
-(`benchmarks/gpu_throughput.py --batch-invariant both` measures what it costs a whole decode).
-
-The model's passes over whole windows (the encoder, the cross-attention K/V) always have
-thousands of rows: `linear(..., wide=True)` runs them with a large tile and K never split (WIDE), the shape a
-tensor-core product of that size wants. Which tile is a property of the call site, never of the row count, so a
-window's rows are the same whether it is encoded alone or among 31 others. The encoder's convolutions are products
+The model's passes over whole windows (the encoder, the cross-attention K/V) always have thousands of rows:
+`linear(..., wide=True)` runs them with a large tile (WIDE), on Hopper with its tiles loaded by the tensor memory
+accelerator (a kernel of its own, chosen by the GPU and dtype alone, so a call site always takes the same one). The encoder's convolutions are products
 too (`conv1d`: each output position's inputs gathered into a row), and its attention computes each (window, head,
 query block) alone (`attention`).
 """
@@ -51,16 +48,12 @@ try:
 except ImportError:  # CPU-only installs: no GPU, nothing to make invariant (a CPU's products already are)
     triton = None
 
-# One tile shape for every row count. 64 rows: Hopper's warpgroup MMA (m64); a lone row pays for a masked tile,
-# which costs no extra bytes from memory (the weight tile is read once either way).
-BLOCK_M = 64
-BLOCK_K = 128
-NUM_WARPS = 4
-NUM_STAGES = 3
-MAX_SPLITS = 8
-SPLIT_MIN_K = 256  # each split sums at least this many of K
-ENOUGH_PROGRAMS = 256  # a weight with this many output tiles needs no split to keep a lone row's product busy
-SUM_BLOCK = 1024  # outputs per program of the split-summing kernel
+# (rows up to, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a decode step's products: K never split (see above)
+TILES = (
+    (16, 16, 32, 128, 4, 4),  # a lone row and small batches: many narrow programs stream the weight
+    (None, 64, 64, 128, 4, 3),  # more rows: Hopper's warpgroup MMA (m64)
+)
+N_MULTIPLE, K_MULTIPLE = 64, 128  # what every tile divides (Whisper's widths; the vocabulary is padded to 64)
 # The passes over whole windows (1,500 rows each): a 128 x 128 output tile per program, K in steps of 64
 WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K = 128, 128, 64
 WIDE_WARPS, WIDE_STAGES = 8, 4  # float32 (4-byte tiles) takes 2 stages: 4 would not fit in shared memory
@@ -68,30 +61,16 @@ WIDE_WARPS, WIDE_STAGES = 8, 4  # float32 (4-byte tiles) takes 2 stages: 4 would
 TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 128, 8, 4
 
 
-def block_n(n: int) -> int:
-    """Output features per program, from the weight's width alone: narrow tiles for narrow weights, so a lone row's
-    product still spreads over several dozen programs."""
-    return 32 if n <= 2048 else 64
-
-
-def splits(n: int, k: int) -> int:
-    """How many ways K is split, from the weight's shape alone (never from the rows): enough programs for a lone
-    row (a K loop of 10-40 dependent steps on a few dozen programs is latency-bound), each split a whole number of
-    BLOCK_K and at least SPLIT_MIN_K wide; none where the output alone has ENOUGH_PROGRAMS tiles (the vocabulary)."""
-    if n // block_n(n) >= ENOUGH_PROGRAMS:
-        return 1
-    best = 1
-    for s in range(1, MAX_SPLITS + 1):
-        if k % (s * BLOCK_K) == 0 and k // s >= SPLIT_MIN_K:
-            best = s
-    return best
+def tile(m: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product of m rows."""
+    return next(t[1:] for t in TILES if t[0] is None or m <= t[0])
 
 
 def applies(x: Tensor, weight: Tensor, wide: bool = False) -> bool:
-    """x (..., K) on a GPU against a contiguous (N, K) weight of its dtype, K a multiple of BLOCK_K and N of the
-    tile width (Whisper's widths are multiples of 128; the vocabulary is padded to 64: backends/gpu.py)."""
+    """x (..., K) on a GPU against a contiguous (N, K) weight of its dtype, K and N multiples of what the tiles
+    divide (Whisper's widths are multiples of 128; the vocabulary is padded to 64: backends/gpu.py)."""
     n, k = weight.shape
-    tile_k, tile_n = (WIDE_BLOCK_K, WIDE_BLOCK_N) if wide else (BLOCK_K, block_n(n))
+    tile_k, tile_n = (WIDE_BLOCK_K, WIDE_BLOCK_N) if wide else (K_MULTIPLE, N_MULTIPLE)
     return (
         triton is not None and x.is_cuda and x.dtype == weight.dtype and weight.is_contiguous()
         and k % tile_k == 0 and n % tile_n == 0 and x.shape[-1] == k
@@ -112,7 +91,7 @@ def linear(
     out: a float32 (rows, >= n_valid) buffer to write into (a row stride of its own, e.g. a graph's logits): the
     sums are rounded to x's precision first, as a half-precision product's output is, then stored as float32.
     n_valid: store only the first n_valid features (the vocabulary inside its padded weight).
-    wide: the tile of the passes over whole windows (WIDE), K never split."""
+    wide: the tile of the passes over whole windows (WIDE)."""
     n, k = weight.shape
     assert applies(x, weight, wide), (x.shape, x.dtype, weight.shape, weight.dtype, wide)
     rows = x.reshape(-1, k)
@@ -135,23 +114,14 @@ def linear(
         _wide_tma(rows, weight, bias, out2d, n_valid, epilogue)
         return result
     if wide:
-        bm, bn, bk, s, warps = WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K, 1, WIDE_WARPS
+        bm, bn, bk, warps = WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K, WIDE_WARPS
         stages = 2 if x.dtype == torch.float32 else WIDE_STAGES
     else:
-        bm, bn, bk, s, warps, stages = BLOCK_M, block_n(n), BLOCK_K, splits(n, k), NUM_WARPS, NUM_STAGES
-    bias = bias if bias is not None else weight  # unread without HAS_BIAS
-    # each split's partial sums, float32, summed in split order by the second kernel (none with one split)
-    partial = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else out2d
-    _fixed_tile_matmul[(n // bn, triton.cdiv(m, bm), s)](
-        rows, weight, bias, partial if s > 1 else out2d, m, n_valid, out2d.stride(0) if s == 1 else n,
-        K=k, K_SPLIT=k // s, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=s > 1,
-        IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=stages, **epilogue,
+        bm, bn, bk, warps, stages = tile(m)
+    _fixed_tile_matmul[(n // bn, triton.cdiv(m, bm))](
+        rows, weight, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0), K=k, BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=bk, IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=stages, **epilogue,
     )  # fmt: skip
-    if s > 1:
-        _sum_splits[(triton.cdiv(m * n, SUM_BLOCK),)](
-            partial, bias, rows, out2d, m, n, n_valid, out2d.stride(0), SPLITS=s, BLOCK=SUM_BLOCK,
-            num_warps=4, **epilogue,
-        )  # fmt: skip
     return result
 
 
@@ -222,21 +192,19 @@ if triton is not None:
     # stride is the caller's buffer's.
     @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _fixed_tile_matmul(
-        X, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, K_SPLIT: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-        HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr,
+        X, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr,
     ):  # fmt: skip
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-        split = tl.program_id(2)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = split * K_SPLIT + tl.arange(0, BLOCK_K)
+        rk = tl.arange(0, BLOCK_K)
         row_ok = rm < M
         x_ptr = X + rm.to(tl.int64)[:, None] * K + rk[None, :]
         w_ptr = W + rn.to(tl.int64)[None, :] * K + rk[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for _ in range(0, K_SPLIT, BLOCK_K):  # the split's K from its start up, one accumulator
+        for _ in range(0, K, BLOCK_K):  # K from 0 up, one accumulator
             a = tl.load(x_ptr, mask=row_ok[:, None], other=0.0)
             w = tl.load(w_ptr)
             if IEEE:  # a float32 model keeps float32 products (tensor cores would round the inputs to tf32)
@@ -245,13 +213,9 @@ if triton is not None:
                 acc = tl.dot(a, w, acc)
             x_ptr += BLOCK_K
             w_ptr += BLOCK_K
-        if SPLIT:  # the split's partial sums, (split, M, N) float32
-            o_ptr = OUT + (split * M + rm.to(tl.int64))[:, None] * s_om + rn[None, :]
-            tl.store(o_ptr, acc, mask=row_ok[:, None])
-        else:
-            acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
-            o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
-            tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])
+        acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
+        o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
+        tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])
 
     @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _wide_matmul_tma(
@@ -271,19 +235,3 @@ if triton is not None:
         acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, B.dtype.element_ty)
         o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
         tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None] & (rn < n_valid)[None, :])
-
-    @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
-    def _sum_splits(
-        P, B, X, OUT, M, N, n_valid, s_om, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
-        HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr,
-    ):  # fmt: skip
-        # each output's partial sums added in split order, 0 first, then the epilogue: per element, whatever M
-        # (X, the product's input, is not read: its type is the one a float32 output is rounded to)
-        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        valid = idx < M * N
-        rm, rn = idx // N, idx % N
-        acc = tl.load(P + idx, mask=valid, other=0.0)
-        for s in tl.static_range(1, SPLITS):
-            acc += tl.load(P + s * M * N + idx, mask=valid, other=0.0)
-        acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
-        tl.store(OUT + rm * s_om + rn, acc.to(OUT.dtype.element_ty), mask=valid & (rn < n_valid))
