@@ -1,6 +1,6 @@
 """CPU cost of one decoded token: this engine's decoder step against CTranslate2's (faster-whisper's engine).
 
-    python benchmarks/cpu_decode_step.py [--model tiny.en] [--tokens 20 120] [--repeats 3] [--rounds 3] [--batch 1]
+    python benchmarks/cpu_decode_step.py [--model tiny.en] [--dtype float32|int8] [--tokens 20 120] [--repeats 3] [--rounds 3] [--batch 1]
 
 A whole request mixes the encoder, features and per-token work, and on this machine the engine's encoder is
 faster while its decoder step is slower, so `cpu_peers.py` alone can show the two as level. Here each system
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "int8"],
+                    help="both systems' weights: ours --dtype, CTranslate2's compute_type")
     ap.add_argument("--no-cpu-kernels", action="store_true", help="ours in torch alone (KernelOptions.cpu_decode off)")
     ap.add_argument("--only", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -49,7 +51,7 @@ def main() -> None:
                 out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", system], check=True,
                                      capture_output=True, text=True).stdout  # fmt: skip
                 rounds[system].append(json.loads(out.strip().splitlines()[-1]))
-        print(f"\nmodel {args.model}, {args.threads} threads, {CLIP} x {args.batch} decoded together, median of "
+        print(f"\nmodel {args.model} ({args.dtype}), {args.threads} threads, {CLIP} x {args.batch} decoded together, median of "
               f"{args.repeats} runs x {args.rounds} rounds")  # fmt: skip
         print("| system | tokens decoded | ms per token (one step of all sequences) | intercept ms (encoder, prompt, ...) |")
         print("|---|---|---|---|")
@@ -75,7 +77,8 @@ def main() -> None:
         from engine.runtime.engine import Engine
 
         kernels = KernelOptions(cpu_decode=not args.no_cpu_kernels)
-        engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, kernels=kernels))
+        engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, kernels=kernels,
+                                     dtype=args.dtype))
         engine.start()
         for n in args.tokens:
             options = DecodeOptions(without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=n)
@@ -94,7 +97,7 @@ def main() -> None:
         resolved = resolve_model(args.model)
         with tempfile.TemporaryDirectory() as tmp:
             model = ctranslate2.models.Whisper(str(ct2_model_dir(resolved, Path(tmp))), device="cpu",
-                                               compute_type="float32", intra_threads=args.threads)  # fmt: skip
+                                               compute_type=args.dtype, intra_threads=args.threads)  # fmt: skip
         feats = FeatureExtractor(feature_size=model.n_mels)(audio)[:, :3000]
         feats = np.pad(feats, ((0, 0), (0, 3000 - feats.shape[1])))[None].astype(np.float32)
         feats = np.ascontiguousarray(np.repeat(feats, args.batch, axis=0))
