@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from engine.decoding.rule import LogitRule, RuleRows, StepContext
@@ -69,8 +68,7 @@ class LogitsProcessor:
         self.suppress.apply(logits)
         self.fixed_length.apply_mask(logits, no_eot)
         if state is not None:
-            rows = torch.arange(len(logits), device=logits.device)
-            self.timestamps.apply(logits, self.timestamps.state_inputs(rows, state))
+            self.timestamps.apply_every_row(logits, state)
         return logits
 
     def next_state(self, state: Tensor, tokens: Tensor) -> Tensor:

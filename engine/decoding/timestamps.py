@@ -1,6 +1,12 @@
 """openai/whisper's ApplyTimestampRules on the rows that decode with timestamps, from a small per-row state kept on
 the device (the last token, the one before and the last timestamp), so a step launched before the previous one is
-read, and the multi-step graph, can apply them."""
+read, and the multi-step graph, can apply them.
+
+On a GPU the rules are a fixed sequence of batched operations over the rows (no host value, so a graph can replay
+them). On a CPU, where reading the state costs nothing, each row's rules become the few slices that apply to it,
+filled in place: each batched operation is a pass over a copy of the rows' whole vocabulary, a large share of a
+small model's step there. Both compute the same edits; which one runs is chosen once, by the device.
+"""
 
 from __future__ import annotations
 
@@ -37,13 +43,23 @@ class TimestampRules(LogitRule):
         self.no_timestamps = tok.no_timestamps
         self.max_initial_offset = setup.max_initial_timestamp_index
         self.ts_offsets = torch.arange(setup.n_vocab - self.ts_begin, device=setup.device)
+        self.on_host = setup.device.type == "cpu"
 
     def admit(self, job: WindowJob) -> bool | None:
         return True if job.with_timestamps else None
 
-    def inputs(self, rows: RuleRows, step: StepContext) -> TimestampInputs:
+    def inputs(self, rows: RuleRows, step: StepContext) -> TimestampInputs | HostRows:
         assert step.rule_state is not None, "a timestamp row without the rule state"
+        if self.on_host:
+            return HostRows(rows.rows, step.rule_state)
         return self.state_inputs(step.to_device(rows.rows), step.rule_state)
+
+    def apply_every_row(self, logits: Tensor, state: Tensor) -> None:
+        """The rules on every row of `logits`, given every row's state (the multi-step form)."""
+        if self.on_host:
+            self.apply(logits, HostRows(range(len(logits)), state))
+        else:
+            self.apply(logits, self.state_inputs(torch.arange(len(logits), device=logits.device), state))
 
     def state_inputs(self, rows: Tensor, state: Tensor) -> TimestampInputs:
         """The rules' inputs for `rows` from the rule state: per row of a batch its last token, the one before (-1:
@@ -63,7 +79,11 @@ class TimestampRules(LogitRule):
         last_ts = torch.where(tokens >= self.ts_begin, tokens, state[:, 2])
         return torch.stack((tokens, state[:, 0], last_ts), dim=1)
 
-    def apply(self, logits: Tensor, r: TimestampInputs) -> None:
+    def apply(self, logits: Tensor, r: TimestampInputs | HostRows) -> None:
+        if isinstance(r, HostRows):
+            for row, (last, penult, last_ts) in zip(r.rows, r.state[list(r.rows)].tolist()):
+                self._apply_row(logits[row], last, penult, last_ts)
+            return
         x = logits[r.rows]  # (n, n_vocab) copy of the timestamp rows; written back at the end
         x[:, self.no_timestamps] = NEG_INF
         ts, text = x[:, self.ts_begin :], x[:, : self.eot]  # views into x
@@ -83,3 +103,33 @@ class TimestampRules(LogitRule):
         text_max = logprobs[:, : self.ts_begin].amax(dim=-1)
         x[:, : self.ts_begin].masked_fill_((ts_logprob > text_max)[:, None], NEG_INF)
         logits[r.rows] = x
+
+    def _apply_row(self, x: Tensor, last: int, penult: int, last_ts: int) -> None:
+        """The rules on one row x (n_vocab,) in place, from its state as numbers: the same edits as apply()'s
+        batched form, each only where it applies."""
+        ts_begin, neg_inf = self.ts_begin, NEG_INF
+        x[self.no_timestamps] = neg_inf
+        last_is_ts, penultimate_is_ts = last >= ts_begin, penult < 0 or penult >= ts_begin
+        if last_is_ts and penultimate_is_ts:  # after a pair of timestamps: text or EOT
+            x[ts_begin:] = neg_inf
+        elif last_is_ts:  # after a lone timestamp: another timestamp (or EOT)
+            x[: self.eot] = neg_inf
+        # timestamps never go backwards (a lone timestamp may be repeated once to close its segment)
+        min_timestamp = ts_begin if last_ts < 0 else last_ts + (0 if last_is_ts and not penultimate_is_ts else 1)
+        if min_timestamp > ts_begin:
+            x[ts_begin:min_timestamp] = neg_inf
+        if last < 0:  # a window starts with a timestamp, no later than max_initial_timestamp
+            x[:ts_begin] = neg_inf
+            x[ts_begin + self.max_initial_offset + 1 :] = neg_inf
+        # if all timestamps together are likelier than any single text token, sample a timestamp
+        logprobs = torch.log_softmax(x, dim=-1)
+        if logprobs[ts_begin:].logsumexp(dim=-1) > logprobs[:ts_begin].amax():
+            x[:ts_begin] = neg_inf
+
+
+@dataclass(slots=True)
+class HostRows:
+    """On a CPU: the timestamp rows' indices in the batch and the batch's rule state, read when the rules apply."""
+
+    rows: list[int] | range
+    state: Tensor  # (batch, 3) int64

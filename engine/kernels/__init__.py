@@ -8,7 +8,9 @@ says which of them run.
 - fp8.py: float8 products for the encoder (opt-in).
 - cpu_kernels.py (+ csrc/cpu_decode.c): the native CPU decode kernels, built on first use.
 - cpu_team.py: how many threads a CPU decode step runs on (the full team or one), measured as it runs.
-- invariant_ops.py: batch-invariant GPU products and attention (each row's arithmetic whatever the batch).
+- invariant_ops.py: batch-invariant GPU products, the encoder's convolutions and attention (each row's arithmetic
+  whatever the batch).
+- encoder_attention.py: the encoder's self-attention, each (window, head, query block) computed alone.
 - row_logsumexp.py: a row-invariant logsumexp on the GPU (the timestamp rules' comparison).
 
 Each function falls back to torch where its kernel cannot run. Imports only torch, Triton and each other.
