@@ -11,8 +11,10 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - after the commit: from `input_audio_buffer.speech_stopped` to the completed transcript (the decode's latency
   in the shared batch);
 - first delta: from sending the clip's first chunk to the first live delta (the completed transcript if none came
-  while speaking).
-Prints p50 / p95 of both per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
+  while speaking);
+- longest wait for a delta while speaking: the longest of the gaps between the clip's first chunk, each live
+  delta before its last chunk, and that last chunk.
+Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
 """
@@ -20,6 +22,7 @@ the same decode), their latency p50 / p95: what the engine takes for N such turn
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -49,11 +52,14 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
         with connect(url.replace("http://", "ws://") + "/v1/realtime?intent=transcription", max_size=2**25) as ws:
             times: dict[str, float] = {}
 
+            deltas: list[float] = []
+
             def read() -> None:
                 while "completed" not in times:
                     event = json.loads(ws.recv(timeout=120))
                     if event["type"] == "conversation.item.input_audio_transcription.delta":
                         times.setdefault("first_delta", time.perf_counter())
+                        deltas.append(time.perf_counter())
                     if event["type"] == "input_audio_buffer.speech_stopped":
                         times.setdefault("stopped", time.perf_counter())
                     elif event["type"] == "conversation.item.input_audio_transcription.completed":
@@ -76,7 +82,9 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
             if "completed" not in times:
                 raise RuntimeError("no completed transcript")
             first = times.get("first_delta", times["completed"]) - times["speech_start"]
-            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first))
+            marks = [times["speech_start"], *(t for t in deltas if t < times["speech_end"]), times["speech_end"]]
+            gap = max(b - a for a, b in itertools.pairwise(marks))
+            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first, gap))
     except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
         errors.append(repr(exc))
 
@@ -135,18 +143,17 @@ def main() -> None:
     try:
         print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
         http_peer(url, pcm, 1)  # warm-up
-        print("| sessions | completed | first delta after speech start p50 / p95 s | after speech p50 / p95 s "
-              "| after the commit p50 / p95 s | HTTP peer p50 / p95 s |")  # fmt: skip
-        print("|---|---|---|---|---|---|")
+        print("| sessions | completed | first delta after speech start p50 / p95 s | longest wait for a delta "
+              "while speaking p50 / p95 s | after speech p50 / p95 s | after the commit p50 / p95 s "
+              "| HTTP peer p50 / p95 s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         held = 0
         for n in args.sessions:
             out, errors = run(url, pcm, n)
-            speech = [a for a, _, _ in out]
-            commit = [b for _, b, _ in out]
-            first = [c for _, _, c in out]
+            speech, commit, first, gaps = ([row[i] for row in out] for i in range(4))
             peer = http_peer(url, pcm, n)
             print(f"| {n} | {len(out)} of {n} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
-                  f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
+                  f"| {pct(gaps, 50):.3f} / {pct(gaps, 95):.3f} | {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
                   f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
                   flush=True)  # fmt: skip
             if errors:

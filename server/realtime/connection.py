@@ -361,7 +361,9 @@ class Connection:
         start = partials.rest(transcript) if partials is not None else 0
         extra = {"logprobs": token_logprobs(result.segments)} if self.session.logprobs else {}
         try:
-            if start < len(transcript):  # after the live deltas, the rest: the deltas joined are the transcript
+            # after the live deltas, the rest: the deltas joined are the transcript's words (a live delta may carry an
+            # earlier decode's case or punctuation)
+            if start < len(transcript):
                 self._delta(item_id, transcript[start:], result, start, None)
             self.send(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
                             content_index=0, transcript=transcript,

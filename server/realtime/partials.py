@@ -4,7 +4,8 @@ are sent as `delta` events before the turn is committed.
 A partial decode is launched after each PARTIAL_EVERY_S of new audio in the turn, one at a time per turn, none
 while a final decode is in flight anywhere on the server, and no more than the server's cap at once (SharedLoad):
 it is only a preview that the next one replaces, so under load the previews thin out and the finals stay prompt.
-What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it.
+What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it. Words
+are compared without their case and punctuation, which later decodes of more audio often rewrite.
 """
 
 from __future__ import annotations
@@ -27,33 +28,43 @@ PARTIAL_EVERY_S = 1.0  # while a turn is open, decode what it holds so far after
 # turn at every refresh; the rest of a longer turn comes with its final decode.
 MAX_PARTIAL_S = 30.0
 WORD = re.compile(r"\S+")
+NOT_IN_WORD = re.compile(r"[^\w']+")
+
+
+def word_key(word: str) -> str:
+    """A word as two decodes are compared: its letters, digits and apostrophes, lower case."""
+    return NOT_IN_WORD.sub("", word).lower()
 
 
 class Partials:
     """A turn's live text: the words two successive decodes of its growing audio agreed on are sent as deltas, so
-    what is sent is never taken back; the final decode's transcript then sends only what follows them."""
+    what is sent is never taken back; the final decode's transcript then sends only what follows them.
+
+    Words agree when they are the same word, whatever their case and punctuation: a later decode of more audio
+    often rewrites those of words already sent (a period becomes a comma once the sentence goes on), and that must
+    not stop the deltas. Each delta continues after as many words as were sent, in the newest decode's text."""
 
     def __init__(self) -> None:
         self.sent = 0  # words already sent as deltas
         self.sent_text = ""  # the deltas sent, joined
-        self.last: list[str] = []  # the previous partial decode's words
+        self.last: list[str] = []  # the previous partial decode's words, as compared (word_key)
         self.in_flight = False
         self.done = False  # the final decode has started: late partial results are dropped
 
     def agree(self, text: str) -> tuple[int, int]:
         """The characters [start, end) of a new partial decode's `text` that can be sent ((0, 0) for none)."""
         spans = [m.span() for m in WORD.finditer(text)]
-        words = [text[a:b] for a, b in spans]
+        keys = [word_key(text[a:b]) for a, b in spans]
         agreed = 0
-        # the last word of a decode is where its audio was cut: its punctuation (a period before a pause the
-        # speaker then continues after) depends on what follows, so it is never stable yet
-        while agreed < min(len(words), len(self.last)) - 1 and words[agreed] == self.last[agreed]:
+        # the last word of a decode is where its audio was cut: it may be a word half heard, so it is never
+        # stable yet
+        while agreed < min(len(keys), len(self.last)) - 1 and keys[agreed] == self.last[agreed]:
             agreed += 1
-        self.last = words
-        if agreed <= self.sent or text[: len(self.sent_text)] != self.sent_text:
+        self.last = keys
+        if agreed <= self.sent:
             return 0, 0
-        start, end = len(self.sent_text), spans[agreed - 1][1]
-        self.sent, self.sent_text = agreed, text[:end]
+        start, end = spans[self.sent - 1][1] if self.sent else 0, spans[agreed - 1][1]
+        self.sent, self.sent_text = agreed, self.sent_text + text[start:end]
         return start, end
 
     def rest(self, transcript: str) -> int:
@@ -61,8 +72,8 @@ class Partials:
         a partial decode's agreed words the final one does not share are already sent, and they stay sent)."""
         if transcript.startswith(self.sent_text):
             return len(self.sent_text)
-        # the final decode changed a sent word (its punctuation, most likely): continue after as many words
-        log.info("a realtime turn's final transcript does not continue its sent deltas")
+        # the final decode changed a sent word, or its case or punctuation: continue after as many words
+        log.debug("a realtime turn's final transcript does not continue its sent deltas")
         spans = [m.span() for m in WORD.finditer(transcript)]
         return spans[self.sent - 1][1] if len(spans) > self.sent else len(transcript)
 

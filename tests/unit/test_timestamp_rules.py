@@ -72,7 +72,7 @@ def test_the_cpu_form_edits_the_logits_as_the_batched_form_does():
 
 
 def test_the_form_follows_the_device():
-    host, _, tok = _rules()
+    host, _, _ = _rules()
     assert host.on_host
     setup = dataclasses.replace(host.setup, device=torch.device("meta"))
     assert not TimestampRules(setup).on_host
