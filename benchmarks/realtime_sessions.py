@@ -13,7 +13,10 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - first delta: from sending the clip's first chunk to the first live delta (the completed transcript if none came
   while speaking);
 - longest wait for a delta while speaking: the longest of the gaps between the clip's first chunk, each live
-  delta before its last chunk, and that last chunk.
+  delta before its last chunk, and that last chunk;
+- live words changed: of the words the live deltas sent before `speech_stopped`, those the completed transcript
+  has otherwise at their place (case and punctuation aside): what an earlier delta cost in stability.
+`--delay` runs each of OpenAI's `delay` values given (session.update before the stream; realtime/partials.py).
 Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 import threading
@@ -41,7 +45,11 @@ from tests.helpers.server import spawn_or_exit
 TARGET_S = 0.5
 
 
-def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -> None:
+def norm_words(text: str) -> list[str]:
+    return [w for w in (re.sub(r"[^\w']+", "", w).lower() for w in text.split()) if w]
+
+
+def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, delay: str | None = None) -> None:
     from websockets.sync.client import connect
 
     stream = bytes(24000) + pcm + bytes(72000)  # 0.5 s silence, the clip, 1.5 s silence (16-bit samples)
@@ -53,6 +61,8 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
             times: dict[str, float] = {}
 
             deltas: list[float] = []
+            live: list[str] = []  # delta texts before speech_stopped
+            final: list[str] = []
 
             def read() -> None:
                 while "completed" not in times:
@@ -60,13 +70,19 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
                     if event["type"] == "conversation.item.input_audio_transcription.delta":
                         times.setdefault("first_delta", time.perf_counter())
                         deltas.append(time.perf_counter())
+                        if "stopped" not in times:
+                            live.append(event["delta"])
                     if event["type"] == "input_audio_buffer.speech_stopped":
                         times.setdefault("stopped", time.perf_counter())
                     elif event["type"] == "conversation.item.input_audio_transcription.completed":
                         times["completed"] = time.perf_counter()
+                        final.append(event["transcript"])
                     elif event["type"] == "error":
                         raise RuntimeError(event["error"]["message"])
 
+            if delay is not None:
+                ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                    "input": {"transcription": {"delay": delay}}}}}))  # fmt: skip
             reader = threading.Thread(target=read, daemon=True)
             reader.start()
             start = time.perf_counter()
@@ -84,16 +100,19 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list) -
             first = times.get("first_delta", times["completed"]) - times["speech_start"]
             marks = [times["speech_start"], *(t for t in deltas if t < times["speech_end"]), times["speech_end"]]
             gap = max(b - a for a, b in itertools.pairwise(marks))
-            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first, gap))
+            sent, heard = norm_words("".join(live)), norm_words(final[0])
+            changed = sum(1 for i, w in enumerate(sent) if i >= len(heard) or heard[i] != w)
+            out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first, gap,
+                        changed, len(sent)))  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
         errors.append(repr(exc))
 
 
-def run(url: str, pcm: bytes, n: int) -> tuple[list, list]:
+def run(url: str, pcm: bytes, n: int, delay: str | None = None) -> tuple[list, list]:
     out: list = []
     errors: list = []
     threads = [
-        threading.Thread(target=session, args=(url, pcm, i * CHUNK_MS / 1000 / n, out, errors)) for i in range(n)
+        threading.Thread(target=session, args=(url, pcm, i * CHUNK_MS / 1000 / n, out, errors, delay)) for i in range(n)
     ]
     for t in threads:
         t.start()
@@ -136,6 +155,7 @@ def main() -> None:
         type=Path,
         default=ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0002.wav",
     )
+    ap.add_argument("--delay", nargs="+", default=[None], help="OpenAI's delay values to run (default: the server's)")
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
@@ -143,17 +163,18 @@ def main() -> None:
     try:
         print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
         http_peer(url, pcm, 1)  # warm-up
-        print("| sessions | completed | first delta after speech start p50 / p95 s | longest wait for a delta "
-              "while speaking p50 / p95 s | after speech p50 / p95 s | after the commit p50 / p95 s "
-              "| HTTP peer p50 / p95 s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print("| delay | sessions | completed | first delta after speech start p50 / p95 s | longest wait for a delta "
+              "while speaking p50 / p95 s | live words changed | after speech p50 / p95 s "
+              "| after the commit p50 / p95 s | HTTP peer p50 / p95 s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
         held = 0
-        for n in args.sessions:
-            out, errors = run(url, pcm, n)
-            speech, commit, first, gaps = ([row[i] for row in out] for i in range(4))
+        for delay, n in ((d, n) for d in args.delay for n in args.sessions):
+            out, errors = run(url, pcm, n, delay)
+            speech, commit, first, gaps, changed, sent = ([row[i] for row in out] for i in range(6))
             peer = http_peer(url, pcm, n)
-            print(f"| {n} | {len(out)} of {n} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
-                  f"| {pct(gaps, 50):.3f} / {pct(gaps, 95):.3f} | {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
+            print(f"| {delay or 'default'} | {n} | {len(out)} of {n} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
+                  f"| {pct(gaps, 50):.3f} / {pct(gaps, 95):.3f} | {sum(changed)} of {sum(sent)} "
+                  f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
                   f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
                   flush=True)  # fmt: skip
             if errors:

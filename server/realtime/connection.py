@@ -216,6 +216,7 @@ class Connection:
             self.buffer.audio = InputAudio(self.session.format_type)
         if (self.session.turn_detection is None) != (old_vad is None):
             self._reset_stream()
+        self.partials.set_delay(self.session.delay)
         self.send(event("session.updated", session=self.session.body()))
 
     async def _append(self, message: dict) -> None:
@@ -247,8 +248,8 @@ class Connection:
 
     def _options(self, background: bool) -> DecodeOptions:
         """A turn's decode: the HTTP route's, with the session's language and prompt (then its previous
-        transcripts). A partial one is greedy only (one beam, no fallback), and in the background: a preview, refreshed a second later,
-        that waits for every other window; the final decode has Whisper's fallback."""
+        transcripts). A partial one is greedy only (one beam, no fallback), and in the background: a preview, soon
+        refreshed, that waits for every other window; the final decode has Whisper's fallback."""
         prompt = " ".join(p for p in (self.session.prompt, self.context) if p) or None
         options = decode_options(Task.TRANSCRIBE, self.session.language, prompt, 0.0, settings=self.settings)
         options = dataclasses.replace(options, logprobs=self.session.logprobs)

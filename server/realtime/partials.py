@@ -1,8 +1,9 @@
 """Partial transcripts of the open turn: when its audio so far is decoded again, and which words of those decodes
 are sent as `delta` events before the turn is committed.
 
-A partial decode is launched after each PARTIAL_EVERY_S of new audio in the turn, one at a time per turn, none
-while a final decode is in flight anywhere on the server, and no more than the server's cap at once (SharedLoad):
+A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS), one at
+a time per turn, none while a final decode is in flight anywhere on the server, and no more than the server's cap
+at once (SharedLoad):
 it is only a preview that the next one replaces, so under load the previews thin out and the finals stay prompt.
 What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it. Words
 are compared without their case and punctuation, which later decodes of more audio often rewrite.
@@ -23,7 +24,13 @@ from .load import SharedLoad
 
 log = logging.getLogger(__name__)
 
-PARTIAL_EVERY_S = 1.0  # while a turn is open, decode what it holds so far after each this much new audio
+# OpenAI's `audio.input.transcription.delay`, how long live text waits to be surer: (seconds of new audio between
+# two partial decodes of the open turn, how many successive decodes must agree on a word before it is sent). With
+# one, a decode's words but its last go out at once: the earliest deltas, which a later decode may contradict
+# (what is sent stays sent; the completed transcript is the final decode's). `benchmarks/realtime_sessions.py
+# --delay` measures each; DEFAULT_DELAY is the session's until it sets one.
+DELAYS = {"minimal": (0.25, 1), "low": (0.5, 1), "medium": (0.5, 2), "high": (1.0, 2), "xhigh": (2.0, 2)}
+DEFAULT_DELAY = "medium"
 # Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
 # turn at every refresh; the rest of a longer turn comes with its final decode.
 MAX_PARTIAL_S = 30.0
@@ -37,14 +44,15 @@ def word_key(word: str) -> str:
 
 
 class Partials:
-    """A turn's live text: the words two successive decodes of its growing audio agreed on are sent as deltas, so
-    what is sent is never taken back; the final decode's transcript then sends only what follows them.
+    """A turn's live text: the words `agreeing` successive decodes of its growing audio agree on (all but a decode's
+    last word) are sent as deltas, never taken back; the final decode's transcript then sends only what follows.
 
     Words agree when they are the same word, whatever their case and punctuation: a later decode of more audio
     often rewrites those of words already sent (a period becomes a comma once the sentence goes on), and that must
     not stop the deltas. Each delta continues after as many words as were sent, in the newest decode's text."""
 
-    def __init__(self) -> None:
+    def __init__(self, agreeing: int = 2) -> None:
+        self.agreeing = agreeing  # decodes that must agree on a word (DELAYS): 1, the newest alone
         self.sent = 0  # words already sent as deltas
         self.sent_text = ""  # the deltas sent, joined
         self.last: list[str] = []  # the previous partial decode's words, as compared (word_key)
@@ -55,9 +63,9 @@ class Partials:
         """The characters [start, end) of a new partial decode's `text` that can be sent ((0, 0) for none)."""
         spans = [m.span() for m in WORD.finditer(text)]
         keys = [word_key(text[a:b]) for a, b in spans]
-        agreed = 0
         # the last word of a decode is where its audio was cut: it may be a word half heard, so it is never
         # stable yet
+        agreed = len(keys) - 1 if self.agreeing == 1 else 0
         while agreed < min(len(keys), len(self.last)) - 1 and keys[agreed] == self.last[agreed]:
             agreed += 1
         self.last = keys
@@ -87,9 +95,14 @@ class PartialScheduler:
         self.load = load
         self.turns: dict[str, Partials] = {}
         self.at = 0  # buffered samples when the last partial decode of the open turn was launched
+        self.every_s, self.agreeing = DELAYS[DEFAULT_DELAY]
+
+    def set_delay(self, delay: str | None) -> None:
+        """The session's `delay` (None: DEFAULT_DELAY), from the next partial decode on."""
+        self.every_s, self.agreeing = DELAYS[delay or DEFAULT_DELAY]
 
     def restart(self) -> None:
-        """The open turn starts with what the buffer holds now: its first partial is due PARTIAL_EVERY_S later."""
+        """The open turn starts with what the buffer holds now: its first partial is due `every_s` later."""
         self.at = self.buffer.num_samples
 
     def launch(self, start: int | None) -> tuple[str, Partials, np.ndarray] | None:
@@ -98,13 +111,13 @@ class PartialScheduler:
         if start is None:
             return None  # no speech yet
         buffer, load = self.buffer, self.load
-        if buffer.num_samples - self.at < PARTIAL_EVERY_S * SAMPLE_RATE:
+        if buffer.num_samples - self.at < self.every_s * SAMPLE_RATE:
             return None
         if load.finals_in_flight or load.partials_in_flight >= load.max_partials:
             return None
         if buffer.item_id is None:  # manual commits: the turn gets its id with its first partial
             buffer.item_id = new_id("item")
-        partials = self.turns.setdefault(buffer.item_id, Partials())
+        partials = self.turns.setdefault(buffer.item_id, Partials(self.agreeing))
         if partials.in_flight:
             return None
         self.at = buffer.num_samples

@@ -83,6 +83,11 @@ class SessionConfig:
         return self.input["transcription"]["prompt"] or None
 
     @property
+    def delay(self) -> str | None:
+        """OpenAI's `delay` (minimal ... xhigh): how soon live deltas go out (realtime/partials.py DELAYS)."""
+        return self.input["transcription"].get("delay")
+
+    @property
     def logprobs(self) -> bool:
         return LOGPROBS in self.session["include"]
 
@@ -150,6 +155,8 @@ class SessionConfig:
                 "language": language,
                 "prompt": t.get("prompt") or "",
             }
+            if t.get("delay") is not None:  # the SDK's type allows only its values
+                current["transcription"]["delay"] = t["delay"]
         if "turn_detection" in given:
             current["turn_detection"] = self._turn_detection(given["turn_detection"])
 
