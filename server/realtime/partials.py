@@ -49,11 +49,11 @@ class Partials:
 
     Words agree when they are the same word, whatever their case and punctuation: a later decode of more audio
     often rewrites those of words already sent (a period becomes a comma once the sentence goes on), and that must
-    not stop the deltas. Each delta continues after as many words as were sent, in the newest decode's text."""
+    not stop the deltas. Each delta continues in the newest decode's text after the words sent (`continue_at`)."""
 
     def __init__(self, agreeing: int = 2) -> None:
         self.agreeing = agreeing  # decodes that must agree on a word (DELAYS): 1, the newest alone
-        self.sent = 0  # words already sent as deltas
+        self.sent_keys: list[str] = []  # the words sent as deltas, as compared (word_key)
         self.sent_text = ""  # the deltas sent, joined
         self.last: list[str] = []  # the previous partial decode's words, as compared (word_key)
         self.in_flight = False
@@ -69,21 +69,37 @@ class Partials:
         while agreed < min(len(keys), len(self.last)) - 1 and keys[agreed] == self.last[agreed]:
             agreed += 1
         self.last = keys
-        if agreed <= self.sent:
+        at = self.continue_at(keys)
+        if agreed <= at:
             return 0, 0
-        start, end = spans[self.sent - 1][1] if self.sent else 0, spans[agreed - 1][1]
-        self.sent, self.sent_text = agreed, self.sent_text + text[start:end]
+        start, end = spans[at - 1][1] if at else 0, spans[agreed - 1][1]
+        self.sent_keys += keys[at:agreed]
+        self.sent_text += text[start:end]
         return start, end
+
+    def continue_at(self, keys: list[str]) -> int:
+        """How many of a decode's words (`keys`) the deltas sent stand for: as many as were sent where the decode
+        begins with them; else where the last two sent words are, nearest to that count (a decode that heard a
+        word more or less before them: continuing by the count would repeat or skip one); else that count."""
+        sent = self.sent_keys
+        n = len(sent)
+        if keys[:n] == sent:
+            return n
+        for at in sorted(range(max(1, n - 2), min(len(keys), n + 2) + 1), key=lambda at: abs(at - n)):
+            if keys[at - 1] == sent[-1] and (n < 2 or at < 2 or keys[at - 2] == sent[-2]):
+                return at
+        return n
 
     def rest(self, transcript: str) -> int:
         """Where what the final transcript adds to the deltas sent starts (all of it if it does not continue them:
         a partial decode's agreed words the final one does not share are already sent, and they stay sent)."""
         if transcript.startswith(self.sent_text):
             return len(self.sent_text)
-        # the final decode changed a sent word, or its case or punctuation: continue after as many words
+        # the final decode changed a sent word, or its case or punctuation: continue after the words sent
         log.debug("a realtime turn's final transcript does not continue its sent deltas")
         spans = [m.span() for m in WORD.finditer(transcript)]
-        return spans[self.sent - 1][1] if len(spans) > self.sent else len(transcript)
+        at = self.continue_at([word_key(transcript[a:b]) for a, b in spans])
+        return spans[at - 1][1] if 0 < at <= len(spans) else (0 if at == 0 else len(transcript))
 
 
 class PartialScheduler:

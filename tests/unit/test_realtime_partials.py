@@ -99,3 +99,18 @@ def test_the_sessions_delay_sets_how_often_the_open_turn_is_decoded_and_how_many
     assert {d: launches(d, 4.0) for d in DELAYS} == {
         "minimal": (13, 1), "low": (8, 1), "medium": (8, 2), "high": (4, 2), "xhigh": (2, 2)
     }  # fmt: skip
+
+
+def test_a_decode_that_heard_a_word_more_or_less_before_the_sent_ones_neither_repeats_nor_skips_one():
+    partials, deltas = Partials(agreeing=1), []
+    for text in [
+        "And so my fellow Americans",
+        "And so, my, my fellow Americans ask not",
+        "And so fellow Americans ask not what",
+    ]:
+        start, end = partials.agree(text)
+        if end > start:
+            deltas.append(text[start:end])
+    assert deltas == ["And so my fellow", " Americans ask", " not"]
+    final = "And so my dear fellow Americans, ask not what your country can do."
+    assert final[partials.rest(final) :] == " what your country can do."
