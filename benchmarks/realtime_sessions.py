@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import re
 import statistics
 import sys
 import threading
@@ -39,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from server.realtime.partials import WORD, word_key
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, wav_bytes
 from tests.helpers.server import spawn_or_exit
 
@@ -46,7 +46,8 @@ TARGET_S = 0.5
 
 
 def norm_words(text: str) -> list[str]:
-    return [w for w in (re.sub(r"[^\w']+", "", w).lower() for w in text.split()) if w]
+    """A transcript's words as the server compares two decodes' (realtime/partials.py word_key)."""
+    return [k for k in (word_key(w) for w in WORD.findall(text)) if k]
 
 
 def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, delay: str | None = None) -> None:

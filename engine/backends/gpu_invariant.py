@@ -47,7 +47,7 @@ def wide_linear_gelu(proj, x: Tensor) -> Tensor:
     return invariant_ops.linear(x, proj.weight, proj.bias, gelu=True, wide=True)
 
 
-# The model's own passes over whole windows (the encoder, the cross K/V, an alignment pass): every operation
+# The model's own passes over whole windows (the encoder, the cross K/V): every operation
 # computes a row, a window or a (window, head) alone, the same way whatever else is in the batch
 INVARIANT_OPS = LayerOps(
     add_norm=add_norm, norm=norm_rows, linear=wide_linear, linear_gelu=wide_linear_gelu,
