@@ -114,38 +114,45 @@ class BatchInvariantGpuBackend(GpuBackend):
     def _layers(self, x: Tensor, cache: KVCache, positions: Tensor, slot_start: int, per_slot: int) -> Tensor:
         """x (rows, 1, n_state) at `positions` (rows, 1); `per_slot` consecutive rows share a slot (a prompt's
         tokens, their K/V written before they attend) -> hidden (rows, 1, n_state) after the final norm."""
-        dec, kernels, linear = self.decoder, self.kernels, invariant_ops.linear
+        dec, kernels = self.decoder, self.kernels
         rows = x.shape[0]
+        # a few rows' kernels are launched as programmatic dependents: each starts while the one before it runs
+        # (the products asking for their weights meanwhile); the same arithmetic, only started earlier
+        pdl = kernels.pdl and rows <= invariant_ops.DEPENDENT_MAX_ROWS
+
+        def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
+            return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
+
         slots = slice(slot_start, slot_start + rows // per_slot)
         cross_rows = cache.cross_slots_of(slot_start, rows // per_slot)  # each slot's row reads its window's
-        h = norm_rows(dec.blocks[0].attn_ln, x)
+        h = norm_rows(dec.blocks[0].attn_ln, x, pdl)
         next_norms = [block.attn_ln for block in list(dec.blocks)[1:]] + [dec.ln]
         for i, (block, next_norm) in enumerate(zip(dec.blocks, next_norms)):
             attn, cross, fc1, fc2 = block.attn, block.cross_attn, block.mlp[0], block.mlp[2]
-            qkv = linear(h, attn.qkv_weight, attn.qkv_bias)
+            qkv = invariant_ops.linear(h, attn.qkv_weight, attn.qkv_bias, pdl=pdl)
             if per_slot > 1:  # every token's K/V in place before any token attends
                 kv = qkv.view(rows // per_slot, per_slot, 3, attn.n_head, cache.head_dim)[:, :, 1:]
                 cache.self_kv_layers[i][:, slots, :, :per_slot] = kv.permute(2, 0, 3, 1, 4)
             o = decode_attention.self_attention_step(
-                qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start, invariant=True,
+                qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start, pdl=pdl, invariant=True,
                 rows_per_slot=per_slot,
             )  # fmt: skip
-            x, h = add_norm(x, linear(o, attn.out.weight, attn.out.bias), block.cross_attn_ln)
-            q = linear(h, cross.query.weight, cross.query.bias)
+            x, h = add_norm(x, linear(o, attn.out), block.cross_attn_ln, pdl)
+            q = linear(h, cross.query)
             q = q.view(rows // per_slot, per_slot, cross.n_head, -1).transpose(1, 2)  # (slots, heads, t, dim)
             k, v, k_scale, v_scale = cache.cross_layer(i, slice(None))
-            o = fixed_split_attention(q, k, v, k_scale, v_scale, kernels, *cross_rows)
+            o = fixed_split_attention(q, k, v, k_scale, v_scale, kernels, *cross_rows, pdl=pdl)
             o = o.transpose(1, 2).reshape(rows, 1, -1)
-            x, h = add_norm(x, linear(o, cross.out.weight, cross.out.bias), block.mlp_ln)
-            f = linear(h, fc1.weight, fc1.bias, gelu=True)
-            x, h = add_norm(x, linear(f, fc2.weight, fc2.bias), next_norm)
+            x, h = add_norm(x, linear(o, cross.out), block.mlp_ln, pdl)
+            x, h = add_norm(x, linear(linear(h, fc1, gelu=True), fc2), next_norm, pdl)
         return h
 
     def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
         n_vocab = self.decoder.token_embedding.weight.shape[0]
         if out is None:
             out = torch.empty(*hidden.shape[:-1], n_vocab, dtype=torch.float32, device=hidden.device)
-        return invariant_ops.linear(hidden, self.output_weight, out=out, n_valid=n_vocab)
+        pdl = self.kernels.pdl and hidden.numel() // hidden.shape[-1] <= invariant_ops.DEPENDENT_MAX_ROWS
+        return invariant_ops.linear(hidden, self.output_weight, out=out, n_valid=n_vocab, pdl=pdl)
 
     def projection(self, hidden: Tensor) -> Tensor:
         return self.logits(hidden)

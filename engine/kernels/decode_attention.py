@@ -69,7 +69,7 @@ def self_attention_step(
     positions : (batch, 1) int64, each row's position; the row attends over positions 0..p of its slot
     pdl : a lone row's kernel may be launched as a programmatic dependent (KernelOptions.pdl)
     invariant : one block shape and no prefetch whatever the batch, so a row's sums run in the same order
-        (INVARIANT_SETTINGS; the batch-invariant backend)
+        (INVARIANT_SETTINGS; the batch-invariant backend, which asks for `pdl` only for a few rows)
     rows_per_slot : consecutive rows sharing a slot: a prompt's tokens as rows, each attending its own prefix
         (their K/V written before the call, as their earlier steps would have)
     returns the attention output (batch, 1, n_state), heads merged
@@ -80,14 +80,14 @@ def self_attention_step(
     assert positions.shape == (b, 1) and cache_v.stride() == cache_k.stride()
     out = torch.empty(b, 1, h * d, dtype=qkv.dtype, device=qkv.device)
     if invariant:
-        (block_n, warps), launch = INVARIANT_SETTINGS, {"PDL": False}
+        (block_n, warps), launch = INVARIANT_SETTINGS, dependent_launch(qkv.device, pdl)
     else:
         block_n, warps = MANY_PROGRAMS_SETTINGS if b * h >= FEW_PROGRAMS else FEW_PROGRAMS_SETTINGS
         launch = dependent_launch(qkv.device, pdl) if b == 1 else dict(PDL=False)  # more rows: cuBLAS makes q/k/v
     _write_and_attend[(b * h,)](
         qkv, cache_k, cache_v, positions, out, slot_start, rows_per_slot, positions.stride(0),
         *cache_k.stride()[:3], h, cache_k.shape[2], d**-0.5, HEAD_DIM=d, BLOCK_N=block_n,
-        PREFETCH=LONE_ROW_PREFETCH if launch["PDL"] else 0, num_warps=warps, **launch,
+        PREFETCH=LONE_ROW_PREFETCH if launch["PDL"] and not invariant else 0, num_warps=warps, **launch,
     )  # fmt: skip
     return out
 

@@ -75,8 +75,9 @@ def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
     )  # fmt: skip
 
 
-def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:
-    """(x + y, ln(x + y)): the residual stream after a sub-layer and the next sub-layer's input."""
+def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm, pdl: bool = False) -> tuple[Tensor, Tensor]:
+    """(x + y, ln(x + y)): the residual stream after a sub-layer and the next sub-layer's input. pdl: launched as a
+    programmatic dependent where the device allows (the batch-invariant backend's few rows)."""
     if not _fused_norm_applies(x, y):
         x = x + y
         return x, F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
@@ -86,8 +87,8 @@ def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor]:
     block = triton.next_power_of_2(n)
     _add_layer_norm[(rows,)](
         x, y, ln.weight, ln.bias, out_x, out_h, out_h, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False,
-        ADD=True,
-    )
+        ADD=True, **dependent_launch(x.device, pdl),
+    )  # fmt: skip
     return out_x, out_h
 
 
@@ -105,8 +106,8 @@ def add_norm_fp8(x: Tensor, y: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor
     block = triton.next_power_of_2(n)
     _add_layer_norm[(rows,)](
         x, y, ln.weight, ln.bias, out_x, out_h, scale, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=True,
-        ADD=True,
-    )
+        ADD=True, PDL=False,
+    )  # fmt: skip
     return out_x, out_h, scale
 
 
@@ -246,18 +247,19 @@ def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
-def norm_rows(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+def norm_rows(ln: nn.LayerNorm, x: Tensor, pdl: bool = False) -> Tensor:
     """ln(x) with one program per row on a GPU (add_norm's kernel without the add): each row's statistics are
     summed in the same order whatever the number of rows, which torch's kernel does not promise (the
-    batch-invariant backend, engine/backends/gpu_invariant.py). Elsewhere `norm`."""
+    batch-invariant backend, engine/backends/gpu_invariant.py). Elsewhere `norm`. pdl: as add_norm's."""
     if not _fused_norm_applies(x, x):
         return norm(ln, x)
     n = x.shape[-1]
     out = torch.empty_like(x)
     block = triton.next_power_of_2(n)
     _add_layer_norm[(x.numel() // n,)](
-        x, x, ln.weight, ln.bias, out, out, out, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False, ADD=False
-    )
+        x, x, ln.weight, ln.bias, out, out, out, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False,
+        ADD=False, **dependent_launch(x.device, pdl),
+    )  # fmt: skip
     return out
 
 
@@ -319,11 +321,16 @@ if triton is not None:
 
     @triton.jit
     def _add_layer_norm(
-        X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr, ADD: tl.constexpr
+        X, Y, W, B, OUT_X, OUT_H, H_SCALE, N, eps, BLOCK: tl.constexpr, FP8: tl.constexpr, ADD: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
+        let_next_launch(PDL)  # the next product asks for its weight meanwhile (invariant_ops.linear)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         valid = cols < N
+        w = tl.load(W + cols, mask=valid, other=0.0).to(tl.float32)
+        b = tl.load(B + cols, mask=valid, other=0.0).to(tl.float32)
+        wait_for_previous(PDL)  # the rows come from the kernels before this one
         s = tl.load(X + row * N + cols, mask=valid, other=0.0)
         if ADD:
             y = tl.load(Y + row * N + cols, mask=valid, other=0.0).to(tl.float32)
@@ -332,8 +339,6 @@ if triton is not None:
             tl.store(OUT_X + row * N + cols, s, mask=valid)
         s = s.to(tl.float32)
         mean, rstd = _mean_rstd(s, valid, N, eps)
-        w = tl.load(W + cols, mask=valid, other=0.0).to(tl.float32)
-        b = tl.load(B + cols, mask=valid, other=0.0).to(tl.float32)
         h = (s - mean) * rstd * w + b
         if FP8:
             _store_fp8_row(OUT_H + row * N, H_SCALE, row, cols, h, valid)

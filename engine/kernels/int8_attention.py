@@ -260,21 +260,22 @@ def _combined(m: Tensor, lse: Tensor, acc: Tensor, out: Tensor, splits: int, pdl
 
 def fixed_split_attention(
     q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor | None, v_scale: Tensor | None, kernels: KernelOptions,
-    index: Tensor | None = None, order: Tensor | None = None,
+    index: Tensor | None = None, order: Tensor | None = None, pdl: bool = False,
 ) -> Tensor:
     """Cross-attention whose sums for a (row, head, query) run in one order whatever the batch: the keys split
     INVARIANT_SPLITS ways for every batch size (the kernels above choose the split from the row count), each split
     by the same kernel, the splits combined in order. The int8 cache through the CUDA kernel where it builds (else
     Triton's); a float16 or bfloat16 cache through the Triton kernel without scales. `index`, `order`: as
     indexed_attention's (they pick the bytes and the programs' order, not the arithmetic). The batch-invariant
-    backend's cross-attention (engine/backends/gpu_invariant.py)."""
+    backend's cross-attention (engine/backends/gpu_invariant.py). `pdl`: the splits' combiner launched as a
+    programmatic dependent where the device allows (a few rows: it changes when it starts, not what it sums)."""
     if k_scale is None:
-        return _triton_attention(q, k, None, v, None, False, INVARIANT_SPLITS, index, order)
+        return _triton_attention(q, k, None, v, None, pdl, INVARIANT_SPLITS, index, order)
     use_cuda = kernels.int8_attention == "cuda" and _cuda_layout_fits(q, k, k_scale, v, v_scale)
     kernel = _cuda_kernel(q) if use_cuda else None
     if kernel is not None:
-        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, False, INVARIANT_SPLITS, index, order)
-    return _triton_attention(q, k, k_scale, v, v_scale, False, INVARIANT_SPLITS, index, order)
+        return _cuda_attention(kernel, q, k, k_scale, v, v_scale, pdl, INVARIANT_SPLITS, index, order)
+    return _triton_attention(q, k, k_scale, v, v_scale, pdl, INVARIANT_SPLITS, index, order)
 
 
 def _triton_attention(

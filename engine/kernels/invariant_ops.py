@@ -6,23 +6,24 @@ partial sums are added in another order, at 256 rows a large tile. Each sums a r
 order, so a request's float16 logits change in their last bits with the number of other requests in the step,
 and a greedy decode that meets a near-tie follows another path from there (BENCHMARKS.md, batch dependence).
 
-`linear` here is one Triton kernel that never splits K: a program computes a BLOCK_M x BLOCK_N tile of the output,
-walking K from 0 up with the tensor cores accumulating into float32, 16 of K per instruction, in order. An output
-element is therefore the same sequence of operations on its row of x and its column of the weight whatever the
-other rows: whether it is the only row (the others of its tile are masked zeros) or one of 512, whatever tile it
-falls in, and whatever the tile's shape. That last point is what lets the tile follow the row count (`tile`: a
-lone row's product spreads over many narrow programs, 256 rows over fewer, larger ones): the instruction's result
-for an element does not depend on the tile around it, measured bitwise on an H200 for every tile here, fp16 and
-bf16, and asserted by tests/gpu/test_batch_invariance.py (rows alone against among others, across the tiles' row
-counts). What would change a result is splitting K (partial sums added in another order), which nothing here
-does. Bias, GELU (tanh form, as the default path's cuBLASLt epilogue) and the rounding of a float32 output to the
+`linear` here is one Triton kernel that never splits K across programs: a program computes a BLOCK_M x BLOCK_N
+tile of the output, walking K from 0 up in chunks of CHUNK_K with the tensor cores accumulating into float32, 16 of
+K per instruction, in order; chunk c goes into accumulator c % CHAINS, and the accumulators are added in one order
+at the end. An output element is therefore the same sequence of operations on its row of x and its column of the
+weight whatever the other rows: whether it is the only row (the others of its tile are masked zeros) or one of
+512, whatever tile it falls in, and whatever the tile's shape. That last point is what lets the tile follow the row
+count (`tile`: a lone row's product spreads over many narrow programs, 256 rows over fewer, larger ones): the
+instruction's result for an element does not depend on the tile around it, measured bitwise on an H200 for every
+tile here, fp16 and bf16, and asserted by tests/gpu/test_batch_invariance.py (rows alone against among others,
+across the tiles' row counts). What would change a result is summing K in another order for another row count
+(cuBLAS's split-K: partial sums added in another order), which nothing here does. Bias, GELU (tanh form, as the default path's cuBLASLt epilogue) and the rounding of a float32 output to the
 input's precision (as a half-precision cuBLAS output is rounded) are applied per element after the sum.
 
 The model's passes over whole windows (the encoder, the cross-attention K/V) always have thousands of rows:
 `linear(..., wide=True)` runs them with a large tile (WIDE), on Hopper with its tiles loaded by the tensor memory
-accelerator (a kernel of its own, chosen by the GPU and dtype alone, so a call site always takes the same one). The encoder's convolutions are products
-too (`conv1d`: each output position's inputs gathered into a row), and its attention computes each (window, head,
-query block) alone (`attention`).
+accelerator (a kernel of its own, chosen by the GPU and dtype alone, so a call site always takes the same one).
+The encoder's convolutions are products too (`conv1d`: each output position's inputs gathered into a row), and
+its attention computes each (window, head, query block) alone (`attention`).
 """
 
 from __future__ import annotations
@@ -44,16 +45,28 @@ try:
     except ImportError:  # an older Triton: the wide products load their tiles through pointers
         TensorDescriptor = None
 
-    from engine.kernels.fused_ops import gelu_tanh
+    from engine.kernels.fused_ops import dependent_launch, gelu_tanh, let_next_launch, wait_for_previous
 except ImportError:  # CPU-only installs: no GPU, nothing to make invariant (a CPU's products already are)
     triton = None
 
-# (rows up to, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a decode step's products: K never split (see above)
+# (rows up to, BLOCK_M, BLOCK_N, warps, stages) for a decode step's products: K never split (see above)
 TILES = (
-    (16, 16, 32, 128, 4, 4),  # a lone row and small batches: many narrow programs stream the weight
-    (None, 64, 64, 128, 4, 3),  # more rows: Hopper's warpgroup MMA (m64)
+    (16, 16, 32, 4, 4),  # a lone row and small batches: many narrow programs stream the weight
+    (None, 64, 64, 4, 3),  # more rows: Hopper's warpgroup MMA (m64)
 )
-N_MULTIPLE, K_MULTIPLE = 64, 128  # what every tile divides (Whisper's widths; the vocabulary is padded to 64)
+# Every decode tile walks K in the same chunks, into the same number of accumulators (chunk c into c % CHAINS),
+# added in one order at the end: the arithmetic of an output element, whatever the tile. With one accumulator a
+# few rows' product is a chain of K / 16 dependent tensor-core steps, each waiting for the last one's result; two
+# chains interleave them (H200, a large-v3 step: 1 row 9%, 8 rows 9%, 64 rows 6% faster; 4 chains were slower).
+CHUNK_K = 128
+CHAINS = 2
+# Up to this many rows a product may be launched as a programmatic dependent (`pdl`, Hopper on: fused_ops.py):
+# its programs start while the kernel before it still runs and wait for it before reading x. A few rows' step is a
+# chain of short kernels, each mostly its start; more rows fill the GPU, and programs parked waiting would only take
+# the places of the running kernel's later ones. (Asking for the weight tile into L2 before the wait was measured
+# too: slower, H200.)
+DEPENDENT_MAX_ROWS = 16
+N_MULTIPLE = 64  # what every tile divides (the vocabulary is padded to 64; Whisper's widths are multiples of 128)
 # The passes over whole windows (1,500 rows each): a 128 x 128 output tile per program, K in steps of 64
 WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K = 128, 128, 64
 WIDE_WARPS, WIDE_STAGES = 8, 4  # float32 (4-byte tiles) takes 2 stages: 4 would not fit in shared memory
@@ -61,8 +74,8 @@ WIDE_WARPS, WIDE_STAGES = 8, 4  # float32 (4-byte tiles) takes 2 stages: 4 would
 TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 128, 8, 4
 
 
-def tile(m: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product of m rows."""
+def tile(m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages) for a product of m rows."""
     return next(t[1:] for t in TILES if t[0] is None or m <= t[0])
 
 
@@ -70,7 +83,7 @@ def applies(x: Tensor, weight: Tensor, wide: bool = False) -> bool:
     """x (..., K) on a GPU against a contiguous (N, K) weight of its dtype, K and N multiples of what the tiles
     divide (Whisper's widths are multiples of 128; the vocabulary is padded to 64: backends/gpu.py)."""
     n, k = weight.shape
-    tile_k, tile_n = (WIDE_BLOCK_K, WIDE_BLOCK_N) if wide else (K_MULTIPLE, N_MULTIPLE)
+    tile_k, tile_n = (WIDE_BLOCK_K, WIDE_BLOCK_N) if wide else (CHUNK_K, N_MULTIPLE)
     return (
         triton is not None and x.is_cuda and x.dtype == weight.dtype and weight.is_contiguous()
         and k % tile_k == 0 and n % tile_n == 0 and x.shape[-1] == k
@@ -85,13 +98,16 @@ def linear(
     out: Tensor | None = None,
     n_valid: int | None = None,
     wide: bool = False,
+    pdl: bool = False,
 ) -> Tensor:
     """f(x @ weight.T + bias), f GELU's tanh form or identity, each row computed alone (see above).
 
     out: a float32 (rows, >= n_valid) buffer to write into (a row stride of its own, e.g. a graph's logits): the
     sums are rounded to x's precision first, as a half-precision product's output is, then stored as float32.
     n_valid: store only the first n_valid features (the vocabulary inside its padded weight).
-    wide: the tile of the passes over whole windows (WIDE)."""
+    wide: the tile of the passes over whole windows (WIDE).
+    pdl: launched as a programmatic dependent where the rows are few (DEPENDENT_MAX_ROWS) and the device allows;
+    the arithmetic is the same either way."""
     n, k = weight.shape
     assert applies(x, weight, wide), (x.shape, x.dtype, weight.shape, weight.dtype, wide)
     rows = x.reshape(-1, k)
@@ -117,10 +133,15 @@ def linear(
         bm, bn, bk, warps = WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K, WIDE_WARPS
         stages = 2 if x.dtype == torch.float32 else WIDE_STAGES
     else:
-        bm, bn, bk, warps, stages = tile(m)
+        bm, bn, warps, stages = tile(m)
+        bk = CHUNK_K
+        if x.dtype == torch.float32:  # 4-byte tiles: fewer in flight fit in shared memory
+            stages = min(stages, 2)
+    launch = dependent_launch(x.device, pdl and not wide and m <= DEPENDENT_MAX_ROWS)
     _fixed_tile_matmul[(n // bn, triton.cdiv(m, bm))](
         rows, weight, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0), K=k, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=stages, **epilogue,
+        BLOCK_N=bn, BLOCK_K=bk, CHAINS=1 if wide else CHAINS, IEEE=x.dtype == torch.float32, num_warps=warps,
+        num_stages=stages, **epilogue, **launch,
     )  # fmt: skip
     return result
 
@@ -190,29 +211,58 @@ if triton is not None:
     # M changes with the batch: specializing on it (e.g. M == 1) would compile other code for other batches, and
     # nothing may differ between batch sizes but the grid. The input's rows are K apart (a constant), the output's
     # stride is the caller's buffer's.
+    @triton.jit
+    def _chunk_dot(x_ptr, w_ptr, acc, row_ok, IEEE: tl.constexpr):
+        # one BLOCK_K chunk of K into one accumulator, the tensor cores adding its 16-wide slices in order
+        a = tl.load(x_ptr, mask=row_ok[:, None], other=0.0)
+        w = tl.load(w_ptr)
+        if IEEE:  # a float32 model keeps float32 products (tensor cores would round the inputs to tf32)
+            return tl.dot(a, w, acc, input_precision="ieee")
+        return tl.dot(a, w, acc)
+
     @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _fixed_tile_matmul(
         X, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_K: tl.constexpr, CHAINS: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr,
+        ROUND: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        # launched as a dependent (PDL): the next kernel may start now, and x is read only after the kernel
+        # before this one has finished
+        let_next_launch(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
+        wait_for_previous(PDL)
         row_ok = rm < M
         x_ptr = X + rm.to(tl.int64)[:, None] * K + rk[None, :]
         w_ptr = W + rn.to(tl.int64)[None, :] * K + rk[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for _ in range(0, K, BLOCK_K):  # K from 0 up, one accumulator
-            a = tl.load(x_ptr, mask=row_ok[:, None], other=0.0)
-            w = tl.load(w_ptr)
-            if IEEE:  # a float32 model keeps float32 products (tensor cores would round the inputs to tf32)
-                acc = tl.dot(a, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, w, acc)
-            x_ptr += BLOCK_K
-            w_ptr += BLOCK_K
+        # chunk c of K (BLOCK_K wide) goes into accumulator c % CHAINS, each walking its chunks from 0 up; the
+        # accumulators are added in a fixed order at the end. CHAINS independent chains of tensor-core steps
+        # where one would wait for each step's result: what bounds a few rows' product (see CHAINS)
+        acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        CHUNKS: tl.constexpr = K // BLOCK_K
+        for _ in range(CHUNKS // CHAINS):
+            acc0 = _chunk_dot(x_ptr, w_ptr, acc0, row_ok, IEEE)
+            if CHAINS > 1:
+                acc1 = _chunk_dot(x_ptr + BLOCK_K, w_ptr + BLOCK_K, acc1, row_ok, IEEE)
+            if CHAINS > 2:
+                acc2 = _chunk_dot(x_ptr + 2 * BLOCK_K, w_ptr + 2 * BLOCK_K, acc2, row_ok, IEEE)
+                acc3 = _chunk_dot(x_ptr + 3 * BLOCK_K, w_ptr + 3 * BLOCK_K, acc3, row_ok, IEEE)
+            x_ptr += CHAINS * BLOCK_K
+            w_ptr += CHAINS * BLOCK_K
+        REST: tl.constexpr = CHUNKS % CHAINS  # the last chunks, into the first accumulators
+        if REST > 0:
+            acc0 = _chunk_dot(x_ptr, w_ptr, acc0, row_ok, IEEE)
+        if REST > 1:
+            acc1 = _chunk_dot(x_ptr + BLOCK_K, w_ptr + BLOCK_K, acc1, row_ok, IEEE)
+        if REST > 2:
+            acc2 = _chunk_dot(x_ptr + 2 * BLOCK_K, w_ptr + 2 * BLOCK_K, acc2, row_ok, IEEE)
+        acc = (acc0 + acc1) + (acc2 + acc3)
         acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
         o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
         tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])

@@ -41,8 +41,8 @@ class KernelOptions:
     # (kernels/cpu_team.py: one wins beside a competing load); off: always the full team.
     cpu_adaptive_team: bool = True
     # On a GPU, kernels whose results for a row do not depend on the batch (engine/backends/gpu_invariant.py):
-    # a request's tokens are the same whatever else runs. Its cost is in BENCHMARKS.md; the switches above that
-    # concern a lone row's GPU kernels (pdl, norm_product, int8_lone_row) do not apply with it.
+    # a request's tokens are the same whatever else runs. Its cost is in BENCHMARKS.md; of the switches above that
+    # concern a lone row's GPU kernels only pdl applies with it (norm_product and int8_lone_row do not).
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
