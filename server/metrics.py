@@ -64,6 +64,12 @@ class Metrics:
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
+        self.realtime_early_finals = Counter(
+            "whisper_realtime_early_finals",
+            "Realtime turns' final decodes started before the server VAD ended the turn, by outcome (used: the turn "
+            "ended there; dropped: the speech resumed).",
+            ["outcome"], registry=self.registry,
+        )
         self.realtime_delta_latency = Histogram(
             "whisper_realtime_delta_latency_seconds",
             "Seconds from the audio a live delta covers to the delta (the decode of the turn so far).",

@@ -156,6 +156,13 @@ class Settings(BaseSettings):
     realtime_idle_timeout_s: float = Field(default=600.0, gt=0)
     """A realtime session that sends no event for this long gets an error and is closed (a microphone streams
     every 100 ms or so: silence is still audio)."""
+    realtime_turn_tail_ms: int = Field(default=200, ge=0)
+    """A server-VAD turn's audio ends this long after its speech (at most its silence_duration_ms): the rest of the
+    silence is the VAD's wait for the end of the turn, not part of it."""
+    realtime_early_final: bool = True
+    """Under server VAD a turn's final decode starts as soon as its speech has been followed by realtime_turn_tail_ms
+    of silence, while the VAD still waits out silence_duration_ms: the transcript of a turn that does end is then
+    ready sooner after it. Speech that resumes within the wait aborts that decode."""
     realtime_condition_on_previous_text: bool = True
     """A realtime turn is decoded with the session's previous transcripts as context (after the session's prompt),
     as Whisper's long-form decodes a window after the text of those before it."""

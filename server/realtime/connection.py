@@ -47,7 +47,7 @@ from .load import OFFLOAD_BASE64, SharedLoad
 from .partials import Partials, PartialScheduler
 from .session import SessionConfig, SessionError
 from .speech_batcher import SpeechBatcher
-from .turns import Detection, IdleTimeout, SpeechStarted, SpeechStopped, TurnDetector
+from .turns import Detection, IdleTimeout, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector, TurnEnding
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,21 @@ def event_id_of(message: dict) -> str | None:
 
 class ClientTooSlow(Exception):
     pass
+
+
+@dataclasses.dataclass(slots=True)
+class EarlyFinal:
+    """A turn's final decode started before the server VAD ended the turn (turns.TurnEnding): used if the turn
+    ends with this audio and these options, aborted otherwise."""
+
+    item_id: str
+    audio: np.ndarray
+    options: DecodeOptions
+    handle: object
+
+    def serves(self, audio: np.ndarray, options: DecodeOptions) -> bool:
+        """Whether it is the decode the turn's final would submit."""
+        return options == self.options and np.array_equal(audio, self.audio)
 
 
 class Connection:
@@ -87,6 +102,8 @@ class Connection:
         self.handles: set = set()
         self.previous_item_id: str | None = None
         self.previous_final: asyncio.Task | None = None  # a session's turns are transcribed in order
+        self.early: EarlyFinal | None = None
+        self.partial_handle = None  # the open turn's partial decode in flight
         self.context = ""  # the previous turns' transcripts (realtime_condition_on_previous_text)
         self.failures = 0  # client events that raised unexpectedly (the first is logged with its traceback)
         self._reset_stream()
@@ -94,8 +111,11 @@ class Connection:
     def _reset_stream(self) -> None:
         """The buffer empties and the stream starts over: no open turn, and a new Silero stream under server VAD."""
         self.buffer.reset()
-        self.detector = TurnDetector(self.vad, self.buffer) if self.session.turn_detection is not None else None
+        tail_ms = self.settings.realtime_turn_tail_ms
+        vad = self.session.turn_detection is not None
+        self.detector = TurnDetector(self.vad, self.buffer, tail_ms) if vad else None
         self.partials.restart()
+        self._drop_early_final()
 
     # ---- the connection ----------------------------------------------------------------------------------------
 
@@ -233,7 +253,11 @@ class Connection:
         self._maybe_partial()
 
     def _maybe_partial(self) -> None:
-        """A partial decode of the open turn, if partials.py says one is due."""
+        """A partial decode of the open turn, if partials.py says one is due; not while its final decode runs, nor
+        while the server VAD hears silence after its speech (nothing new to preview, and the engine is then kept
+        for the final decode that may follow)."""
+        if self.early is not None or (self.detector is not None and self.detector.silent_since is not None):
+            return
         if self.detector is None:
             start = self.buffer.offset
         else:
@@ -265,12 +289,15 @@ class Connection:
             self.partials.finished(partials)
             return
         self.handles.add(handle)
+        self.partial_handle = handle
         try:
             result = await handle.result()
         except EngineError:
             return
         finally:
             self.handles.discard(handle)
+            if self.partial_handle is handle:
+                self.partial_handle = None
             self.partials.finished(partials)
         if partials.done:
             return
@@ -314,42 +341,89 @@ class Connection:
             elif isinstance(found, SpeechStopped):
                 self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=found.audio_end_ms,
                                 item_id=found.item_id))  # fmt: skip
+            elif isinstance(found, TurnEnding):
+                self._start_early_final(found.item_id, found.audio)
+            elif isinstance(found, SpeechResumed):
+                self._drop_early_final()
             elif isinstance(found, IdleTimeout):
                 self.send(event("input_audio_buffer.timeout_triggered", audio_start_ms=found.audio_start_ms,
                                 audio_end_ms=found.audio_end_ms, item_id=found.item_id))  # fmt: skip
             else:
                 self._start_turn(found.item_id, found.audio)
 
+    def _start_early_final(self, item_id: str, audio: np.ndarray) -> None:
+        """The turn's final decode, now, if the server allows it and the session's earlier turns are transcribed
+        (the last one's transcript is this one's context)."""
+        if not self.settings.realtime_early_final:
+            return
+        if self.previous_final is not None and not self.previous_final.done():
+            return
+        options = self._options(background=False)
+        try:
+            handle = self.engine.submit(audio, options)
+        except EngineError:
+            return  # the final decode submits again, and says what is wrong
+        self.handles.add(handle)
+        self.early = EarlyFinal(item_id, audio, options, handle)
+        if self.partial_handle is not None:  # a preview of the turn is moot now: the engine is the final's
+            self.partial_handle.abort()
+
+    def _drop_early_final(self) -> None:
+        """The open turn's early final decode, if any, is not its final: aborted."""
+        self._abort_early(self.early)
+        self.early = None
+
+    def _abort_early(self, early: EarlyFinal | None) -> None:
+        if early is not None:
+            early.handle.abort()
+            self.handles.discard(early.handle)
+            self.metrics.realtime_early_finals.labels("dropped").inc()
+
     # ---- transcription ------------------------------------------------------------------------------------------
 
     def _start_turn(self, item_id: str, audio: np.ndarray) -> None:
+        early, self.early = self.early, None
+        if early is not None and early.item_id != item_id:  # not this turn's (cannot happen: one turn is open)
+            self._abort_early(early)
+            early = None
         self.partials.commit(item_id)
         previous, self.previous_item_id = self.previous_item_id, item_id
         self.send(event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous))
         self.send(event("conversation.item.added", previous_item_id=previous, item=user_item(item_id, "completed")))
-        task = asyncio.ensure_future(self._transcribe(item_id, audio, self.previous_final, time.perf_counter()))
+        task = asyncio.ensure_future(self._transcribe(item_id, audio, self.previous_final, time.perf_counter(), early))
         self.previous_final = task
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
 
-    async def _transcribe(self, item_id: str, audio: np.ndarray, previous: asyncio.Task | None, ended: float) -> None:
+    async def _transcribe(
+        self, item_id: str, audio: np.ndarray, previous: asyncio.Task | None, ended: float, early: EarlyFinal | None
+    ) -> None:
         partials = self.partials.take(item_id)
         self.load.finals_in_flight += 1
         try:
             if previous is not None:  # its transcript is this turn's context
                 await asyncio.wait([previous])
-            await self._final(item_id, audio, partials, ended)
+            await self._final(item_id, audio, partials, ended, early)
         finally:
             self.load.finals_in_flight -= 1
 
-    async def _final(self, item_id: str, audio: np.ndarray, partials: Partials | None, ended: float) -> None:
+    async def _final(
+        self, item_id: str, audio: np.ndarray, partials: Partials | None, ended: float, early: EarlyFinal | None
+    ) -> None:
         options = self._options(background=False)
-        try:
-            handle = self.engine.submit(audio, options)
-        except EngineError as exc:
-            self._failed(item_id, exc)
-            return
-        self.handles.add(handle)
+        handle = None
+        if early is not None and early.serves(audio, options):
+            handle = early.handle
+            self.metrics.realtime_early_finals.labels("used").inc()
+        elif early is not None:  # the session's prompt or language changed meanwhile
+            self._abort_early(early)
+        if handle is None:
+            try:
+                handle = self.engine.submit(audio, options)
+            except EngineError as exc:
+                self._failed(item_id, exc)
+                return
+            self.handles.add(handle)
         try:
             result = await handle.result()
         except EngineError as exc:

@@ -2,7 +2,11 @@
 
 Silero runs on the stream as it arrives (SpeechBatcher, with every other session's appends). A turn starts at the
 first frame at or above `threshold` and ends once `silence_duration_ms` of frames have stayed below `threshold -
-0.15` (Silero's hysteresis); its audio runs from `prefix_padding_ms` before the speech to the end of that silence.
+0.15` (Silero's hysteresis); its audio runs from `prefix_padding_ms` before the speech to `tail_ms` after it (the
+server's realtime_turn_tail_ms, at most the silence): the rest of the silence is the wait for the end, not the
+turn. Once the speech has been followed by that tail the turn's audio is known, and the detector says so
+(TurnEnding) while it waits out the silence, so that the turn's transcript can be decoded meanwhile; speech that
+resumes within the wait says SpeechResumed, and the turn goes on.
 With `idle_timeout_ms`, a stream that long without speech is committed as a turn all the same (the model may hear
 speech the VAD did not). Between turns the buffer keeps only what the next one may start with: the prefix
 padding, or under `idle_timeout_ms` the quiet audio since the last turn.
@@ -42,6 +46,21 @@ class SpeechStopped:
     audio_end_ms: int
 
 
+@dataclass(frozen=True, eq=False)
+class TurnEnding:
+    """The open turn's speech has been followed by its tail of silence: `audio` is the turn's, if it ends."""
+
+    item_id: str
+    audio: np.ndarray
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """Speech came back after a TurnEnding, before the silence ended the turn: that audio is not the turn's."""
+
+    item_id: str
+
+
 @dataclass(frozen=True)
 class IdleTimeout:
     """`idle_timeout_ms` without speech: OpenAI's `timeout_triggered`; a Turn of the quiet audio follows."""
@@ -59,19 +78,21 @@ class Turn:
     audio: np.ndarray
 
 
-Detection = SpeechStarted | SpeechStopped | IdleTimeout | Turn
+Detection = SpeechStarted | SpeechStopped | TurnEnding | SpeechResumed | IdleTimeout | Turn
 
 
 class TurnDetector:
     """One session's server VAD state: its Silero stream, the speech in progress, and where the stream has been
     without speech since. It cuts the turns out of `buffer` and gives the open turn its item id."""
 
-    def __init__(self, batcher: SpeechBatcher, buffer: InputBuffer) -> None:
+    def __init__(self, batcher: SpeechBatcher, buffer: InputBuffer, tail_ms: int) -> None:
         self.batcher = batcher
         self.speech = batcher.stream()  # this session's stream, pushed in one pass with the other sessions'
         self.buffer = buffer
+        self.tail_ms = tail_ms
         self.speech_start: int | None = None  # frame index where the current speech began
         self.silent_since: int | None = None
+        self.ending = False  # TurnEnding said for the silence in progress
         self.idle_from = 0  # where the stream has been without speech since (idle_timeout_ms)
 
     @property
@@ -104,25 +125,37 @@ class TurnDetector:
                     yield SpeechStarted(self.buffer.item_id, start_ms)
                 continue
             if prob >= td.threshold - NEG_THRESHOLD_GAP:
+                if self.ending:
+                    self.ending = False
+                    yield SpeechResumed(self.buffer.item_id)
                 self.silent_since = None
                 continue
             if self.silent_since is None:
                 self.silent_since = i
-            if (i + 1 - self.silent_since) * FRAME_MS >= td.silence_duration_ms:
+            silent_ms = (i + 1 - self.silent_since) * FRAME_MS
+            if silent_ms >= td.silence_duration_ms:
                 yield from self._end_speech(td, self.silent_since, i + 1)
+            elif silent_ms >= self.tail_ms and not self.ending:  # the turn's audio is all here, if it ends
+                self.ending = True
+                yield TurnEnding(self.buffer.item_id, self._turn_audio(td, self.silent_since))
         if self.speech_start is None:  # keep only the padding a next turn may start with (or the idle audio)
             keep_from = self.speech.frames_done * FRAME_MS - td.prefix_padding_ms
             if td.idle_timeout_ms is not None:
                 keep_from = min(keep_from, self.idle_from_ms)
             self.buffer.drop_before(max(0, keep_from) * SAMPLE_RATE // 1000)
 
+    def _turn_audio(self, td: TurnDetection, silent_frame: int) -> np.ndarray:
+        """The open turn's audio if its speech ended at `silent_frame`: its prefix padding, the speech, the tail."""
+        tail_ms = min(self.tail_ms, td.silence_duration_ms)
+        return self.buffer.buffered(self.turn_start(td), (silent_frame * FRAME_MS + tail_ms) * SAMPLE_RATE // 1000)
+
     def _end_speech(self, td: TurnDetection, silent_frame: int, end_frame: int) -> Iterator[Detection]:
         yield SpeechStopped(self.buffer.item_id, silent_frame * FRAME_MS)
-        start = self.turn_start(td)
+        yield Turn(self.buffer.item_id, self._turn_audio(td, silent_frame))
         end = end_frame * FRAME_MS * SAMPLE_RATE // 1000
-        yield Turn(self.buffer.item_id, self.buffer.buffered(start, end))
         self.buffer.drop_before(end)
         self.speech_start = self.silent_since = self.buffer.item_id = None
+        self.ending = False
         self.idle_from = end
 
     def _idle_timeout(self, now_ms: int) -> Iterator[Detection]:

@@ -190,6 +190,48 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
         assert len(expected & got) >= 0.8 * len(expected), (text, completed[started.item_id])
 
 
+def test_server_vad_decodes_a_turn_while_it_waits_out_the_silence(server, data_dir):
+    """Under server VAD a turn's final decode starts once its speech has had its 200 ms tail of silence
+    (realtime_turn_tail_ms) and is the turn's transcript when the silence ends the turn; speech that resumes within
+    the wait aborts it and the turn goes on. Each transcript is the HTTP transcript of the turn's audio: from the
+    reported start (300 ms prefix padding) to 200 ms after the reported end of its speech."""
+    first = trimmed(pcm24k(data_dir / "g1_en_librispeech-dev-clean_1272-128104-0000.wav"))
+    a, b = (trimmed(pcm24k(data_dir / f"g1_en_librispeech-test-clean_{n}.wav")) for n in ("1221-135766-0002", "1995-1837-0001"))
+    gap, pause = bytes(2 * 24000 * 2), bytes(2 * 24 * 450)  # 2 s between turns; a 450 ms pause inside the second
+    # read speech: no pause inside a clip reaches 800 ms. The second turn is sent once the first is transcribed
+    # (a turn's early decode needs the transcript of the one before: its context)
+    stream = gap + first + gap + a + pause + b + gap
+    second_from = len(gap + first + gap)
+    used = metric(server, "whisper_realtime_early_finals_total", '{outcome="used"}')
+    dropped = metric(server, "whisper_realtime_early_finals_total", '{outcome="dropped"}')
+    s = RawSession(server)
+    try:
+        assert s.next().type == "session.created"
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}}})  # fmt: skip
+        s.next()
+        turns, completed = [], {}
+        for part in (stream[:second_from], stream[second_from:]):
+            for piece in chunks(part, 48):
+                s.send(type="input_audio_buffer.append", audio=piece)
+            turns.append((s.until("input_audio_buffer.speech_started"), s.until("input_audio_buffer.speech_stopped")))
+            ev = s.until("conversation.item.input_audio_transcription.completed")
+            completed[ev.item_id] = ev.transcript
+    finally:
+        s.close()
+    assert sum(e.type == "input_audio_buffer.speech_started" for e in s.events) == 2  # the pause split nothing
+    assert metric(server, "whisper_realtime_early_finals_total", '{outcome="used"}') - used == 2
+    assert metric(server, "whisper_realtime_early_finals_total", '{outcome="dropped"}') - dropped >= 1
+    client, prompt = server.client(), None
+    for started, stopped in turns:
+        audio = stream[started.audio_start_ms * 48 : (stopped.audio_end_ms + 200) * 48]
+        http = client.audio.transcriptions.create(file=("t.wav", wav_bytes(audio, 24000)), model="whisper-1",
+                                                  prompt=prompt).text  # fmt: skip
+        assert completed[started.item_id] == http, (completed[started.item_id], http)
+        prompt = http
+    assert "quilter" in completed[turns[0][0].item_id].lower()
+
+
 def manual_turn(s: RawSession, pcm: bytes):
     """One turn committed by hand: its live deltas and its completed event."""
     first = len(s.events)
