@@ -53,7 +53,12 @@ NUM_STAGES = 3  # Triton's default software pipelining depth of the key loop
 MAX_SPLITS = 16
 QUANTIZE_ROWS = 64  # vectors per program of the quantize kernel
 TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to stream at full bandwidth
-INVARIANT_SPLITS = 8  # the batch-invariant cross-attention's key splits, for every batch (fixed_split_attention)
+# The batch-invariant cross-attention's key splits, the same for every batch (fixed_split_attention): more splits
+# serve a lone row (more programs stream its keys), fewer serve many rows (the default does not split from ~32
+# rows, and each split's partial results cost a write, a read and a combining kernel). H200, a large-v3 step
+# against the default kernels at 1 / 64 / 256 / 512 rows: 8 splits 0.55 / 0.92 / 0.80 / 0.77, 4 splits 0.52 / 0.97
+# / 0.88 / 0.85, 2 splits 0.47 / 0.98 / 0.91 / 0.88.
+INVARIANT_SPLITS = 4
 LONE_ROW_MAX_KEYS = 256  # keys per split the lone-row kernel holds in registers (Whisper's 1,500 / 16 = 94, as 128)
 
 log = logging.getLogger(__name__)
