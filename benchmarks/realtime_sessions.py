@@ -17,7 +17,9 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - live words changed: of the words the live deltas sent before `speech_stopped`, those the completed transcript
   has otherwise at their place (case and punctuation aside): what an earlier delta cost in stability.
 `--delay` runs each of OpenAI's `delay` values given (session.update before the stream; realtime/partials.py).
-Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s.
+Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s;
+under each row, how many turns' final decodes started early (before the VAD ended the turn) and were used or
+dropped (the server's whisper_realtime_early_finals_total).
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
 """
@@ -32,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from server.realtime.partials import WORD, word_key
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, wav_bytes
-from tests.helpers.server import spawn_or_exit
+from tests.helpers.server import metric, spawn_or_exit
 
 TARGET_S = 0.5
 
@@ -146,6 +149,11 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def early_finals(url: str, outcome: str) -> float:
+    """The server's count of early final decodes with this outcome (server/realtime/connection.py EarlyFinal)."""
+    return metric(SimpleNamespace(url=url), "whisper_realtime_early_finals_total", f'{{outcome="{outcome}"}}')
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spawn", nargs="?", const="", default=None, help="start `python -m server serve SPAWN`")
@@ -170,6 +178,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|")
         held = 0
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
+            early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
             out, errors = run(url, pcm, n, delay)
             speech, commit, first, gaps, changed, sent = ([row[i] for row in out] for i in range(6))
             peer = http_peer(url, pcm, n)
@@ -178,6 +187,8 @@ def main() -> None:
                   f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
                   f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
                   flush=True)  # fmt: skip
+            used, dropped = (early_finals(url, outcome) - before for outcome, before in zip(("used", "dropped"), early))
+            print(f"  early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped")
             if errors:
                 print(f"  errors: {errors[:3]}")
             if not errors and commit and pct(commit, 95) < TARGET_S:
