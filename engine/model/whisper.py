@@ -204,12 +204,13 @@ class AudioEncoder(nn.Module):
             block.attn.fuse_qkv()
 
     def stem(self, mel: Tensor) -> Tensor:
-        """mel (batch, n_mels, 3000) -> the residual stream entering the first block (batch, n_audio_ctx, n_state)"""
+        """mel (batch, n_mels, 3000) -> the residual stream entering the first block (batch, n_audio_ctx, n_state);
+        a shorter mel (2N frames) gives the first N positions (benchmarks/partial_audio_ctx.py measures that)"""
         x = F.gelu(self.ops.conv1d(self.conv1, mel))
         # the residual stream must be (batch, time, channels) in memory, not a transposed view of the conv's
         # output: every later add, layer norm and linear would run strided
         x = F.gelu(self.ops.conv1d(self.conv2, x)).transpose(1, 2).contiguous()
-        return x + self.positional_embedding
+        return x + self.positional_embedding[: x.shape[1]]
 
     def forward(self, mel: Tensor) -> Tensor:
         """mel : (batch, n_mels, 3000) -> (batch, n_audio_ctx, n_audio_state)"""
