@@ -15,7 +15,10 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - longest wait for a delta while speaking: the longest of the gaps between the clip's first chunk, each live
   delta before its last chunk, and that last chunk;
 - live words changed: of the words the live deltas sent before `speech_stopped`, those the completed transcript
-  has otherwise at their place (case and punctuation aside): what an earlier delta cost in stability.
+  has otherwise at their place (case and punctuation aside): what an earlier delta cost in stability;
+- speech_stopped lag: from the moment the VAD could end the turn (the chunk holding the last frame of its
+  silence_duration_ms after the reported `audio_end_ms` was sent) to `input_audio_buffer.speech_stopped`: how far
+  turn detection falls behind the stream.
 `--delay` runs each of OpenAI's `delay` values given (session.update before the stream; realtime/partials.py).
 Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s;
 under each row, how many turns' final decodes started early (before the VAD ended the turn) and were used or
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 import threading
@@ -42,10 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from server.realtime.partials import WORD, word_key
+from server.realtime.turns import FRAME_MS
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, wav_bytes
 from tests.helpers.server import metric, spawn_or_exit
 
 TARGET_S = 0.5
+SILENCE_MS = 500  # OpenAI's silence_duration_ms, the sessions' (the server's default)
 
 
 def norm_words(text: str) -> list[str]:
@@ -78,6 +84,7 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
                             live.append(event["delta"])
                     if event["type"] == "input_audio_buffer.speech_stopped":
                         times.setdefault("stopped", time.perf_counter())
+                        times.setdefault("end_ms", event["audio_end_ms"])
                     elif event["type"] == "conversation.item.input_audio_transcription.completed":
                         times["completed"] = time.perf_counter()
                         final.append(event["transcript"])
@@ -106,8 +113,12 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
             gap = max(b - a for a, b in itertools.pairwise(marks))
             sent, heard = norm_words("".join(live)), norm_words(final[0])
             changed = sum(1 for i, w in enumerate(sent) if i >= len(heard) or heard[i] != w)
+            # the VAD can end the turn once the chunk holding the last frame of its silence has arrived: chunk k (the
+            # stream's [k, k + 1) x CHUNK_MS) was sent at start + k x CHUNK_MS
+            decidable_ms = times["end_ms"] + math.ceil(SILENCE_MS / FRAME_MS) * FRAME_MS
+            decidable = start + (math.ceil(decidable_ms / CHUNK_MS) - 1) * CHUNK_MS / 1000
             out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first, gap,
-                        changed, len(sent)))  # fmt: skip
+                        changed, len(sent), times["stopped"] - decidable))  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
         errors.append(repr(exc))
 
@@ -173,17 +184,18 @@ def main() -> None:
         print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
         http_peer(url, pcm, 1)  # warm-up
         print("| delay | sessions | completed | first delta after speech start p50 / p95 s | longest wait for a delta "
-              "while speaking p50 / p95 s | live words changed | after speech p50 / p95 s "
-              "| after the commit p50 / p95 s | HTTP peer p50 / p95 s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+              "while speaking p50 / p95 s | live words changed | speech_stopped lag p50 / p95 s "
+              "| after speech p50 / p95 s | after the commit p50 / p95 s | HTTP peer p50 / p95 s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
         held = 0
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
             out, errors = run(url, pcm, n, delay)
-            speech, commit, first, gaps, changed, sent = ([row[i] for row in out] for i in range(6))
+            speech, commit, first, gaps, changed, sent, lag = ([row[i] for row in out] for i in range(7))
             peer = http_peer(url, pcm, n)
             print(f"| {delay or 'default'} | {n} | {len(out)} of {n} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
                   f"| {pct(gaps, 50):.3f} / {pct(gaps, 95):.3f} | {sum(changed)} of {sum(sent)} "
+                  f"| {pct(lag, 50):.3f} / {pct(lag, 95):.3f} "
                   f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
                   f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
                   flush=True)  # fmt: skip
