@@ -151,8 +151,7 @@ class BatchInvariantGpuBackend(GpuBackend):
         n_vocab = self.decoder.token_embedding.weight.shape[0]
         if out is None:
             out = torch.empty(*hidden.shape[:-1], n_vocab, dtype=torch.float32, device=hidden.device)
-        pdl = self.kernels.pdl and hidden.numel() // hidden.shape[-1] <= invariant_ops.DEPENDENT_MAX_ROWS
-        return invariant_ops.linear(hidden, self.output_weight, out=out, n_valid=n_vocab, pdl=pdl)
+        return invariant_ops.linear(hidden, self.output_weight, out=out, n_valid=n_vocab, pdl=self.kernels.pdl)
 
     def projection(self, hidden: Tensor) -> Tensor:
         return self.logits(hidden)

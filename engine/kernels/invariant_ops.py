@@ -57,7 +57,8 @@ TILES = (
 # Every decode tile walks K in the same chunks, into the same number of accumulators (chunk c into c % CHAINS),
 # added in one order at the end: the arithmetic of an output element, whatever the tile. With one accumulator a
 # few rows' product is a chain of K / 16 dependent tensor-core steps, each waiting for the last one's result; two
-# chains interleave them (H200, a large-v3 step: 1 row 9%, 8 rows 9%, 64 rows 6% faster; 4 chains were slower).
+# chains interleave them (H200, a large-v3 step: 1 row 9%, 8 rows 9%, 64 rows 6% faster; 4 chains were slower,
+# and the kernel takes 1 or 2). The wide tile keeps one.
 CHUNK_K = 128
 CHAINS = 2
 # Up to this many rows a product may be launched as a programmatic dependent (`pdl`, Hopper on: fused_ops.py):
@@ -208,9 +209,6 @@ if triton is not None:
             acc = acc.to(DTYPE).to(tl.float32)
         return acc
 
-    # M changes with the batch: specializing on it (e.g. M == 1) would compile other code for other batches, and
-    # nothing may differ between batch sizes but the grid. The input's rows are K apart (a constant), the output's
-    # stride is the caller's buffer's.
     @triton.jit
     def _chunk_dot(x_ptr, w_ptr, acc, row_ok, IEEE: tl.constexpr):
         # one BLOCK_K chunk of K into one accumulator, the tensor cores adding its 16-wide slices in order
@@ -220,6 +218,9 @@ if triton is not None:
             return tl.dot(a, w, acc, input_precision="ieee")
         return tl.dot(a, w, acc)
 
+    # M changes with the batch: specializing on it (e.g. M == 1) would compile other code for other batches, and
+    # nothing may differ between batch sizes but the grid. The input's rows are K apart (a constant), the output's
+    # stride is the caller's buffer's.
     @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _fixed_tile_matmul(
         X, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -241,28 +242,21 @@ if triton is not None:
         # chunk c of K (BLOCK_K wide) goes into accumulator c % CHAINS, each walking its chunks from 0 up; the
         # accumulators are added in a fixed order at the end. CHAINS independent chains of tensor-core steps
         # where one would wait for each step's result: what bounds a few rows' product (see CHAINS)
+        tl.static_assert(CHAINS == 1 or CHAINS == 2)
         acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         CHUNKS: tl.constexpr = K // BLOCK_K
         for _ in range(CHUNKS // CHAINS):
             acc0 = _chunk_dot(x_ptr, w_ptr, acc0, row_ok, IEEE)
-            if CHAINS > 1:
+            if CHAINS == 2:
                 acc1 = _chunk_dot(x_ptr + BLOCK_K, w_ptr + BLOCK_K, acc1, row_ok, IEEE)
-            if CHAINS > 2:
-                acc2 = _chunk_dot(x_ptr + 2 * BLOCK_K, w_ptr + 2 * BLOCK_K, acc2, row_ok, IEEE)
-                acc3 = _chunk_dot(x_ptr + 3 * BLOCK_K, w_ptr + 3 * BLOCK_K, acc3, row_ok, IEEE)
             x_ptr += CHAINS * BLOCK_K
             w_ptr += CHAINS * BLOCK_K
-        REST: tl.constexpr = CHUNKS % CHAINS  # the last chunks, into the first accumulators
-        if REST > 0:
+        if CHUNKS % CHAINS:  # an odd last chunk, into the first accumulator
             acc0 = _chunk_dot(x_ptr, w_ptr, acc0, row_ok, IEEE)
-        if REST > 1:
-            acc1 = _chunk_dot(x_ptr + BLOCK_K, w_ptr + BLOCK_K, acc1, row_ok, IEEE)
-        if REST > 2:
-            acc2 = _chunk_dot(x_ptr + 2 * BLOCK_K, w_ptr + 2 * BLOCK_K, acc2, row_ok, IEEE)
-        acc = (acc0 + acc1) + (acc2 + acc3)
+        acc = acc0
+        if CHAINS == 2:
+            acc = acc0 + acc1
         acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, X.dtype.element_ty)
         o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
         tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])

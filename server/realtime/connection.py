@@ -72,7 +72,6 @@ class EarlyFinal:
     """A turn's final decode started before the server VAD ended the turn (turns.TurnEnding): used if the turn
     ends with this audio and these options, aborted otherwise."""
 
-    item_id: str
     audio: np.ndarray
     options: DecodeOptions
     handle: object
@@ -342,7 +341,7 @@ class Connection:
                 self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=found.audio_end_ms,
                                 item_id=found.item_id))  # fmt: skip
             elif isinstance(found, TurnEnding):
-                self._start_early_final(found.item_id, found.audio)
+                self._start_early_final(found.audio)
             elif isinstance(found, SpeechResumed):
                 self._drop_early_final()
             elif isinstance(found, IdleTimeout):
@@ -351,7 +350,7 @@ class Connection:
             else:
                 self._start_turn(found.item_id, found.audio)
 
-    def _start_early_final(self, item_id: str, audio: np.ndarray) -> None:
+    def _start_early_final(self, audio: np.ndarray) -> None:
         """The turn's final decode, now, if the server allows it and the session's earlier turns are transcribed
         (the last one's transcript is this one's context)."""
         if not self.settings.realtime_early_final:
@@ -364,7 +363,7 @@ class Connection:
         except EngineError:
             return  # the final decode submits again, and says what is wrong
         self.handles.add(handle)
-        self.early = EarlyFinal(item_id, audio, options, handle)
+        self.early = EarlyFinal(audio, options, handle)
         if self.partial_handle is not None:  # a preview of the turn is moot now: the engine is the final's
             self.partial_handle.abort()
 
@@ -382,10 +381,7 @@ class Connection:
     # ---- transcription ------------------------------------------------------------------------------------------
 
     def _start_turn(self, item_id: str, audio: np.ndarray) -> None:
-        early, self.early = self.early, None
-        if early is not None and early.item_id != item_id:  # not this turn's (cannot happen: one turn is open)
-            self._abort_early(early)
-            early = None
+        early, self.early = self.early, None  # the open turn's, if its final decode started early
         self.partials.commit(item_id)
         previous, self.previous_item_id = self.previous_item_id, item_id
         self.send(event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous))
