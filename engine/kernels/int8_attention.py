@@ -56,8 +56,9 @@ TARGET_PROGRAMS = 512  # ~4 per SM of an H100/H200: enough loads in flight to st
 # The batch-invariant cross-attention's key splits, the same for every batch (fixed_split_attention): more splits
 # serve a lone row (more programs stream its keys), fewer serve many rows (the default does not split from ~32
 # rows, and each split's partial results cost a write, a read and a combining kernel). H200, a large-v3 step
-# against the default kernels at 1 / 64 / 256 / 512 rows: 8 splits 0.55 / 0.92 / 0.80 / 0.77, 4 splits 0.52 / 0.97
-# / 0.88 / 0.85, 2 splits 0.47 / 0.98 / 0.91 / 0.88.
+# against the default kernels at 1 / 64 / 256 / 512 rows: 8 splits 0.55 / 0.92 / 0.80 / 0.77, 4 splits 0.52 /
+# 0.97 / 0.88 / 0.85, 2 splits 0.47 / 0.98 / 0.91 / 0.88 (workbench: docs/benchmarks/2026-12-04-batch-invariance.md;
+# the whole engine: `benchmarks/gpu_throughput.py --batch-invariant both`).
 INVARIANT_SPLITS = 4
 LONE_ROW_MAX_KEYS = 256  # keys per split the lone-row kernel holds in registers (Whisper's 1,500 / 16 = 94, as 128)
 

@@ -16,8 +16,9 @@ count (`tile`: a lone row's product spreads over many narrow programs, 256 rows 
 instruction's result for an element does not depend on the tile around it, measured bitwise on an H200 for every
 tile here, fp16 and bf16, and asserted by tests/gpu/test_batch_invariance.py (rows alone against among others,
 across the tiles' row counts). What would change a result is summing K in another order for another row count
-(cuBLAS's split-K: partial sums added in another order), which nothing here does. Bias, GELU (tanh form, as the default path's cuBLASLt epilogue) and the rounding of a float32 output to the
-input's precision (as a half-precision cuBLAS output is rounded) are applied per element after the sum.
+(cuBLAS's split-K: partial sums added in another order), which nothing here does. Bias, GELU (tanh form, as the
+default path's cuBLASLt epilogue) and the rounding of a float32 output to the input's precision (as a
+half-precision cuBLAS output is rounded) are applied per element after the sum.
 
 The model's passes over whole windows (the encoder, the cross-attention K/V) always have thousands of rows:
 `linear(..., wide=True)` runs them with a large tile (WIDE), on Hopper with its tiles loaded by the tensor memory
@@ -58,7 +59,8 @@ TILES = (
 # added in one order at the end: the arithmetic of an output element, whatever the tile. With one accumulator a
 # few rows' product is a chain of K / 16 dependent tensor-core steps, each waiting for the last one's result; two
 # chains interleave them (H200, a large-v3 step: 1 row 9%, 8 rows 9%, 64 rows 6% faster; 4 chains were slower,
-# and the kernel takes 1 or 2). The wide tile keeps one.
+# and the kernel takes 1 or 2; workbench figures, docs/benchmarks/2026-12-04-batch-invariance.md). The wide tile
+# keeps one.
 CHUNK_K = 128
 CHAINS = 2
 # Up to this many rows a product may be launched as a programmatic dependent (`pdl`, Hopper on: fused_ops.py):
