@@ -197,7 +197,8 @@ def test_server_vad_decodes_a_turn_while_it_waits_out_the_silence(server, data_d
     reported start (300 ms prefix padding) to 200 ms after the reported end of its speech."""
     first = trimmed(pcm24k(data_dir / "g1_en_librispeech-dev-clean_1272-128104-0000.wav"))
     a, b = (
-        trimmed(pcm24k(data_dir / f"g1_en_librispeech-test-clean_{n}.wav")) for n in ("1221-135766-0002", "1995-1837-0001")
+        trimmed(pcm24k(data_dir / f"g1_en_librispeech-test-clean_{n}.wav"))
+        for n in ("1221-135766-0002", "1995-1837-0001")
     )
     gap, pause = bytes(2 * 24000 * 2), bytes(2 * 24 * 450)  # 2 s between turns; a 450 ms pause inside the second
     # read speech: no pause inside a clip reaches 800 ms. The second turn is sent once the first is transcribed
