@@ -75,6 +75,11 @@ class DecodeOptions:
     # A preview the caller can do without (the realtime API's partial decodes of a turn still being spoken): its
     # windows take a slot only when no other window waits for one, so they never delay a transcript.
     background: bool = False
+    # Set: a window shorter than 30 s is encoded on a short context, its audio and this many seconds of the padding
+    # (whisper.cpp's audio_ctx), and its decode attends to those positions only. Several times cheaper for a few
+    # seconds of audio, and the text mostly the same but not always (benchmarks/partial_audio_ctx.py): for previews
+    # such as the realtime API's partial decodes. None: Whisper's full 30 s window.
+    context_margin_s: float | None = None
     # Keep each text token's log-probability in the segments (OpenAI's `include[]=logprobs`).
     logprobs: bool = False
     # Language detection picks among these ISO codes only (OpenAI's `languages[]`); None: any the model knows.
@@ -101,6 +106,8 @@ class DecodeOptions:
             raise ValueError(f"patience must be above 0 and at most {MAX_BEAM_SIZE}, got {self.patience}")
         if not 0 <= self.length_penalty <= 2:
             raise ValueError(f"length_penalty must be between 0 and 2, got {self.length_penalty}")
+        if self.context_margin_s is not None and not 0 <= self.context_margin_s <= 30:
+            raise ValueError(f"context_margin_s must be between 0 and 30, got {self.context_margin_s}")
         if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
 

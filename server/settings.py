@@ -163,6 +163,12 @@ class Settings(BaseSettings):
     """Under server VAD a turn's final decode starts as soon as its speech has been followed by realtime_turn_tail_ms
     of silence, while the VAD still waits out silence_duration_ms: the transcript of a turn that does end is then
     ready sooner after it. Speech that resumes within the wait aborts that decode."""
+    realtime_short_partials: bool = True
+    """A realtime partial decode encodes its turn's audio and realtime_partial_margin_s of padding only, not a 30 s
+    window (whisper.cpp's audio_ctx): a partial costs a fraction of a full window's decode, and its words are mostly
+    the same. The final decode of a turn is always a full window, the HTTP route's."""
+    realtime_partial_margin_s: float = Field(default=1.0, ge=0, le=30)
+    """The padding after a short partial's audio that its encoder sees, in seconds."""
     realtime_condition_on_previous_text: bool = True
     """A realtime turn is decoded with the session's previous transcripts as context (after the session's prompt),
     as Whisper's long-form decodes a window after the text of those before it."""

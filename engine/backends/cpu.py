@@ -135,7 +135,7 @@ class CpuNativeBackend(CpuTorchBackend):
             cross = block.cross_attn
             q = linear(x, cross.query.weight, cross.query.bias, norm=block.cross_attn_ln)
             k, v, _, _ = cache.cross_layer(i, slice(cross_slot, cross_slot + 1))
-            o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], k.shape[2])
+            o = kernels.attend_one(q.view(cross.n_head, d), k[0], v[0], cache.cross_len[cross_slot])
             x = linear(o.view(x.shape), cross.out.weight, cross.out.bias, residual=x)
             fc1, fc2 = block.mlp[0], block.mlp[2]
             h = linear(x, fc1.weight, fc1.bias, norm=block.mlp_ln, gelu=True)
@@ -159,7 +159,8 @@ class CpuNativeBackend(CpuTorchBackend):
                 cross = block.cross_attn
                 q = linear(cross.query, norm(block.cross_attn_ln, x))
                 k, v, _, _ = cache.cross_layer(i, slice(None))
-                x = x + linear(cross.out, kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots))
+                o = kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots, lengths=cache.cross_lengths)
+                x = x + linear(cross.out, o)
                 x = x + block.feed_forward(norm(block.mlp_ln, x))
             return norm(self.decoder.ln, x).view(b, 1, -1)
         rows = self._linear_rows
@@ -172,7 +173,7 @@ class CpuNativeBackend(CpuTorchBackend):
             cross = block.cross_attn
             q = rows(x, cross.query.weight, cross.query.bias, norm=block.cross_attn_ln)
             k, v, _, _ = cache.cross_layer(i, slice(None))
-            o = kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots)
+            o = kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots, lengths=cache.cross_lengths)
             x = rows(o, cross.out.weight, cross.out.bias, residual=x)
             fc1, fc2 = block.mlp[0], block.mlp[2]
             x = rows(rows(x, fc1.weight, fc1.bias, norm=block.mlp_ln, gelu=True), fc2.weight, fc2.bias, residual=x)

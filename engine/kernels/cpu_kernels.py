@@ -194,7 +194,7 @@ class CpuKernels:
         self.vnni = bool(lib.whisper_has_vnni())  # this CPU runs the integer dot products
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
-        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]  # fmt: skip
+        lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]  # fmt: skip
         lib.whisper_attend_rows.restype = None
 
     def threads(self) -> int:
@@ -319,11 +319,12 @@ class CpuKernels:
 
     def attend_rows(
         self, q: Tensor, k: Tensor, v: Tensor, n: int, positions: Tensor | None = None,
-        cross_slots: Tensor | None = None,
+        cross_slots: Tensor | None = None, lengths: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
         """Row r of the batch against slot r of k, v (slots, heads, positions, 64), or slot cross_slots[r] (an int64
         tensor) when given; returns (rows, heads * 64).
-        Cross-attention: q (rows, heads * 64) against the first n positions of each slot. Self-attention: q is the
+        Cross-attention: q (rows, heads * 64) against the first n positions of each slot, or of slot s the first
+        lengths[s] (int64, each at most n) when given. Self-attention: q is the
         fused (rows, 3 * heads * 64) q/k/v projection and positions (rows,) int64 each row's position p; the row's
         new key and value are written there and it attends over 0..p (n: the slots' capacity)."""
         rows, heads = q.shape[0], k.shape[1]
@@ -332,7 +333,8 @@ class CpuKernels:
         self.lib.whisper_attend_rows(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows, heads, n,
             positions.data_ptr() if positions is not None else None,
-            cross_slots.data_ptr() if cross_slots is not None else None, k.stride(0), k.stride(1), HEAD_DIM**-0.5,
+            cross_slots.data_ptr() if cross_slots is not None else None,
+            lengths.data_ptr() if lengths is not None else None, k.stride(0), k.stride(1), HEAD_DIM**-0.5,
             scratch.data_ptr(), self.threads(),
         )  # fmt: skip
         return out

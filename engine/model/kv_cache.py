@@ -108,8 +108,13 @@ class KVCache:
         self.row_cross = [i % self.num_cross_slots for i in range(num_slots)]
         self._row_maps = torch.tensor([self.row_cross, list(range(num_slots))], dtype=index_dtype, device=device)
         self.cross_index, self.cross_order = self._row_maps.unbind(0)
-        self._runs: dict[tuple[int, int], list[tuple[int, int, int, bool]]] = {}
+        self._runs: dict[tuple[int, int], list[tuple[int, int, int, bool, int]]] = {}
         self._order_rows = -1  # how many leading rows cross_order sorts
+        # How many leading positions of each cross slot its window filled: n_audio_ctx, or fewer where the encoder
+        # ran on a short context (the window's audio and a margin, fill_cross_cache); a row attends to those only.
+        # On the host, and for the CPU kernels as int64 (a backend without short contexts never reads it).
+        self.cross_len = [shape.n_audio_ctx] * self.num_cross_slots
+        self.cross_lengths = torch.full((self.num_cross_slots,), shape.n_audio_ctx, dtype=torch.int64)
 
     @property
     def int8_cross(self) -> bool:
@@ -124,6 +129,13 @@ class KVCache:
         k_scale, v_scale = self.cross_scale_layers[layer]
         return k, v, k_scale[slots], v_scale[slots]
 
+    def set_cross_len(self, slot: int, positions: int) -> None:
+        """Cross slot `slot` now holds `positions` encoder positions (fill_cross_cache writes them)."""
+        if self.cross_len[slot] != positions:
+            self.cross_len[slot] = positions
+            self.cross_lengths[slot] = positions
+            self._runs.clear()
+
     def map_rows(self, start: int, cross_slots: list[int]) -> None:
         """Rows start.. read the cross slots `cross_slots` (one per row) from the next launch on. The device maps
         are written only when they change (admissions and releases), in one copy ordered after the steps already
@@ -137,14 +149,16 @@ class KVCache:
         self._order_rows = end
         self._runs.clear()
 
-    def cross_runs(self, start: int, n: int) -> list[tuple[int, int, int, bool]]:
+    def cross_runs(self, start: int, n: int) -> list[tuple[int, int, int, bool, int]]:
         """Rows start..start+n as runs a slice of the cross cache serves: (first row - start, end row - start,
-        first cross slot, shared), where a run either reads consecutive cross slots, one per row, or (shared) one
-        slot for all its rows (a beam search's). Without beams and with a fresh layout: one run."""
+        first cross slot, shared, positions), where a run either reads consecutive cross slots, one per row, or
+        (shared) one slot for all its rows (a beam search's), and all its slots hold `positions` encoder positions.
+        Without beams, short contexts and with a fresh layout: one run."""
         key = (start, n)
         runs = self._runs.get(key)
         if runs is None:
-            runs = self._runs[key] = _cross_runs(self.row_cross[start : start + n])
+            rows = self.row_cross[start : start + n]
+            runs = self._runs[key] = _cross_runs(rows, [self.cross_len[slot] for slot in rows])
         return runs
 
     def cross_slots_of(self, start: int, n: int) -> tuple[Tensor, Tensor | None]:
@@ -170,17 +184,19 @@ class KVCache:
         prefix.index_copy_(2, dst, prefix.index_select(2, src))
 
 
-def _cross_runs(cross: list[int]) -> list[tuple[int, int, int, bool]]:
-    runs: list[list] = []  # [start, end, first cross slot, kind: None (one row), "seq" or "shared"]
-    for row, slot in enumerate(cross):
+def _cross_runs(cross: list[int], lengths: list[int]) -> list[tuple[int, int, int, bool, int]]:
+    runs: list[list] = []  # [start, end, first cross slot, kind: None (one row), "seq" or "shared", positions]
+    for row, (slot, length) in enumerate(zip(cross, lengths)):
         last = runs[-1] if runs else None
-        if last is not None and last[3] != "shared" and slot == last[2] + (last[1] - last[0]):
+        if last is None or length != last[4]:
+            runs.append([row, row + 1, slot, None, length])
+        elif last[3] != "shared" and slot == last[2] + (last[1] - last[0]):
             last[1], last[3] = row + 1, "seq"
-        elif last is not None and last[3] != "seq" and slot == last[2]:
+        elif last[3] != "seq" and slot == last[2]:
             last[1], last[3] = row + 1, "shared"
         else:
-            runs.append([row, row + 1, slot, None])
-    return [(a, b, c, kind == "shared") for a, b, c, kind in runs]
+            runs.append([row, row + 1, slot, None, length])
+    return [(a, b, c, kind == "shared", n) for a, b, c, kind, n in runs]
 
 
 def _runs(moves: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:

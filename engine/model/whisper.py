@@ -55,17 +55,18 @@ def cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: int, kerne
     b = q.shape[0]
     k, v, k_scale, v_scale = cache.cross_layer(layer, slice(None))
     outs = []
-    for r0, r1, slot, shared in cache.cross_runs(row_start, b):
+    for r0, r1, slot, shared, positions in cache.cross_runs(row_start, b):
         rows = q[r0:r1]
         n = 1 if shared else r1 - r0
-        sl = slice(slot, slot + n)
-        ks, vs = (k_scale[sl], v_scale[sl]) if k_scale is not None else (None, None)
+        sl, p = slice(slot, slot + n), slice(positions)  # a short context's slots: their first positions only
+        ks, vs = (k_scale[sl, :, p], v_scale[sl, :, p]) if k_scale is not None else (None, None)
+        ck, cv = k[sl, :, p], v[sl, :, p]
         if shared:  # the rows' queries as more positions of one: (1, heads, rows * t, dim)
             m, h, t, d = rows.shape
-            o = _attend(rows.transpose(0, 1).reshape(1, h, m * t, d), k[sl], ks, v[sl], vs, kernels)
+            o = _attend(rows.transpose(0, 1).reshape(1, h, m * t, d), ck, ks, cv, vs, kernels)
             o = o.view(h, m, t, d).transpose(0, 1)
         else:
-            o = _attend(rows, k[sl], ks, v[sl], vs, kernels)
+            o = _attend(rows, ck, ks, cv, vs, kernels)
         outs.append(o)
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -248,17 +249,23 @@ class TextDecoder(nn.Module):
 
     def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, cross_slots: int | list[int]) -> None:
         """Project encoder output to cross-attention K/V once and store it in the cross slots: `cross_slots` one
-        per window, or the first of consecutive ones."""
+        per window, or the first of consecutive ones. Features of a short context (fewer than n_audio_ctx
+        positions) fill the slots' first positions, and the rows reading them attend to those only."""
         if isinstance(cross_slots, int):
             cross_slots = list(range(cross_slots, cross_slots + audio_features.shape[0]))
+        positions = audio_features.shape[1]
+        for slot in cross_slots:
+            cache.set_cross_len(slot, positions)
+        filled = slice(positions)
         for i, block in enumerate(self.blocks):
             attn = block.cross_attn
             k, v = (attn.split_heads(self.ops.linear(p, audio_features)) for p in (attn.key, attn.value))
             for w0, w1, slot in _consecutive(cross_slots):
                 ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(slot, slot + w1 - w0))
+                ck, cv = ck[:, :, filled], cv[:, :, filled]
                 if k_scale is not None:
-                    quantize_into(k[w0:w1], ck, k_scale)
-                    quantize_into(v[w0:w1], cv, v_scale)
+                    quantize_into(k[w0:w1], ck, k_scale[:, :, filled])
+                    quantize_into(v[w0:w1], cv, v_scale[:, :, filled])
                 else:
                     ck.copy_(k[w0:w1])
                     cv.copy_(v[w0:w1])
@@ -346,7 +353,10 @@ class TextDecoder(nn.Module):
             cross, h = block.cross_attn, block.cross_attn_ln(x)
             q = cross.split_heads(cross.query(h))
             ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(cross_slot, cross_slot + 1))
+            p = slice(cache.cross_len[cross_slot])  # a short context: its first positions
+            ck, cv = ck[:, :, p], cv[:, :, p]
             if k_scale is not None:  # one sequence, once per window: plain values are simplest here
+                k_scale, v_scale = k_scale[:, :, p], v_scale[:, :, p]
                 ck, cv = dequantize(ck, k_scale, q.dtype), dequantize(cv, v_scale, q.dtype)
             layer_heads = [head for layer, head in heads if layer == i]
             if layer_heads:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from engine.audio.constants import N_FRAMES
-from engine.audio.features import LogMelBuilder, LogMelSpectrogram
+from engine.audio.features import LogMelBuilder, LogMelSpectrogram, pad_or_trim
 from engine.backends import DecodeBackend, select_backend
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
@@ -222,11 +222,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def encode_into_slots(self, mels: list[Tensor], cross_slots: list[int]) -> None:
-        """Run the encoder on a batch of windows and write their cross-attention K/V into their cross slots."""
-        batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
-        assert batch.shape[-1] == N_FRAMES
-        encode = self.graphs.encode if self.graphs else self.backend.encode
-        self.model.decoder.fill_cross_cache(encode(batch), self.cache, cross_slots)
+        """Run the encoder on a batch of windows and write their cross-attention K/V into their cross slots. A
+        window's mel has N_FRAMES frames, or fewer for a short context (DecodeOptions.context_margin_s): those are
+        encoded in passes of one length each where the backend reads short contexts, else padded to full windows."""
+        if all(mel.shape[-1] == N_FRAMES for mel in mels):
+            batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
+            encode = self.graphs.encode if self.graphs else self.backend.encode
+            self.model.decoder.fill_cross_cache(encode(batch), self.cache, cross_slots)
+            return
+        if not self.backend.short_context:
+            self.encode_into_slots([pad_or_trim(mel, N_FRAMES) for mel in mels], cross_slots)
+            return
+        by_length: dict[int, list[int]] = {}
+        for i, mel in enumerate(mels):
+            by_length.setdefault(mel.shape[-1], []).append(i)
+        for frames, group in by_length.items():
+            batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
+            encode = self.graphs.encode if self.graphs and frames == N_FRAMES else self.backend.encode
+            self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group])
 
     def admissible_encoder_batch(self, n: int) -> int:
         return self.graphs.admissible_encoder_batch(n) if self.graphs else n

@@ -29,7 +29,7 @@ class WindowJob:
     their state (a plain record: the request's state stays in the engine's RequestTable)."""
 
     request_id: str
-    mel: Tensor  # (n_mels, N_FRAMES)
+    mel: Tensor  # (n_mels, N_FRAMES), or fewer frames for a short context (DecodeOptions.context_margin_s)
     prompt: list[int]
     temperature: float
     detect_language: bool  # prompt ends at <|startoftranscript|>; the model picks the language token
@@ -44,6 +44,9 @@ class WindowJob:
     beam_size: int = 1  # above 1: beam search (engine/decoding/beam_search.py), one slot per beam
     background: bool = False  # a background request's (DecodeOptions.background): only slots no other window needs
     generator: torch.Generator | None = None  # what sampling above temperature 0 draws from
+    # A short context's cap on its sampled tokens (timestamps included): such a decode repeats itself more often
+    # than a full window's, and a repetition would otherwise run to the context limit. None: no cap.
+    max_tokens: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -159,6 +162,8 @@ class Sequence:
         if token >= timestamp_begin:
             self.last_timestamp = token
         if (fixed is not None and len(self.tokens) >= fixed) or num_cached + 1 >= n_text_ctx:
+            self.finished = True
+        elif self.job.max_tokens is not None and len(self.tokens) >= self.job.max_tokens:
             self.finished = True
         return True
 

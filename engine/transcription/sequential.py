@@ -26,6 +26,10 @@ from engine.runtime.sequence import Sequence, WindowJob
 from engine.transcription.alignment import AlignmentInput, add_word_timestamps, find_alignment
 from engine.transcription.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 
+# A short context's decode may sample this many tokens per second of its context (DecodeOptions.context_margin_s):
+# fast speech is some 5 tokens a second with its timestamps, and a full window's 224 tokens per attempt are 7.5
+SHORT_CONTEXT_TOKENS_PER_S = 10
+
 
 @dataclass(slots=True)
 class WindowResult:
@@ -145,9 +149,10 @@ class Transcription:
         else:
             prompt += tok.sot_sequence(language, opts.task.value) + tail
             forced = []
+        frames = self._context_frames(window.shape[-1])
         return WindowJob(
             request_id=self.request_id,
-            mel=pad_or_trim(window, N_FRAMES),
+            mel=pad_or_trim(window, frames),
             prompt=prompt,
             temperature=temperature,
             detect_language=detect,
@@ -162,7 +167,16 @@ class Transcription:
             beam_size=opts.beam_size if temperature == 0 else 1,
             background=opts.background,
             generator=self.generator_for(candidate) if temperature > 0 else None,
+            max_tokens=None if frames == N_FRAMES else math.ceil(SHORT_CONTEXT_TOKENS_PER_S * frames / FRAMES_PER_SECOND),
         )
+
+    def _context_frames(self, frames: int) -> int:
+        """The mel frames a window of `frames` frames of audio is encoded on: N_FRAMES, or with a short context
+        (DecodeOptions.context_margin_s) the audio and the margin, an even count (the encoder halves it)."""
+        margin = self.options.context_margin_s
+        if margin is None:
+            return N_FRAMES
+        return min(N_FRAMES, 2 * math.ceil((frames + margin * FRAMES_PER_SECOND) / 2))
 
     def on_window_done(self, seq: Sequence) -> list[WindowJob]:
         """Judge a finished window: retry at a higher temperature, move on, or finish the request. Of an attempt's

@@ -271,13 +271,17 @@ class Connection:
 
     def _options(self, background: bool) -> DecodeOptions:
         """A turn's decode: the HTTP route's, with the session's language and prompt (then its previous
-        transcripts). A partial one is greedy only (one beam, no fallback), and in the background: a preview, soon
-        refreshed, that waits for every other window; the final decode has Whisper's fallback."""
+        transcripts). A partial one is greedy only (one beam, no fallback), in the background and on a short
+        context (realtime_short_partials): a preview, soon refreshed, that waits for every other window; the final
+        decode is a full window with Whisper's fallback."""
         prompt = " ".join(p for p in (self.session.prompt, self.context) if p) or None
         options = decode_options(Task.TRANSCRIBE, self.session.language, prompt, 0.0, settings=self.settings)
         options = dataclasses.replace(options, logprobs=self.session.logprobs)
         if background:
-            options = dataclasses.replace(options, temperatures=(0.0,), background=True, beam_size=1)
+            margin = self.settings.realtime_partial_margin_s if self.settings.realtime_short_partials else None
+            options = dataclasses.replace(
+                options, temperatures=(0.0,), background=True, beam_size=1, context_margin_s=margin
+            )
         return options
 
     async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray, launched: float) -> None:

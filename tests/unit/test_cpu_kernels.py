@@ -186,6 +186,13 @@ def test_attend_rows_matches_sdpa(kernels, rows):
     q = torch.randn(rows, heads * d) * 3
     want = F.scaled_dot_product_attention(q.view(rows, heads, 1, d), k[:, :, :37], v[:, :, :37])
     torch.testing.assert_close(kernels.attend_rows(q, k, v, 37), want.reshape(rows, -1), rtol=1e-4, atol=1e-4)
+    # rows reading cross slots by index, each slot its own count of positions (short contexts)
+    slots, lengths = torch.tensor([2, 0, 1, 2, 0][:rows]), torch.tensor([448, 20, 150])
+    got = kernels.attend_rows(q, k_cache, v_cache, ctx, cross_slots=slots, lengths=lengths)
+    for r, slot in enumerate(slots.tolist()):
+        n = int(lengths[slot])
+        want = F.scaled_dot_product_attention(q[r].view(heads, 1, d), k_cache[slot, :, :n], v_cache[slot, :, :n])
+        torch.testing.assert_close(got[r], want.reshape(-1), rtol=1e-4, atol=1e-4)
     # self-attention: each row writes its new key/value at its own position, then attends over 0..p
     qkv = torch.randn(rows, 3 * heads * d) * 3
     positions = torch.tensor([0, 447, 12, 3, 100][:rows])

@@ -45,11 +45,14 @@ def test_moves_copy_each_rows_self_cache_and_leave_the_cross_cache(int8_cross, n
 
 def test_cross_runs_cover_the_rows_in_slices_of_the_cache():
     cache = filled_cache(False, 1500, rows=10, cross=6)
-    assert cache.cross_runs(0, 6) == [(0, 6, 0, False)]  # the initial map: row r reads slot r
+    assert cache.cross_runs(0, 6) == [(0, 6, 0, False, 1500)]  # the initial map: row r reads slot r
     cache.map_rows(0, [3, 4, 1, 1, 1, 5, 0, 2, 2])
-    assert cache.cross_runs(0, 9) == [(0, 2, 3, False), (2, 5, 1, True), (5, 6, 5, False), (6, 7, 0, False),
-                                      (7, 9, 2, True)]  # fmt: skip
-    assert cache.cross_runs(2, 3) == [(0, 3, 1, True)]
+    assert cache.cross_runs(0, 9) == [(0, 2, 3, False, 1500), (2, 5, 1, True, 1500), (5, 6, 5, False, 1500),
+                                      (6, 7, 0, False, 1500), (7, 9, 2, True, 1500)]  # fmt: skip
+    assert cache.cross_runs(2, 3) == [(0, 3, 1, True, 1500)]
+    # a slot filled on a short context ends a run: its rows read fewer positions
+    cache.set_cross_len(4, 150)
+    assert cache.cross_runs(0, 3) == [(0, 1, 3, False, 1500), (1, 2, 4, False, 150), (2, 3, 1, False, 1500)]
     assert cache.row_cross[:9] == [3, 4, 1, 1, 1, 5, 0, 2, 2]
     assert cache.cross_index[:9].tolist() == [3, 4, 1, 1, 1, 5, 0, 2, 2]
     # rows reading one slot side by side, then the rows past the mapped ones in order: a permutation of all rows
@@ -89,3 +92,18 @@ def test_rows_asked_for_beyond_the_memory_of_pairs_keep_their_count_and_share_fe
     assert (rows, cross) == (pairs, pairs)  # the default cap: rows and cross slots in pairs
     rows, cross, _ = plan_num_slots(shape, torch.float32, cpu, 0.9, 0, max_rows=pairs + 100, rows_asked=True)
     assert rows == pairs + 100 and cross == (4 * 1024**3 - rows * per_row) // per_cross < pairs
+
+
+def test_cross_attention_reads_a_short_contexts_filled_positions_only():
+    """A window encoded on a short context fills its slot's first positions; what lies past them (an earlier
+    window's) is never read, and rows beside it in the same step read their own full slots."""
+    cache = filled_cache(False, 1500, rows=4, cross=4)
+    cache.cross_k.div_(100)
+    cache.cross_v.div_(100)
+    cache.set_cross_len(1, 150)
+    q = torch.randn(4, cache.shape.n_head, 1, cache.shape.head_dim, generator=torch.Generator().manual_seed(2))
+    got = cross_attention(q, cache, 0, 0, DEFAULT_KERNELS)
+    for row, positions in enumerate((1500, 150, 1500, 1500)):
+        k, v, _, _ = cache.cross_layer(0, slice(row, row + 1))
+        want = F.scaled_dot_product_attention(q[row : row + 1], k[:, :, :positions], v[:, :, :positions])
+        torch.testing.assert_close(got[row : row + 1], want, rtol=1e-5, atol=1e-5)

@@ -228,13 +228,14 @@ void whisper_attend_one(const float *q, const float *k, const float *v, float *o
 }
 
 /* Several rows, each in its own cache slot (row r in slot r of k, v), one task per (row, head).
- * Cross-attention (positions == NULL): q (rows, heads, 64) against the first n positions of each slot.
+ * Cross-attention (positions == NULL): q (rows, heads, 64) against the first n positions of each slot, or of slot
+ * s the first lengths[s] where lengths is given (a window encoded on a short context).
  * Self-attention (positions given): q is the fused (rows, 3, heads, 64) q/k/v projection; each row first writes
  * its new key and value at its own position p, then attends over positions 0..p (n: the slots' capacity, for the
  * scratch). out: (rows, heads, 64); scratch: rows * heads * n floats. */
 void whisper_attend_rows(const float *q, float *k, float *v, float *out, int rows, int heads, int n,
-                         const long *positions, const long *slots, long slot_stride, long head_stride, float scale,
-                         float *scratch, int threads) {
+                         const long *positions, const long *slots, const long *lengths, long slot_stride,
+                         long head_stride, float scale, float *scratch, int threads) {
     int width = heads * 64, q_stride = positions ? 3 * width : width;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int task = 0; task < rows * heads; task++) {
@@ -242,7 +243,7 @@ void whisper_attend_rows(const float *q, float *k, float *v, float *out, int row
         long slot = slots ? slots[r] : r; /* cross-attention: each row's window's slot */
         float *kh = k + slot * slot_stride + h * head_stride, *vh = v + slot * slot_stride + h * head_stride;
         const float *qh = q + (size_t)r * q_stride + 64 * h;
-        int len = n;
+        int len = lengths ? (int)lengths[slot] : n;
         if (positions) {
             long p = positions[r];
             memcpy(kh + p * 64, qh + width, 64 * sizeof(float));

@@ -1,0 +1,69 @@
+"""A window encoded on a short context (DecodeOptions.context_margin_s: the realtime API's partial decodes): its
+rows attend to the positions its encoder pass filled and to nothing an earlier window left in the cross slot, beside
+full windows in the same steps, on the CPU backends."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+import pytest
+
+from engine.audio.constants import SAMPLE_RATE
+from engine.config import EngineConfig
+from engine.kernels.options import KernelOptions
+from engine.runtime.engine import Engine
+from tests.helpers.engine_runs import GREEDY, WAIT_S, tokens_of
+from tests.helpers.transcripts import normalize_text
+
+CLIPS = (
+    "g1_en_librispeech-test-clean_1221-135766-0001.wav",
+    "g1_en_librispeech-test-other_1688-142285-0002.flac",
+    "g1_en_ljspeech_LJ002-0020.wav",
+)
+FILLERS = ("g1_en_jfk.flac", "g1_en_timit-sample_LDC93S1.wav")  # full windows that leave their keys in the slots
+SHORT = dataclasses.replace(GREEDY, context_margin_s=1.0)
+CUT_S = 4
+
+
+@pytest.fixture(scope="module", params=["native kernels", "torch"])
+def two_slot_engine(request, tiny_engine):  # tiny_engine: skips when the weights are missing
+    """tiny.en with two slots, so that every window reuses a cross slot an earlier one filled."""
+    kernels = KernelOptions(cpu_decode=request.param == "native kernels")
+    engine = Engine(EngineConfig(model="tiny.en", device="cpu", max_num_seqs=2, kernels=kernels))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def test_a_short_context_reads_only_its_own_positions(two_slot_engine, load_clip):
+    engine = two_slot_engine
+    cuts = {name: load_clip(name)[: CUT_S * SAMPLE_RATE] for name in CLIPS}
+    # first into slots that hold nothing yet (zeros), each alone
+    fresh = {name: tokens_of(engine.submit(audio, SHORT).wait(timeout=WAIT_S)) for name, audio in cuts.items()}
+    # then after full windows of other audio filled both slots, and beside a full window in the same steps
+    for handle in [engine.submit(load_clip(name), GREEDY) for name in FILLERS]:  # at once: both slots
+        handle.wait(timeout=WAIT_S)
+    for name, audio in cuts.items():
+        beside = engine.submit(load_clip(FILLERS[0]), GREEDY)
+        assert tokens_of(engine.submit(audio, SHORT).wait(timeout=WAIT_S)) == fresh[name], name
+        beside.wait(timeout=WAIT_S)
+    # a full window of the same audio says mostly the same words: the short context is the audio's, not noise
+    matched = total = 0
+    for name, audio in cuts.items():
+        full = normalize_text(engine.submit(audio, GREEDY).wait(timeout=WAIT_S).text).split()
+        short = normalize_text(engine.tokenizer.decode(fresh[name])).split()
+        total += len(full)
+        matched += sum(b.size for b in difflib.SequenceMatcher(a=full, b=short, autojunk=False).get_matching_blocks())
+    assert matched >= 0.8 * total, (matched, total)
+
+
+def test_a_short_contexts_decode_is_capped(two_slot_engine, load_clip):
+    """A short context decodes at most SHORT_CONTEXT_TOKENS_PER_S tokens per second of its context: tiny.en
+    repeats the first words of this clip's first 2 s over and over on a 3 s context, and stops at the cap instead
+    of at the context limit (448 positions)."""
+    from engine.transcription.sequential import SHORT_CONTEXT_TOKENS_PER_S
+
+    audio = load_clip("g1_en_librispeech-dev-clean_1272-128104-0000.wav")[: 2 * SAMPLE_RATE]
+    tokens = tokens_of(two_slot_engine.submit(audio, SHORT).wait(timeout=WAIT_S))
+    assert len(tokens) == SHORT_CONTEXT_TOKENS_PER_S * (2 + SHORT.context_margin_s)
