@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     """A realtime partial decode encodes its turn's audio and realtime_partial_margin_s of padding only, not a 30 s
     window (whisper.cpp's audio_ctx): a partial costs a fraction of a full window's decode, and its words are mostly
     the same. The final decode of a turn is always a full window, the HTTP route's."""
-    realtime_partial_margin_s: float = Field(default=1.0, ge=0, le=30)
+    realtime_partial_margin_s: float = Field(default=3.0, ge=0, le=30)
     """The padding after a short partial's audio that its encoder sees, in seconds."""
     realtime_condition_on_previous_text: bool = True
     """A realtime turn is decoded with the session's previous transcripts as context (after the session's prompt),

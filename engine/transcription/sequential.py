@@ -27,7 +27,9 @@ from engine.transcription.alignment import AlignmentInput, add_word_timestamps, 
 from engine.transcription.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 
 # A short context's decode may sample this many tokens per second of its context (DecodeOptions.context_margin_s):
-# fast speech is some 5 tokens a second with its timestamps, and a full window's 224 tokens per attempt are 7.5
+# fast speech is some 5 tokens a second with its timestamps, and a full window's 224 tokens per attempt are 7.5. A
+# decode that reaches the cap is repeating itself (tiny.en on a second of speech: "God, God, God, ..."): its window
+# gives no text, as a preview that a later one replaces had better.
 SHORT_CONTEXT_TOKENS_PER_S = 10
 
 
@@ -228,11 +230,13 @@ class Transcription:
         )
 
     def _window_result(self, seq: Sequence) -> WindowResult:
-        tokens = seq.tokens
+        tokens, logprobs = seq.tokens, seq.logprobs
+        if seq.job.max_tokens is not None and len(tokens) >= seq.job.max_tokens:
+            tokens, logprobs = [], []  # a short context's repetition (SHORT_CONTEXT_TOKENS_PER_S)
         text = self.tokenizer.decode(tokens).strip()
         return WindowResult(
             tokens=tokens,
-            logprobs=seq.logprobs,
+            logprobs=logprobs,
             sum_logprob=seq.sum_logprob,
             avg_logprob=seq.sum_logprob / (len(tokens) + 1),
             compression_ratio=compression_ratio(text),

@@ -12,7 +12,9 @@ import pytest
 from engine.audio.constants import SAMPLE_RATE
 from engine.config import EngineConfig
 from engine.kernels.options import KernelOptions
+from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
+from engine.transcription.sequential import SHORT_CONTEXT_TOKENS_PER_S
 from tests.helpers.engine_runs import GREEDY, WAIT_S, tokens_of
 from tests.helpers.transcripts import normalize_text
 
@@ -22,7 +24,9 @@ CLIPS = (
     "g1_en_ljspeech_LJ002-0020.wav",
 )
 FILLERS = ("g1_en_jfk.flac", "g1_en_timit-sample_LDC93S1.wav")  # full windows that leave their keys in the slots
-SHORT = dataclasses.replace(GREEDY, context_margin_s=1.0)
+# as the realtime partial decodes ask (greedy, with timestamps, the server's margin)
+SHORT = DecodeOptions(temperatures=(0.0,), context_margin_s=3.0)
+PLAIN = DecodeOptions(temperatures=(0.0,))
 CUT_S = 4
 
 
@@ -51,19 +55,23 @@ def test_a_short_context_reads_only_its_own_positions(two_slot_engine, load_clip
     # a full window of the same audio says mostly the same words: the short context is the audio's, not noise
     matched = total = 0
     for name, audio in cuts.items():
-        full = normalize_text(engine.submit(audio, GREEDY).wait(timeout=WAIT_S).text).split()
+        full = normalize_text(engine.submit(audio, PLAIN).wait(timeout=WAIT_S).text).split()
         short = normalize_text(engine.tokenizer.decode(fresh[name])).split()
         total += len(full)
         matched += sum(b.size for b in difflib.SequenceMatcher(a=full, b=short, autojunk=False).get_matching_blocks())
     assert matched >= 0.8 * total, (matched, total)
 
 
-def test_a_short_contexts_decode_is_capped(two_slot_engine, load_clip):
-    """A short context decodes at most SHORT_CONTEXT_TOKENS_PER_S tokens per second of its context: tiny.en
-    repeats the first words of this clip's first 2 s over and over on a 3 s context, and stops at the cap instead
-    of at the context limit (448 positions)."""
-    from engine.transcription.sequential import SHORT_CONTEXT_TOKENS_PER_S
-
-    audio = load_clip("g1_en_librispeech-dev-clean_1272-128104-0000.wav")[: 2 * SAMPLE_RATE]
-    tokens = tokens_of(two_slot_engine.submit(audio, SHORT).wait(timeout=WAIT_S))
-    assert len(tokens) == SHORT_CONTEXT_TOKENS_PER_S * (2 + SHORT.context_margin_s)
+def test_a_short_context_that_repeats_itself_gives_no_text(two_slot_engine, load_clip):
+    """Without timestamps and with a margin of 1 s, tiny.en repeats the first words of this clip's first 2 s over
+    and over: the decode stops at SHORT_CONTEXT_TOKENS_PER_S tokens per second of context instead of at the context
+    limit (448 positions), and gives no text; a full window of the same audio does. The clip's first 4 s say
+    something on both."""
+    audio = load_clip("g1_en_librispeech-dev-clean_1272-128104-0000.wav")
+    short = dataclasses.replace(GREEDY, context_margin_s=1.0)
+    tokens = two_slot_engine.num_tokens
+    result = two_slot_engine.submit(audio[: 2 * SAMPLE_RATE], short).wait(timeout=WAIT_S)
+    assert result.text == "" and result.segments == []
+    assert two_slot_engine.num_tokens - tokens <= (2 + short.context_margin_s) * SHORT_CONTEXT_TOKENS_PER_S + 8
+    assert two_slot_engine.submit(audio[: 2 * SAMPLE_RATE], GREEDY).wait(timeout=WAIT_S).text
+    assert two_slot_engine.submit(audio[: 4 * SAMPLE_RATE], short).wait(timeout=WAIT_S).text
