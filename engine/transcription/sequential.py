@@ -26,11 +26,11 @@ from engine.runtime.sequence import Sequence, WindowJob
 from engine.transcription.alignment import AlignmentInput, add_word_timestamps, find_alignment
 from engine.transcription.segments import FRAME_SECONDS, RawSegment, compression_ratio, split_by_timestamps
 
-# A short context's decode may sample this many tokens per second of its context (DecodeOptions.context_margin_s):
-# fast speech is some 5 tokens a second with its timestamps, and a full window's 224 tokens per attempt are 7.5. A
-# decode that reaches the cap is repeating itself (tiny.en on a second of speech: "God, God, God, ..."): its window
-# gives no text, as a preview that a later one replaces had better.
-SHORT_CONTEXT_TOKENS_PER_S = 10
+# A short context's decode (DecodeOptions.context_margin_s) may sample SHORT_CONTEXT_TOKENS and as many per second
+# of its audio: fast speech is some 6 tokens a second with its timestamps. A decode that reaches the cap is
+# repeating itself (tiny.en on a second of speech: "God, God, God, ..."): its window gives no text, as a preview
+# that a later one replaces had better, and the repetition costs a few tokens, not the context's 448.
+SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S = 10, 8
 
 
 @dataclass(slots=True)
@@ -169,7 +169,7 @@ class Transcription:
             beam_size=opts.beam_size if temperature == 0 else 1,
             background=opts.background,
             generator=self.generator_for(candidate) if temperature > 0 else None,
-            max_tokens=None if frames == N_FRAMES else math.ceil(SHORT_CONTEXT_TOKENS_PER_S * frames / FRAMES_PER_SECOND),
+            max_tokens=None if frames == N_FRAMES else self._short_context_tokens(window.shape[-1]),
         )
 
     def _context_frames(self, frames: int) -> int:
@@ -179,6 +179,11 @@ class Transcription:
         if margin is None:
             return N_FRAMES
         return min(N_FRAMES, 2 * math.ceil((frames + margin * FRAMES_PER_SECOND) / 2))
+
+    @staticmethod
+    def _short_context_tokens(frames: int) -> int:
+        """The cap on a short context's tokens for `frames` mel frames of audio."""
+        return SHORT_CONTEXT_TOKENS + math.ceil(SHORT_CONTEXT_TOKENS_PER_S * frames / FRAMES_PER_SECOND)
 
     def on_window_done(self, seq: Sequence) -> list[WindowJob]:
         """Judge a finished window: retry at a higher temperature, move on, or finish the request. Of an attempt's

@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
-from engine.transcription.sequential import SHORT_CONTEXT_TOKENS_PER_S
+from engine.transcription.sequential import SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S
 from tests.helpers.engine_runs import GREEDY, WAIT_S, tokens_of
 from tests.helpers.transcripts import normalize_text
 
@@ -64,14 +64,14 @@ def test_a_short_context_reads_only_its_own_positions(two_slot_engine, load_clip
 
 def test_a_short_context_that_repeats_itself_gives_no_text(two_slot_engine, load_clip):
     """Without timestamps and with a margin of 1 s, tiny.en repeats the first words of this clip's first 2 s over
-    and over: the decode stops at SHORT_CONTEXT_TOKENS_PER_S tokens per second of context instead of at the context
-    limit (448 positions), and gives no text; a full window of the same audio does. The clip's first 4 s say
+    and over: the decode stops at its cap (SHORT_CONTEXT_TOKENS) instead of at the context limit (448 positions),
+    and gives no text; a full window of the same audio does. The clip's first 4 s say
     something on both."""
     audio = load_clip("g1_en_librispeech-dev-clean_1272-128104-0000.wav")
     short = dataclasses.replace(GREEDY, context_margin_s=1.0)
     tokens = two_slot_engine.num_tokens
     result = two_slot_engine.submit(audio[: 2 * SAMPLE_RATE], short).wait(timeout=WAIT_S)
     assert result.text == "" and result.segments == []
-    assert two_slot_engine.num_tokens - tokens <= (2 + short.context_margin_s) * SHORT_CONTEXT_TOKENS_PER_S + 8
+    assert two_slot_engine.num_tokens - tokens <= SHORT_CONTEXT_TOKENS + 2 * SHORT_CONTEXT_TOKENS_PER_S + 8
     assert two_slot_engine.submit(audio[: 2 * SAMPLE_RATE], GREEDY).wait(timeout=WAIT_S).text
     assert two_slot_engine.submit(audio[: 4 * SAMPLE_RATE], short).wait(timeout=WAIT_S).text

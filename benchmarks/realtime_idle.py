@@ -1,0 +1,176 @@
+"""Many realtime sessions held open at once: the server's memory and its /health latency while they connect, sit
+idle and while some of them speak.
+
+    python benchmarks/realtime_idle.py --spawn "--model tiny.en --realtime-max-sessions 1100" --idle 1000 --speaking 4
+    python benchmarks/realtime_idle.py --url http://127.0.0.1:8000 --idle 1000 --speaking 256
+
+`--idle` sessions connect to /v1/realtime?intent=transcription (from one asyncio client), each sends a
+session.update (server VAD, OpenAI's defaults) and then nothing: a voice agent's connection between calls. With them
+held, `--speaking` more sessions stream a LibriSpeech clip in real time as benchmarks/realtime_sessions.py does
+(0.5 s of silence, the clip, 1.5 s of silence) and wait for its transcript. Throughout, /health is asked every
+100 ms on a fresh connection. Prints, per phase (before, while the idle sessions connect, with them held, while the
+others speak, after all closed): the server's resident memory (the process and its children, from /proc: run it on
+the server's machine) and /health's latency p50 / p95 / max; then the speaking sessions' completed transcripts and
+their p50 / p95 after the commit. With --spawn the server's own --realtime-max-sessions must admit them all.
+Target (issue: realtime for voice agents): memory bounded, /health under 100 ms throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.realtime_sessions import run as speak  # noqa: E402
+from tests.helpers.realtime import pcm24k  # noqa: E402
+from tests.helpers.server import spawn_or_exit  # noqa: E402
+
+HEALTH_TARGET_S = 0.1
+CLIP = ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0001.wav"
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of the process `pid` and all its descendants, MiB (Linux /proc)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+class HealthProbe(threading.Thread):
+    """GET /health every 100 ms on a fresh connection; latencies recorded under the current phase's name."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url = url
+        self.phase = "before"
+        self.latencies: dict[str, list[float]] = {}
+        self.failures: dict[str, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            phase, start = self.phase, time.perf_counter()
+            try:
+                ok = httpx.get(f"{self.url}/health", timeout=10).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                self.latencies.setdefault(phase, []).append(time.perf_counter() - start)
+            else:
+                self.failures[phase] = self.failures.get(phase, 0) + 1
+            self.stop.wait(max(0.0, 0.1 - (time.perf_counter() - start)))
+
+
+async def hold_idle(url: str, n: int, connected: threading.Event, release: threading.Event, out: dict) -> None:
+    from websockets.asyncio.client import connect
+
+    ws_url = url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    update = json.dumps({"type": "session.update", "session": {"type": "transcription"}})
+    sockets, errors = [], []
+
+    async def one() -> None:
+        try:
+            ws = await connect(ws_url, max_size=2**22, open_timeout=60)
+            await ws.send(update)
+            sockets.append(ws)
+        except Exception as exc:  # noqa: BLE001 - counted, not fatal
+            errors.append(repr(exc))
+
+    start = time.perf_counter()
+    for i in range(0, n, 50):  # in waves, as clients arrive: not one burst of n handshakes
+        await asyncio.gather(*(one() for _ in range(min(50, n - i))))
+    out["connect_s"], out["connected"], out["errors"] = time.perf_counter() - start, len(sockets), errors
+    connected.set()
+    while not release.is_set():
+        await asyncio.sleep(0.1)
+    open_at_release = sum(1 for ws in sockets if ws.state.name == "OPEN")
+    out["open_at_release"] = open_at_release
+    await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spawn", nargs="?", const="", default=None, help="start `python -m server serve SPAWN`")
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--pid", type=int, help="the server's process id (with --url; --spawn knows it)")
+    ap.add_argument("--idle", type=int, default=1000)
+    ap.add_argument("--speaking", type=int, default=4)
+    ap.add_argument("--hold-s", type=float, default=10.0, help="how long the idle sessions sit before others speak")
+    args = ap.parse_args()
+    server = spawn_or_exit(args.spawn) if args.spawn is not None else None
+    url = server.url if server else args.url
+    pid = server.proc.pid if server else args.pid
+    rss: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        probe.phase = phase
+        if pid:
+            rss[phase] = tree_rss_mib(pid)
+
+    probe = HealthProbe(url)
+    probe.start()
+    try:
+        time.sleep(2)
+        mark("before")
+        connected, release, held = threading.Event(), threading.Event(), {}
+        mark("connecting")
+        idle = threading.Thread(target=asyncio.run, args=(hold_idle(url, args.idle, connected, release, held),))
+        idle.start()
+        connected.wait()
+        mark("held idle")
+        time.sleep(args.hold_s)
+        rss["held idle"] = tree_rss_mib(pid) if pid else float("nan")
+        mark("speaking")
+        pcm = pcm24k(CLIP)
+        out, errors = speak(url, pcm, args.speaking) if args.speaking else ([], [])
+        rss["speaking"] = tree_rss_mib(pid) if pid else float("nan")
+        release.set()
+        idle.join()
+        mark("after")
+        time.sleep(3)
+        rss["after"] = tree_rss_mib(pid) if pid else float("nan")
+    finally:
+        probe.stop.set()
+        probe.join()
+        if server:
+            server.stop()
+    print(f"{args.idle} idle sessions: {held['connected']} connected in {held['connect_s']:.1f} s "
+          f"({len(held['errors'])} refused{': ' + held['errors'][0] if held['errors'] else ''}), "
+          f"{held.get('open_at_release', 0)} still open when released")  # fmt: skip
+    print("| phase | server RSS MiB | /health p50 / p95 / max ms | /health failures |\n|---|---|---|---|")
+    for phase in ("before", "connecting", "held idle", "speaking", "after"):
+        lat = [x * 1000 for x in probe.latencies.get(phase, [])]
+        p50, p95 = (np.percentile(lat, 50), np.percentile(lat, 95)) if lat else (float("nan"),) * 2
+        print(f"| {phase} | {rss.get(phase, float('nan')):.0f} | {p50:.1f} / {p95:.1f} / {max(lat, default=float('nan')):.1f} | "
+              f"{probe.failures.get(phase, 0)} |")  # fmt: skip
+    worst = max((x for v in probe.latencies.values() for x in v), default=float("nan"))
+    print(f"/health worst {worst * 1000:.1f} ms (target < {HEALTH_TARGET_S * 1000:.0f} ms): "
+          f"{'met' if worst < HEALTH_TARGET_S and not probe.failures else 'NOT met'}")  # fmt: skip
+    if args.speaking:
+        after = [o[1] for o in out]
+        print(f"{args.speaking} speaking beside them: {len(out)} completed, {len(errors)} failed; after the commit "
+              f"p50 {statistics.median(after) if after else float('nan'):.3f} s / "
+              f"p95 {np.percentile(after, 95) if after else float('nan'):.3f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
