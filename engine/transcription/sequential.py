@@ -31,6 +31,10 @@ from engine.transcription.segments import FRAME_SECONDS, RawSegment, compression
 # repeating itself (tiny.en on a second of speech: "God, God, God, ..."): its window gives no text, as a preview
 # that a later one replaces had better, and the repetition costs a few tokens, not the context's 448.
 SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S = 10, 8
+# Less audio than this gets a full window all the same: on a short context tiny.en heard 56-78% of the words a full
+# window hears in the first 0.75-1.5 s of speech (a repetition, or nothing, in a third of the decodes), 90-96% from
+# 2 s on (benchmarks/partial_audio_ctx.py --cuts)
+SHORT_CONTEXT_MIN_S = 2.0
 
 
 @dataclass(slots=True)
@@ -174,9 +178,10 @@ class Transcription:
 
     def _context_frames(self, frames: int) -> int:
         """The mel frames a window of `frames` frames of audio is encoded on: N_FRAMES, or with a short context
-        (DecodeOptions.context_margin_s) the audio and the margin, an even count (the encoder halves it)."""
+        (DecodeOptions.context_margin_s) from SHORT_CONTEXT_MIN_S of audio on the audio and the margin, an even count
+        (the encoder halves it)."""
         margin = self.options.context_margin_s
-        if margin is None:
+        if margin is None or frames < SHORT_CONTEXT_MIN_S * FRAMES_PER_SECOND:
             return N_FRAMES
         return min(N_FRAMES, 2 * math.ceil((frames + margin * FRAMES_PER_SECOND) / 2))
 

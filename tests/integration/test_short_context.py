@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
-from engine.transcription.sequential import SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S
+from engine.transcription.sequential import SHORT_CONTEXT_MIN_S, SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S
 from tests.helpers.engine_runs import GREEDY, WAIT_S, tokens_of
 from tests.helpers.transcripts import normalize_text
 
@@ -75,3 +75,11 @@ def test_a_short_context_that_repeats_itself_gives_no_text(two_slot_engine, load
     assert two_slot_engine.num_tokens - tokens <= SHORT_CONTEXT_TOKENS + 2 * SHORT_CONTEXT_TOKENS_PER_S + 8
     assert two_slot_engine.submit(audio[: 2 * SAMPLE_RATE], GREEDY).wait(timeout=WAIT_S).text
     assert two_slot_engine.submit(audio[: 4 * SAMPLE_RATE], short).wait(timeout=WAIT_S).text
+
+
+def test_less_audio_than_the_minimum_is_decoded_as_a_full_window(two_slot_engine, load_clip):
+    """Under SHORT_CONTEXT_MIN_S of audio a short context would hear little (a repetition, or nothing): such a
+    window is a full one, the same tokens as without the option."""
+    audio = load_clip(CLIPS[0])[: int((SHORT_CONTEXT_MIN_S - 0.5) * SAMPLE_RATE)]
+    short, plain = (tokens_of(two_slot_engine.submit(audio, o).wait(timeout=WAIT_S)) for o in (SHORT, PLAIN))
+    assert short and short == plain
