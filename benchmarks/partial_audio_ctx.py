@@ -28,12 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.audio.constants import SAMPLE_RATE  # noqa: E402
-from engine.audio.uploads import decode_audio  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.request import DecodeOptions  # noqa: E402
-from engine.runtime.engine import Engine  # noqa: E402
-from tests.helpers.transcripts import normalize_text  # noqa: E402
+from engine.audio.constants import SAMPLE_RATE
+from engine.audio.uploads import decode_audio
+from engine.config import EngineConfig
+from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
+from tests.helpers.transcripts import normalize_text
 
 CLIPS = sorted(p for p in (ROOT / "tests" / "data").glob("g1_en_librispeech-*") if p.suffix in (".wav", ".flac"))
 PARTIAL = DecodeOptions(temperatures=(0.0,))  # as server/realtime/connection.py decodes a partial

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import statistics
 import sys
@@ -32,9 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.realtime_sessions import run as speak  # noqa: E402
-from tests.helpers.realtime import pcm24k  # noqa: E402
-from tests.helpers.server import spawn_or_exit  # noqa: E402
+from benchmarks.realtime_sessions import pct
+from benchmarks.realtime_sessions import run as speak
+from tests.helpers.realtime import pcm24k
+from tests.helpers.server import spawn_or_exit
 
 HEALTH_TARGET_S = 0.1
 CLIP = ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0001.wav"
@@ -80,7 +82,9 @@ class HealthProbe(threading.Thread):
             self.stop.wait(max(0.0, 0.1 - (time.perf_counter() - start)))
 
 
-async def hold_idle(url: str, n: int, connected: threading.Event, release: threading.Event, out: dict) -> None:
+async def hold_idle(
+    url: str, n: int, connected: threading.Event, release: threading.Event, out: dict, silence: bool
+) -> None:
     from websockets.asyncio.client import connect
 
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
@@ -100,8 +104,18 @@ async def hold_idle(url: str, n: int, connected: threading.Event, release: threa
         await asyncio.gather(*(one() for _ in range(min(50, n - i))))
     out["connect_s"], out["connected"], out["errors"] = time.perf_counter() - start, len(sockets), errors
     connected.set()
+    # each open microphone sends 100 ms of silence every 100 ms (one asyncio client for all: as many sends)
+    chunk = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(4800)).decode()})
+    late = 0.0
+    start = time.perf_counter()
+    tick = 0
     while not release.is_set():
-        await asyncio.sleep(0.1)
+        tick += 1
+        if silence:
+            await asyncio.gather(*(ws.send(chunk) for ws in sockets), return_exceptions=True)
+        late = max(late, time.perf_counter() - (start + (tick - 1) * 0.1))
+        await asyncio.sleep(max(0.0, start + tick * 0.1 - time.perf_counter()))
+    out["client_late_s"] = late
     open_at_release = sum(1 for ws in sockets if ws.state.name == "OPEN")
     out["open_at_release"] = open_at_release
     await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
@@ -115,6 +129,7 @@ def main() -> None:
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--speaking", type=int, default=4)
     ap.add_argument("--hold-s", type=float, default=10.0, help="how long the idle sessions sit before others speak")
+    ap.add_argument("--silence", action="store_true", help="the idle sessions stream silence in real time")
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
@@ -133,7 +148,9 @@ def main() -> None:
         mark("before")
         connected, release, held = threading.Event(), threading.Event(), {}
         mark("connecting")
-        idle = threading.Thread(target=asyncio.run, args=(hold_idle(url, args.idle, connected, release, held),))
+        idle = threading.Thread(
+            target=asyncio.run, args=(hold_idle(url, args.idle, connected, release, held, args.silence),)
+        )
         idle.start()
         connected.wait()
         mark("held idle")
@@ -153,9 +170,11 @@ def main() -> None:
         probe.join()
         if server:
             server.stop()
-    print(f"{args.idle} idle sessions: {held['connected']} connected in {held['connect_s']:.1f} s "
+    what = "streaming silence" if args.silence else "idle"
+    print(f"{args.idle} {what} sessions: {held['connected']} connected in {held['connect_s']:.1f} s "
           f"({len(held['errors'])} refused{': ' + held['errors'][0] if held['errors'] else ''}), "
-          f"{held.get('open_at_release', 0)} still open when released")  # fmt: skip
+          f"{held.get('open_at_release', 0)} still open when released; the client's sends up to "
+          f"{held.get('client_late_s', 0):.2f} s late")  # fmt: skip
     print("| phase | server RSS MiB | /health p50 / p95 / max ms | /health failures |\n|---|---|---|---|")
     for phase in ("before", "connecting", "held idle", "speaking", "after"):
         lat = [x * 1000 for x in probe.latencies.get(phase, [])]
@@ -169,7 +188,8 @@ def main() -> None:
         after = [o[1] for o in out]
         print(f"{args.speaking} speaking beside them: {len(out)} completed, {len(errors)} failed; after the commit "
               f"p50 {statistics.median(after) if after else float('nan'):.3f} s / "
-              f"p95 {np.percentile(after, 95) if after else float('nan'):.3f} s")  # fmt: skip
+              f"p95 {np.percentile(after, 95) if after else float('nan'):.3f} s; speech_stopped lag p50 / p95 "
+              f"{pct([o[6] for o in out], 50):.3f} / {pct([o[6] for o in out], 95):.3f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
