@@ -4,14 +4,16 @@ idle and while some of them speak.
     python benchmarks/realtime_idle.py --spawn "--model tiny.en --realtime-max-sessions 1100" --idle 1000 --speaking 4
     python benchmarks/realtime_idle.py --url http://127.0.0.1:8000 --idle 1000 --speaking 256
 
-`--idle` sessions connect to /v1/realtime?intent=transcription (from one asyncio client), each sends a
-session.update (server VAD, OpenAI's defaults) and then nothing: a voice agent's connection between calls. With them
+`--idle` sessions connect to /v1/realtime?intent=transcription (from one asyncio client, `--connect-rate` a
+second), each sends a session.update (server VAD, OpenAI's defaults) and then nothing: a voice agent's connection
+between calls; with `--silence` each streams silence in real time instead (an open microphone). With them
 held, `--speaking` more sessions stream a LibriSpeech clip in real time as benchmarks/realtime_sessions.py does
 (0.5 s of silence, the clip, 1.5 s of silence) and wait for its transcript. Throughout, /health is asked every
 100 ms on a fresh connection. Prints, per phase (before, while the idle sessions connect, with them held, while the
 others speak, after all closed): the server's resident memory (the process and its children, from /proc: run it on
 the server's machine) and /health's latency p50 / p95 / max; then the speaking sessions' completed transcripts and
-their p50 / p95 after the commit. With --spawn the server's own --realtime-max-sessions must admit them all.
+their p50 / p95 after the commit and speech_stopped lag (realtime_sessions.py's). The server's
+--realtime-max-sessions must admit them all.
 Target (issue: realtime for voice agents): memory bounded, /health under 100 ms throughout.
 """
 
@@ -20,14 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import http.client
 import json
+import multiprocessing
+import queue
 import statistics
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,33 +62,61 @@ def tree_rss_mib(pid: int) -> float:
     return total / 1024
 
 
-class HealthProbe(threading.Thread):
-    """GET /health every 100 ms on a fresh connection; latencies recorded under the current phase's name."""
+def probe_health(host: str, port: int, stop, samples) -> None:
+    """GET /health every 100 ms on a fresh connection until `stop` is set; (when, seconds or None) into `samples`.
+    It runs in its own process: in the client's, its thread would wait for the GIL behind the asyncio client's
+    handshakes and sends, and time those too."""
+    while not stop.is_set():
+        start = time.perf_counter()
+        try:
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+            conn.request("GET", "/health")
+            ok = conn.getresponse().status == 200
+            conn.close()
+        except OSError:
+            ok = False
+        samples.put((time.time(), time.perf_counter() - start if ok else None))
+        stop.wait(max(0.0, 0.1 - (time.perf_counter() - start)))
+
+
+class HealthProbe:
+    """probe_health in a child process; latencies grouped by the phase the parent had marked when each was asked."""
 
     def __init__(self, url: str):
-        super().__init__(daemon=True)
-        self.url = url
-        self.phase = "before"
+        address = urllib.parse.urlsplit(url)
+        self.stop, self.samples = multiprocessing.Event(), multiprocessing.Queue()
+        self.process = multiprocessing.Process(
+            target=probe_health, args=(address.hostname, address.port, self.stop, self.samples), daemon=True
+        )
+        self.marks: list[tuple[float, str]] = []
         self.latencies: dict[str, list[float]] = {}
         self.failures: dict[str, int] = {}
-        self.stop = threading.Event()
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            phase, start = self.phase, time.perf_counter()
+    def start(self) -> None:
+        self.process.start()
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((time.time(), phase))
+
+    def finish(self) -> None:
+        self.stop.set()
+        samples = []
+        while self.process.is_alive() or not self.samples.empty():
             try:
-                ok = httpx.get(f"{self.url}/health", timeout=10).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                self.latencies.setdefault(phase, []).append(time.perf_counter() - start)
-            else:
+                samples.append(self.samples.get(timeout=0.5))
+            except queue.Empty:
+                continue
+        self.process.join()
+        for when, seconds in samples:
+            phase = next((name for at, name in reversed(self.marks) if at <= when), self.marks[0][1])
+            if seconds is None:
                 self.failures[phase] = self.failures.get(phase, 0) + 1
-            self.stop.wait(max(0.0, 0.1 - (time.perf_counter() - start)))
+            else:
+                self.latencies.setdefault(phase, []).append(seconds)
 
 
 async def hold_idle(
-    url: str, n: int, connected: threading.Event, release: threading.Event, out: dict, silence: bool
+    url: str, n: int, rate: float, connected: threading.Event, release: threading.Event, out: dict, silence: bool
 ) -> None:
     from websockets.asyncio.client import connect
 
@@ -100,8 +133,10 @@ async def hold_idle(
             errors.append(repr(exc))
 
     start = time.perf_counter()
-    for i in range(0, n, 50):  # in waves, as clients arrive: not one burst of n handshakes
-        await asyncio.gather(*(one() for _ in range(min(50, n - i))))
+    wave = max(1, round(rate / 10))
+    for i in range(0, n, wave):  # clients arriving at `rate` a second, in waves ten times a second
+        await asyncio.gather(*(one() for _ in range(min(wave, n - i))))
+        await asyncio.sleep(max(0.0, start + (i + wave) / rate - time.perf_counter()))
     out["connect_s"], out["connected"], out["errors"] = time.perf_counter() - start, len(sockets), errors
     connected.set()
     # each open microphone sends 100 ms of silence every 100 ms (one asyncio client for all: as many sends)
@@ -130,6 +165,7 @@ def main() -> None:
     ap.add_argument("--speaking", type=int, default=4)
     ap.add_argument("--hold-s", type=float, default=10.0, help="how long the idle sessions sit before others speak")
     ap.add_argument("--silence", action="store_true", help="the idle sessions stream silence in real time")
+    ap.add_argument("--connect-rate", type=float, default=200.0, help="idle sessions connecting per second")
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
@@ -137,7 +173,7 @@ def main() -> None:
     rss: dict[str, float] = {}
 
     def mark(phase: str) -> None:
-        probe.phase = phase
+        probe.mark(phase)
         if pid:
             rss[phase] = tree_rss_mib(pid)
 
@@ -149,7 +185,8 @@ def main() -> None:
         connected, release, held = threading.Event(), threading.Event(), {}
         mark("connecting")
         idle = threading.Thread(
-            target=asyncio.run, args=(hold_idle(url, args.idle, connected, release, held, args.silence),)
+            target=asyncio.run,
+            args=(hold_idle(url, args.idle, args.connect_rate, connected, release, held, args.silence),),
         )
         idle.start()
         connected.wait()
@@ -166,8 +203,7 @@ def main() -> None:
         time.sleep(3)
         rss["after"] = tree_rss_mib(pid) if pid else float("nan")
     finally:
-        probe.stop.set()
-        probe.join()
+        probe.finish()
         if server:
             server.stop()
     what = "streaming silence" if args.silence else "idle"

@@ -18,6 +18,7 @@ from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
 from .drain import Drain
 from .errors import install_error_handlers
+from .heap import freeze_startup_objects
 from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .realtime.load import SharedLoad
@@ -32,6 +33,14 @@ logger = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The engines started, then what start-up made frozen out of garbage collection (heap.py)."""
+    async with _engines(app):
+        freeze_startup_objects()
+        yield
+
+
+@asynccontextmanager
+async def _engines(app: FastAPI) -> AsyncIterator[None]:
     """Start the engine under a supervisor unless one was handed to create_app (then its owner runs it)."""
     if app.state.settings.diarization_preload:
         await asyncio.to_thread(app.state.diarizer.diarizer.load, "at start-up (--diarization-preload)")
