@@ -3,7 +3,8 @@
 
 Starting and running: `__main__` and `cli` (the command line: serve, transcribe), `settings` (every flag and
 WHISPER_* variable), `app` (the FastAPI app and its lifespan), `supervisor` (starts and restarts the engines),
-`drain` (a graceful stop), `openmp` (OpenMP's spin count, set before torch loads), `logs` (request ids, redaction).
+`drain` (a graceful stop), `openmp` (OpenMP's spin count, set before torch loads), `heap` (start-up's objects out of
+garbage collection), `logs` (request ids, redaction).
 HTTP's edges: `deadlines` (read deadlines and the per-address connection cap), `auth` (API keys), `deps`
 (what handlers take from the app's state), `errors` (OpenAI's error envelope).
 Requests: `routes/` (one module per route group), `parsing/` (bodies to parameters), `protocol` (the wire
