@@ -1,5 +1,5 @@
 """What the realtime sessions of one server share: how many are open, the decodes they have in flight, the audio
-they buffer, and the one worker thread that takes their large events.
+they buffer, the one worker thread that takes their large events, and the passes that decode their small ones.
 
 Each connection reads and updates the one SharedLoad the app holds; the limits it carries are the server's, not a
 session's, so one busy session is weighed against all the others.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+
+from .append_batcher import AppendBatcher
 
 OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are parsed and decoded in a worker thread
 
@@ -28,3 +30,5 @@ class SharedLoad:
     # large events are parsed and decoded one at a time: each holds several copies of its audio while it is, and
     # the default executor stays free for the rest of the server (/health reads engine stats through it)
     decoding: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(1))
+    # the small ones (a microphone's 100 ms) of every session, decoded together beside the event loop
+    appends: AppendBatcher = dataclasses.field(default_factory=AppendBatcher)
