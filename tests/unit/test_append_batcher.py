@@ -1,0 +1,69 @@
+"""Realtime appends decoded in batched worker passes (server/realtime/append_batcher.py): many sessions' appends
+in one pass off the event loop's thread, each session's audio what decoding it alone gives, and one session's bad
+base64 its own error only."""
+
+import asyncio
+import base64
+import threading
+
+import numpy as np
+
+from server.realtime.append_batcher import AppendBatcher
+from server.realtime.audio_input import AudioFormatError, InputAudio
+
+
+def test_appends_of_many_sessions_decode_together_off_the_loop_and_in_order():
+    rng = np.random.default_rng(0)
+    chunks = [[(rng.standard_normal(2400) * 3000).astype("<i2").tobytes() for _ in range(5)] for _ in range(20)]
+    alone = [np.concatenate([InputAudio("audio/pcm").append(b"".join(c))]) for c in chunks]
+    threads: set[int] = set()
+    passes = []
+
+    async def body():
+        batcher = AppendBatcher()
+        loop_thread = threading.get_ident()
+
+        async def session(pieces):
+            audio = InputAudio("audio/pcm")
+
+            def append(data: str) -> np.ndarray:
+                threads.add(threading.get_ident())
+                return audio.append_base64(data)
+
+            out = []
+            for piece in pieces:  # one append in flight per session, as a connection reads its events
+                out.append(await batcher.decode(append, base64.b64encode(piece).decode()))
+            return np.concatenate(out)
+
+        original = asyncio.to_thread
+
+        async def counting(fn, *args):
+            passes.append(len(args[0]))
+            return await original(fn, *args)
+
+        asyncio.to_thread = counting
+        try:
+            got = await asyncio.gather(*(session(c) for c in chunks))
+        finally:
+            asyncio.to_thread = original
+        return loop_thread, got
+
+    loop_thread, got = asyncio.run(body())
+    assert loop_thread not in threads
+    for a, b in zip(got, alone):
+        np.testing.assert_array_equal(a, b)  # a stream decoded in pieces is the stream decoded whole
+    assert sum(passes) == 100 and max(passes) > 1  # 100 appends, several in one pass
+
+
+def test_one_sessions_bad_base64_is_its_own_error():
+    async def body():
+        batcher = AppendBatcher()
+        good, bad = InputAudio("audio/pcm"), InputAudio("audio/pcm")
+        pcm = base64.b64encode(bytes(4800)).decode()
+        return await asyncio.gather(
+            batcher.decode(good.append_base64, pcm), batcher.decode(bad.append_base64, "not base64!"),
+            return_exceptions=True,
+        )  # fmt: skip
+
+    ok, err = asyncio.run(body())
+    assert isinstance(ok, np.ndarray) and len(ok) > 1500 and isinstance(err, AudioFormatError)
