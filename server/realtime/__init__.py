@@ -8,7 +8,8 @@
 - partials.py: when the open turn is decoded again for live deltas, and which words of those decodes are sent.
 - load.py: what the sessions of a server share: sessions open, decodes in flight, audio buffered, the worker
   thread for large events.
-- append_batcher.py: every session's small appends decoded in one worker-thread pass, beside the event loop.
+- passes.py: work from every session run together in one worker-thread pass, beside the event loop (their small
+  appends' decoding, Silero).
 - session.py: the session's configuration as the SDK's models describe it: defaults, `session.update` validated
   and merged, the effective session sent back.
 - events.py: the server's events as dicts of the SDK's shapes, and the protocol's errors.

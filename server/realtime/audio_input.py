@@ -103,3 +103,15 @@ class InputAudio:
         if not frames:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
+
+
+def decode_appends(work: list[tuple[InputAudio, str]]) -> list[np.ndarray | Exception]:
+    """Several sessions' small appends, each into its own stream (a pass of load.SharedLoad.appends, in a worker
+    thread): each one's samples, or what it raised (bad base64), its session's own error."""
+    outcomes: list[np.ndarray | Exception] = []
+    for audio, data in work:
+        try:
+            outcomes.append(audio.append_base64(data))
+        except Exception as exc:  # noqa: BLE001 - raised at that session's await, not the others'
+            outcomes.append(exc)
+    return outcomes

@@ -75,7 +75,7 @@ class InputBuffer:
                 "across its sessions; commit, or send it again later"
             )
         if len(data) <= OFFLOAD_BASE64:
-            return await load.appends.decode(self.audio.append_base64, data)
+            return await load.appends.run((self.audio, data))
         load.buffered_samples += needed  # reserved while it decodes: the other sessions' appends count it
         try:
             async with load.decoding:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from .append_batcher import AppendBatcher
+from .audio_input import decode_appends
+from .passes import WorkerPasses
 
 OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are parsed and decoded in a worker thread
 
@@ -31,4 +32,4 @@ class SharedLoad:
     # the default executor stays free for the rest of the server (/health reads engine stats through it)
     decoding: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(1))
     # the small ones (a microphone's 100 ms) of every session, decoded together beside the event loop
-    appends: AppendBatcher = dataclasses.field(default_factory=AppendBatcher)
+    appends: WorkerPasses = dataclasses.field(default_factory=lambda: WorkerPasses(decode_appends))

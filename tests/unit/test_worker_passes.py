@@ -1,6 +1,6 @@
-"""Realtime appends decoded in batched worker passes (server/realtime/append_batcher.py): many sessions' appends
-in one pass off the event loop's thread, each session's audio what decoding it alone gives, and one session's bad
-base64 its own error only."""
+"""Realtime appends decoded in batched worker passes (server/realtime/passes.py, audio_input.decode_appends): many
+sessions' appends in one pass off the event loop's thread, each session's audio what decoding it alone gives, and
+one session's bad base64 its own error only."""
 
 import asyncio
 import base64
@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 
-from server.realtime.append_batcher import AppendBatcher
-from server.realtime.audio_input import AudioFormatError, InputAudio
+from server.realtime.audio_input import AudioFormatError, InputAudio, decode_appends
+from server.realtime.passes import WorkerPasses
 
 
 def test_appends_of_many_sessions_decode_together_off_the_loop_and_in_order():
@@ -19,20 +19,19 @@ def test_appends_of_many_sessions_decode_together_off_the_loop_and_in_order():
     threads: set[int] = set()
     passes = []
 
+    def decode_recording_thread(work):
+        threads.add(threading.get_ident())
+        return decode_appends(work)
+
     async def body():
-        batcher = AppendBatcher()
+        appends = WorkerPasses(decode_recording_thread)
         loop_thread = threading.get_ident()
 
         async def session(pieces):
             audio = InputAudio("audio/pcm")
-
-            def append(data: str) -> np.ndarray:
-                threads.add(threading.get_ident())
-                return audio.append_base64(data)
-
             out = []
             for piece in pieces:  # one append in flight per session, as a connection reads its events
-                out.append(await batcher.decode(append, base64.b64encode(piece).decode()))
+                out.append(await appends.run((audio, base64.b64encode(piece).decode())))
             return np.concatenate(out)
 
         original = asyncio.to_thread
@@ -57,11 +56,11 @@ def test_appends_of_many_sessions_decode_together_off_the_loop_and_in_order():
 
 def test_one_sessions_bad_base64_is_its_own_error():
     async def body():
-        batcher = AppendBatcher()
+        appends = WorkerPasses(decode_appends)
         good, bad = InputAudio("audio/pcm"), InputAudio("audio/pcm")
         pcm = base64.b64encode(bytes(4800)).decode()
         return await asyncio.gather(
-            batcher.decode(good.append_base64, pcm), batcher.decode(bad.append_base64, "not base64!"),
+            appends.run((good, pcm)), appends.run((bad, "not base64!")),
             return_exceptions=True,
         )  # fmt: skip
 
