@@ -225,14 +225,8 @@ class ModelRunner:
         """Run the encoder on a batch of windows and write their cross-attention K/V into their cross slots. A
         window's mel has N_FRAMES frames, or fewer for a short context (DecodeOptions.context_margin_s): those are
         encoded in passes of one length each where the backend reads short contexts, else padded to full windows."""
-        if all(mel.shape[-1] == N_FRAMES for mel in mels):
-            batch = torch.stack(mels).to(device=self.device, dtype=self.dtype)
-            encode = self.graphs.encode if self.graphs else self.backend.encode
-            self.model.decoder.fill_cross_cache(encode(batch), self.cache, cross_slots)
-            return
         if not self.backend.short_context:
-            self.encode_into_slots([pad_or_trim(mel, N_FRAMES) for mel in mels], cross_slots)
-            return
+            mels = [pad_or_trim(mel, N_FRAMES) for mel in mels]  # a full window is returned as it is
         by_length: dict[int, list[int]] = {}
         for i, mel in enumerate(mels):
             by_length.setdefault(mel.shape[-1], []).append(i)

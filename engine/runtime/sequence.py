@@ -161,11 +161,14 @@ class Sequence:
         self.logprobs.append(logprob)
         if token >= timestamp_begin:
             self.last_timestamp = token
-        if (fixed is not None and len(self.tokens) >= fixed) or num_cached + 1 >= n_text_ctx:
-            self.finished = True
-        elif self.job.max_tokens is not None and len(self.tokens) >= self.job.max_tokens:
+        if (fixed is not None and len(self.tokens) >= fixed) or num_cached + 1 >= n_text_ctx or self.capped:
             self.finished = True
         return True
+
+    @property
+    def capped(self) -> bool:
+        """A short context's decode has sampled as many tokens as it may (WindowJob.max_tokens)."""
+        return self.job.max_tokens is not None and len(self.tokens) >= self.job.max_tokens
 
 
 class Output(enum.Enum):

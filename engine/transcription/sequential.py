@@ -241,7 +241,7 @@ class Transcription:
 
     def _window_result(self, seq: Sequence) -> WindowResult:
         tokens, logprobs = seq.tokens, seq.logprobs
-        if seq.job.max_tokens is not None and len(tokens) >= seq.job.max_tokens:
+        if seq.capped:
             tokens, logprobs = [], []  # a short context's repetition (SHORT_CONTEXT_TOKENS_PER_S)
         text = self.tokenizer.decode(tokens).strip()
         return WindowResult(
