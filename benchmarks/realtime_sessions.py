@@ -10,10 +10,12 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
   silence the VAD waits for before it ends the turn);
 - after the commit: from `input_audio_buffer.speech_stopped` to the completed transcript (the decode's latency
   in the shared batch);
-- first delta: from sending the clip's first chunk to the first live delta (the completed transcript if none came
-  while speaking);
-- longest wait for a delta while speaking: the longest of the gaps between the clip's first chunk, each live
-  delta before its last chunk, and that last chunk;
+- first delta: from the voice's onset to the first live delta (the completed transcript if none came while
+  speaking). The onset is the stream position of the first 32 ms frame Silero hears as speech (the server's
+  `speech_started` audio_start_ms plus the prefix padding it subtracted), at the moment a microphone streaming in
+  real time reaches it: a clip's leading silence is not speech to wait for;
+- longest wait for a delta while speaking: the longest of the gaps between the onset, each live delta before the
+  clip's last chunk, and that last chunk;
 - live words changed: of the words the live deltas sent before `speech_stopped`, those the completed transcript
   has otherwise at their place (case and punctuation aside): what an earlier delta cost in stability;
 - speech_stopped lag: from the moment the VAD could end the turn (the chunk holding the last frame of its
@@ -52,6 +54,7 @@ from tests.helpers.server import metric, spawn_or_exit
 
 TARGET_S = 0.5
 SILENCE_MS = 500  # OpenAI's silence_duration_ms, the sessions' (the server's default)
+PREFIX_MS = 300  # OpenAI's prefix_padding_ms, which speech_started's audio_start_ms has subtracted
 
 
 def norm_words(text: str) -> list[str]:
@@ -82,7 +85,9 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
                         deltas.append(time.perf_counter())
                         if "stopped" not in times:
                             live.append(event["delta"])
-                    if event["type"] == "input_audio_buffer.speech_stopped":
+                    if event["type"] == "input_audio_buffer.speech_started":
+                        times.setdefault("onset_ms", event["audio_start_ms"] + PREFIX_MS)
+                    elif event["type"] == "input_audio_buffer.speech_stopped":
                         times.setdefault("stopped", time.perf_counter())
                         times.setdefault("end_ms", event["audio_end_ms"])
                     elif event["type"] == "conversation.item.input_audio_transcription.completed":
@@ -108,8 +113,9 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
             reader.join(timeout=120)
             if "completed" not in times:
                 raise RuntimeError("no completed transcript")
-            first = times.get("first_delta", times["completed"]) - times["speech_start"]
-            marks = [times["speech_start"], *(t for t in deltas if t < times["speech_end"]), times["speech_end"]]
+            onset = start + times["onset_ms"] / 1000 if "onset_ms" in times else times["speech_start"]
+            first = times.get("first_delta", times["completed"]) - onset
+            marks = [onset, *(t for t in deltas if t < times["speech_end"]), times["speech_end"]]
             gap = max(b - a for a, b in itertools.pairwise(marks))
             sent, heard = norm_words("".join(live)), norm_words(final[0])
             changed = sum(1 for i, w in enumerate(sent) if i >= len(heard) or heard[i] != w)
@@ -183,7 +189,7 @@ def main() -> None:
     try:
         print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
         http_peer(url, pcm, 1)  # warm-up
-        print("| delay | sessions | completed | first delta after speech start p50 / p95 s | longest wait for a delta "
+        print("| delay | sessions | completed | first delta after the voice starts p50 / p95 s | longest wait for a delta "
               "while speaking p50 / p95 s | live words changed | speech_stopped lag p50 / p95 s "
               "| after speech p50 / p95 s | after the commit p50 / p95 s | HTTP peer p50 / p95 s |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|---|---|")

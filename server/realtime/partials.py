@@ -1,10 +1,10 @@
 """Partial transcripts of the open turn: when its audio so far is decoded again, and which words of those decodes
 are sent as `delta` events before the turn is committed.
 
-A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS), one at
-a time per turn, none while a final decode is in flight anywhere on the server, and no more than the server's cap
-at once (SharedLoad):
-it is only a preview that the next one replaces, so under load the previews thin out and the finals stay prompt.
+A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS; more
+often until the turn's first delta, while no other is in flight), one at a time per turn, none while a final decode
+is in flight anywhere on the server, and no more than the server's cap at once (SharedLoad): it is only a preview
+that the next one replaces, so under load the previews thin out and the finals stay prompt.
 What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it. Words
 are compared without their case and punctuation, which later decodes of more audio often rewrite.
 """
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 # --delay` measures each; DEFAULT_DELAY is the session's until it sets one.
 DELAYS = {"minimal": (0.25, 1), "low": (0.5, 1), "medium": (0.5, 2), "high": (1.0, 2), "xhigh": (2.0, 2)}
 DEFAULT_DELAY = "medium"
+# Until a turn's first delta, the audio between its partial decodes is this fraction of the delay's: the first words
+# wait for `agreeing` decodes, and they are what a listener waits for (benchmarks/realtime_sessions.py, first delta)
+FIRST_DELTA_PACE = 0.5
 # Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
 # turn at every refresh; the rest of a longer turn comes with its final decode.
 MAX_PARTIAL_S = 30.0
@@ -63,10 +66,11 @@ class Partials:
         """The characters [start, end) of a new partial decode's `text` that can be sent ((0, 0) for none)."""
         spans = [m.span() for m in WORD.finditer(text)]
         keys = [word_key(text[a:b]) for a, b in spans]
-        # the last word of a decode is where its audio was cut: it may be a word half heard, so it is never
-        # stable yet
+        # the last word of a decode is where its audio was cut: it may be a word half heard, so it is not stable
+        # yet; the previous decode's last word is, once this one heard more after it and agrees on it (a word cut
+        # short would have been heard as another)
         agreed = len(keys) - 1 if self.agreeing == 1 else 0
-        while agreed < min(len(keys), len(self.last)) - 1 and keys[agreed] == self.last[agreed]:
+        while agreed < min(len(keys) - 1, len(self.last)) and keys[agreed] == self.last[agreed]:
             agreed += 1
         self.last = keys
         at = self.continue_at(keys)
@@ -127,7 +131,7 @@ class PartialScheduler:
         if start is None:
             return None  # no speech yet
         buffer, load = self.buffer, self.load
-        if buffer.num_samples - self.at < self.every_s * SAMPLE_RATE:
+        if buffer.num_samples - self.at < self.interval() * SAMPLE_RATE:
             return None
         if load.finals_in_flight or load.partials_in_flight >= load.max_partials:
             return None
@@ -144,6 +148,15 @@ class PartialScheduler:
         partials.in_flight = True
         load.partials_in_flight += 1
         return buffer.item_id, partials, audio
+
+    def interval(self) -> float:
+        """Seconds of new audio before the open turn's next partial decode: the delay's, or FIRST_DELTA_PACE of it
+        until the turn's first delta while its words wait for decodes to agree and no other partial decode is in
+        flight on the server (on a busy engine, more frequent decodes of less audio would only delay them all)."""
+        if self.agreeing < 2 or self.load.partials_in_flight:
+            return self.every_s
+        partials = self.turns.get(self.buffer.item_id) if self.buffer.item_id is not None else None
+        return self.every_s if partials is not None and partials.sent_keys else self.every_s * FIRST_DELTA_PACE
 
     def finished(self, partials: Partials) -> None:
         """A launched partial decode is over (or never reached the engine): the turn and the server may launch

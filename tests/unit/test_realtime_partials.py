@@ -24,8 +24,10 @@ def _run(decodes: list[str]) -> list[str]:
 
 
 def test_words_two_decodes_agree_on_go_out_and_the_last_word_waits():
-    deltas = _run(["And so my", "And so my fellow Americans", "And so my fellow Americans ask not"])
-    assert deltas == ["And so", " my fellow"]  # "Americans" was where the second decode's audio was cut
+    deltas = _run(["And so my fell", "And so my fellow Americans", "And so my fellow Americans ask not"])
+    # "fell" was a word cut short, "Americans" and "not" where the later decodes' audio was cut; the previous
+    # decode's last word goes out once the next one heard more after it and agrees
+    assert deltas == ["And so my", " fellow Americans"]
 
 
 def test_a_later_decode_rewriting_punctuation_or_case_of_sent_words_does_not_stop_the_deltas():
@@ -37,13 +39,14 @@ def test_a_later_decode_rewriting_punctuation_or_case_of_sent_words_does_not_sto
         "And so, my fellow Americans, ask not what your country",
     ]
     deltas = _run(decodes)
-    assert deltas == ["And so my", " fellow", " Americans,", " ask not"]
-    assert [word_key(w) for w in "".join(deltas).split()] == ["and", "so", "my", "fellow", "americans", "ask", "not"]
+    assert deltas == ["And so my fellow", " Americans,", " ask", " not what"]
+    keys = ["and", "so", "my", "fellow", "americans", "ask", "not", "what"]
+    assert [word_key(w) for w in "".join(deltas).split()] == keys
 
 
 def test_the_final_transcript_continues_after_the_words_sent():
     partials = Partials()
-    for text in ["And so my", "And so my fellow Americans"]:
+    for text in ["And so mine", "And so my fellow Americans"]:
         partials.agree(text)
     assert partials.sent_text == "And so"
     final = "And so my fellow Americans, ask not what your country can do for you."
@@ -56,7 +59,7 @@ def test_the_final_transcript_continues_after_the_words_sent():
 
 def test_nothing_is_sent_twice_when_a_decode_agrees_on_fewer_words():
     deltas = _run(["one two three four", "one two three four five", "one two", "one two three four five six"])
-    assert deltas == ["one two three"]
+    assert deltas == ["one two three four"]
 
 
 def test_with_one_agreeing_decode_a_decodes_words_but_its_last_go_out_at_once():
@@ -78,26 +81,33 @@ def test_the_sessions_delay_sets_how_often_the_open_turn_is_decoded_and_how_many
         session.update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "fast"}}}})
     assert "delay" in info.value.param and session.delay == "low"
 
-    def launches(delay: str | None, seconds: float) -> tuple[int, int]:
-        """Partial decodes due while `seconds` of speech arrive in 0.1 s appends, each finished at once."""
+    def launches(delay: str | None, seconds: float, busy: int = 0) -> tuple[list[float], int]:
+        """When partial decodes are due while `seconds` of speech arrive in 0.1 s appends, each finished at once
+        with one word more than the one before (`busy`: other sessions' partial decodes in flight meanwhile)."""
         load = SharedLoad()
+        load.partials_in_flight = busy
         buffer = InputBuffer("audio/pcm", settings, load)
         scheduler = PartialScheduler(buffer, load)
         scheduler.set_delay(delay)
         scheduler.restart()
-        count, agreeing = 0, None
-        for _ in range(round(seconds * 10)):
+        times, agreeing = [], None
+        for step in range(1, round(seconds * 10) + 1):
             buffer.add(np.zeros(SAMPLE_RATE // 10, dtype=np.float32))
             launched = scheduler.launch(buffer.offset)
             if launched is not None:
-                count, agreeing = count + 1, launched[1].agreeing
+                times.append(round(step / 10, 1))
+                agreeing = launched[1].agreeing
+                launched[1].agree(" ".join(f"w{i}" for i in range(len(times))))
                 scheduler.finished(launched[1])
-        return count, agreeing
+        return times, agreeing
 
-    assert launches(None, 4.0) == (8, 2) == launches("medium", 4.0)  # the default: two a second, two agreeing
-    # 0.25 s in appends of 0.1 s: every third append
-    assert {d: launches(d, 4.0) for d in DELAYS} == {
-        "minimal": (13, 1), "low": (8, 1), "medium": (8, 2), "high": (4, 2), "xhigh": (2, 2)
+    # the default, medium: two decodes a second, two agreeing; until the first words agree (the second decode),
+    # twice as often
+    assert launches(None, 4.0) == ([0.3, 0.6, 1.1, 1.6, 2.1, 2.6, 3.1, 3.6], 2) == launches("medium", 4.0)
+    assert launches("medium", 2.0, busy=1) == ([0.5, 1.0, 1.5, 2.0], 2)  # others' previews in flight: no extra
+    # 0.25 s in appends of 0.1 s: every third append; one agreeing decode: no faster start
+    assert {d: (len(times), agreeing) for d, (times, agreeing) in ((d, launches(d, 4.0)) for d in DELAYS)} == {
+        "minimal": (13, 1), "low": (8, 1), "medium": (8, 2), "high": (5, 2), "xhigh": (3, 2)
     }  # fmt: skip
 
 
