@@ -241,6 +241,50 @@ def test_server_vad_decodes_a_turn_while_it_waits_out_the_silence(server, data_d
     assert "quilter" in completed[turns[0][0].item_id].lower()
 
 
+def test_finals_keep_their_order_of_arrival_and_no_session_starves_on_a_saturated_engine(server, data_dir):
+    """Six sessions each buffer the same clip (their partial decodes of it run meanwhile) and commit it 150 ms after
+    the session before had its commit acknowledged, while the engine is still decoding the turns before: more than
+    these cores decode at that pace. Every turn is transcribed, each as HTTP transcribes it, and the transcripts
+    come back in the order of the commits."""
+    pcm = pcm24k(data_dir / JFK)
+    http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+    sessions = [RawSession(server) for _ in range(6)]
+    committed = [threading.Event() for _ in sessions]
+    arrived: dict[int, tuple[float, str]] = {}
+
+    def read(i: int) -> None:
+        sessions[i].until("input_audio_buffer.committed", timeout=120)
+        committed[i].set()
+        ev = sessions[i].until("conversation.item.input_audio_transcription.completed", timeout=120)
+        arrived[i] = (time.perf_counter(), ev.transcript)
+
+    try:
+        for s in sessions:
+            s.next()
+            s.send(
+                type="session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+            )
+            assert s.next().type == "session.updated"
+        for s in sessions:
+            for piece in chunks(pcm, 48):
+                s.send(type="input_audio_buffer.append", audio=piece)
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(len(sessions))]
+        for t in readers:
+            t.start()
+        for s, acknowledged in zip(sessions, committed, strict=True):
+            s.send(type="input_audio_buffer.commit")
+            assert acknowledged.wait(timeout=120)
+            time.sleep(0.15)
+        for t in readers:
+            t.join(timeout=150)
+    finally:
+        for s in sessions:
+            s.close()
+    assert sorted(arrived) == list(range(len(sessions)))  # none starved
+    assert all(text == http.text for _, text in arrived.values())
+    assert sorted(arrived, key=lambda i: arrived[i][0]) == list(range(len(sessions)))
+
+
 def manual_turn(s: RawSession, pcm: bytes):
     """One turn committed by hand: its live deltas and its completed event."""
     first = len(s.events)
