@@ -21,6 +21,11 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - speech_stopped lag: from the moment the VAD could end the turn (the chunk holding the last frame of its
   silence_duration_ms after the reported `audio_end_ms` was sent) to `input_audio_buffer.speech_stopped`: how far
   turn detection falls behind the stream.
+`--turns N` (N > 1) makes each session a conversation instead: it starts at a random moment within `--stagger-s`,
+then streams N turns, each a random LibriSpeech clip from tests/data followed by a pause drawn from `--pause-s`
+(the agent answering), so turns start and end at different moments across sessions. Each turn the server's VAD
+finds is then measured on its own, from its own events: its voice's onset, its live deltas, its speech_stopped
+(`after speech` from the end of its speech as the VAD reported it).
 `--delay` runs each of OpenAI's `delay` values given (session.update before the stream; realtime/partials.py).
 Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s;
 under each row, how many turns' final decodes started early (before the VAD ended the turn) and were used or
@@ -39,6 +44,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,6 +61,17 @@ from tests.helpers.server import metric, spawn_or_exit
 TARGET_S = 0.5
 SILENCE_MS = 500  # OpenAI's silence_duration_ms, the sessions' (the server's default)
 PREFIX_MS = 300  # OpenAI's prefix_padding_ms, which speech_started's audio_start_ms has subtracted
+TALK_CLIPS = sorted(p for p in (ROOT / "tests" / "data").glob("g1_en_librispeech-*") if p.suffix in (".wav", ".flac"))
+
+
+@dataclass(frozen=True)
+class Talk:
+    """--turns: each session a conversation of `turns` clips with pauses, starting within `stagger_s`."""
+
+    clips: list[bytes]
+    turns: int
+    pause_s: tuple[float, float]
+    stagger_s: float
 
 
 def norm_words(text: str) -> list[str]:
@@ -129,12 +146,98 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
         errors.append(repr(exc))
 
 
-def run(url: str, pcm: bytes, n: int, delay: str | None = None) -> tuple[list, list]:
+def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[float], out: list, errors: list,
+                 delay: str | None = None) -> None:  # fmt: skip
+    """One session streaming `turns` (24 kHz PCM) in real time, each followed by its pause; a row in `out` per
+    turn the server's VAD finds, as session() measures one."""
+    from websockets.sync.client import connect
+
+    stream = bytearray(24000)  # 0.5 s of silence
+    speech_ends = []  # the stream offset (bytes) where each clip ends
+    for pcm, pause in zip(turns, pauses, strict=True):
+        stream += pcm
+        speech_ends.append(len(stream))
+        stream += bytes(int(pause * 24000) * 2)
+    stream += bytes(72000)
+    time.sleep(start_delay)
+    try:
+        with connect(url.replace("http://", "ws://") + "/v1/realtime?intent=transcription", max_size=2**25) as ws:
+            items: dict[str, dict] = {}  # per turn: its events' arrival times and contents
+            done = threading.Event()
+
+            def read() -> None:
+                deadline = math.inf
+                while time.perf_counter() < deadline:
+                    try:
+                        event = json.loads(ws.recv(timeout=0.2))
+                    except TimeoutError:
+                        if done.is_set():  # the stream is sent: wait for the transcripts of the turns it held
+                            if all("completed" in t for t in items.values()):
+                                return
+                            deadline = min(deadline, time.perf_counter() + 120)
+                        continue
+                    kind, now = event["type"], time.perf_counter()
+                    if kind == "error":
+                        raise RuntimeError(event["error"]["message"])
+                    if "item_id" not in event:
+                        continue
+                    turn = items.setdefault(event["item_id"], {"deltas": [], "live": []})
+                    if kind == "input_audio_buffer.speech_started":
+                        turn["onset_ms"] = event["audio_start_ms"] + PREFIX_MS
+                    elif kind == "conversation.item.input_audio_transcription.delta":
+                        turn["deltas"].append(now)
+                        if "stopped" not in turn:
+                            turn["live"].append(event["delta"])
+                    elif kind == "input_audio_buffer.speech_stopped":
+                        turn["stopped"], turn["end_ms"] = now, event["audio_end_ms"]
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        turn["completed"], turn["transcript"] = now, event["transcript"]
+
+            if delay is not None:
+                ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                    "input": {"transcription": {"delay": delay}}}}}))  # fmt: skip
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            start = time.perf_counter()
+            for i, piece in enumerate(chunks(bytes(stream), 48)):
+                time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+            done.set()
+            reader.join(timeout=180)
+            for turn in items.values():
+                if "completed" not in turn or "onset_ms" not in turn:
+                    raise RuntimeError("a turn without its transcript")
+                onset, end = start + turn["onset_ms"] / 1000, start + turn["end_ms"] / 1000
+                first = (turn["deltas"][0] if turn["deltas"] else turn["completed"]) - onset
+                gap = max(b - a for a, b in itertools.pairwise([onset, *(t for t in turn["deltas"] if t < end), end]))
+                sent, heard = norm_words("".join(turn["live"])), norm_words(turn["transcript"])
+                changed = sum(1 for i, w in enumerate(sent) if i >= len(heard) or heard[i] != w)
+                decidable_ms = turn["end_ms"] + math.ceil(SILENCE_MS / FRAME_MS) * FRAME_MS
+                decidable = start + (math.ceil(decidable_ms / CHUNK_MS) - 1) * CHUNK_MS / 1000
+                out.append((turn["completed"] - end, turn["completed"] - turn["stopped"], first, gap, changed,
+                            len(sent), turn["stopped"] - decidable))  # fmt: skip
+            if len(items) < len(turns):
+                errors.append(f"{len(turns)} clips, {len(items)} turns found")
+    except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
+        errors.append(repr(exc))
+
+
+def run(url: str, pcm: bytes, n: int, delay: str | None = None, talk: Talk | None = None) -> tuple[list, list]:
     out: list = []
     errors: list = []
-    threads = [
-        threading.Thread(target=session, args=(url, pcm, i * CHUNK_MS / 1000 / n, out, errors, delay)) for i in range(n)
-    ]
+    if talk is not None:
+        rng = np.random.default_rng(n)
+        threads = []
+        for _ in range(n):
+            clips = [talk.clips[i] for i in rng.integers(len(talk.clips), size=talk.turns)]
+            pauses = rng.uniform(*talk.pause_s, size=talk.turns).tolist()
+            args = (url, clips, float(rng.uniform(0, talk.stagger_s)), pauses, out, errors, delay)
+            threads.append(threading.Thread(target=conversation, args=args))
+    else:
+        threads = [
+            threading.Thread(target=session, args=(url, pcm, i * CHUNK_MS / 1000 / n, out, errors, delay))
+            for i in range(n)
+        ]
     for t in threads:
         t.start()
     for t in threads:
@@ -182,12 +285,23 @@ def main() -> None:
         default=ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0002.wav",
     )
     ap.add_argument("--delay", nargs="+", default=[None], help="OpenAI's delay values to run (default: the server's)")
+    ap.add_argument("--turns", type=int, default=1, help="more than 1: each session a conversation of that many turns")
+    ap.add_argument("--pause-s", nargs=2, type=float, default=[1.0, 3.0], help="--turns: each turn's pause after it")
+    ap.add_argument("--stagger-s", type=float, default=3.0, help="--turns: sessions start within this many seconds")
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
     pcm = pcm24k(args.clip)
     try:
-        print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
+        talk = None
+        if args.turns > 1:
+            clips = [pcm24k(p) for p in TALK_CLIPS]
+            talk = Talk(clips, args.turns, tuple(args.pause_s), args.stagger_s)
+            print(f"{args.turns} turns per session: LibriSpeech clips of {min(map(len, clips)) / 48000:.1f}-"
+                  f"{max(map(len, clips)) / 48000:.1f} s, each followed by {args.pause_s[0]:g}-{args.pause_s[1]:g} s "
+                  f"of silence; sessions start within {args.stagger_s:g} s; streamed in real time")  # fmt: skip
+        else:
+            print(f"{args.clip.name}: {len(pcm) / 48000:.1f} s of speech per session, streamed in real time")
         http_peer(url, pcm, 1)  # warm-up
         print("| delay | sessions | completed | first delta after the voice starts p50 / p95 s | longest wait for a delta "
               "while speaking p50 / p95 s | live words changed | speech_stopped lag p50 / p95 s "
@@ -196,10 +310,11 @@ def main() -> None:
         held = 0
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
-            out, errors = run(url, pcm, n, delay)
+            out, errors = run(url, pcm, n, delay, talk)
             speech, commit, first, gaps, changed, sent, lag = ([row[i] for row in out] for i in range(7))
             peer = http_peer(url, pcm, n)
-            print(f"| {delay or 'default'} | {n} | {len(out)} of {n} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
+            done = f"{len(out)} turns, {n * args.turns} clips" if talk else f"{len(out)} of {n}"
+            print(f"| {delay or 'default'} | {n} | {done} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
                   f"| {pct(gaps, 50):.3f} / {pct(gaps, 95):.3f} | {sum(changed)} of {sum(sent)} "
                   f"| {pct(lag, 50):.3f} / {pct(lag, 95):.3f} "
                   f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
