@@ -41,25 +41,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.realtime_sessions import pct
 from benchmarks.realtime_sessions import run as speak
 from tests.helpers.realtime import pcm24k
-from tests.helpers.server import spawn_or_exit
+from tests.helpers.server import spawn_or_exit, tree_rss_mib
 
 HEALTH_TARGET_S = 0.1
 CLIP = ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0001.wav"
-
-
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of the process `pid` and all its descendants, MiB (Linux /proc)."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, StopIteration):
-            continue
-    return total / 1024
 
 
 def probe_health(host: str, port: int, stop, samples) -> None:

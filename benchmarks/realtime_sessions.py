@@ -27,7 +27,9 @@ then streams N turns, each a random LibriSpeech clip from tests/data followed by
 finds is then measured on its own, from its own events: its voice's onset, its live deltas, its speech_stopped
 (`after speech` from the end of its speech as the VAD reported it).
 `--delay` runs each of OpenAI's `delay` values given (session.update before the stream; realtime/partials.py).
-Prints p50 / p95 of each per session count, and the most sessions whose p95 after the commit stays below 0.5 s;
+Prints p50 / p95 of each per session count (p99 too after the commit), the server's peak resident memory (its
+process tree) and the GPUs' memory in use (nvidia-smi) while the row ran, the sessions that failed, and the most
+sessions whose p95 after the commit stays below 0.5 s;
 under each row, how many turns' final decodes started early (before the VAD ended the turn) and were used or
 dropped (the server's whisper_realtime_early_finals_total).
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
@@ -47,6 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Self
 
 import numpy as np
 
@@ -56,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 from server.realtime.partials import WORD, word_key
 from server.realtime.turns import FRAME_MS
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, wav_bytes
-from tests.helpers.server import metric, spawn_or_exit
+from tests.helpers.server import gpu_memory_mib, metric, spawn_or_exit, tree_rss_mib
 
 TARGET_S = 0.5
 SILENCE_MS = 500  # OpenAI's silence_duration_ms, the sessions' (the server's default)
@@ -265,6 +268,34 @@ def http_peer(url: str, pcm: bytes, n: int) -> list[float]:
     return latencies
 
 
+class PeakMemory:
+    """The server's resident memory (its process tree, with --spawn or --pid) and the GPUs' memory in use, sampled
+    every 0.5 s while a row runs: their peaks, MiB (nan where unknown)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid, self.rss, self.gpu = pid, float("nan"), float("nan")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            if self.pid:
+                self.rss = float(np.fmax(self.rss, tree_rss_mib(self.pid)))
+            gpu = gpu_memory_mib()
+            if gpu is not None:
+                self.gpu = float(np.fmax(self.gpu, gpu))
+            if self.stop.wait(0.5):
+                return
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -285,12 +316,14 @@ def main() -> None:
         default=ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0002.wav",
     )
     ap.add_argument("--delay", nargs="+", default=[None], help="OpenAI's delay values to run (default: the server's)")
+    ap.add_argument("--pid", type=int, help="the server's process id, for its memory (with --url; --spawn knows it)")
     ap.add_argument("--turns", type=int, default=1, help="more than 1: each session a conversation of that many turns")
     ap.add_argument("--pause-s", nargs=2, type=float, default=[1.0, 3.0], help="--turns: each turn's pause after it")
     ap.add_argument("--stagger-s", type=float, default=3.0, help="--turns: sessions start within this many seconds")
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
+    pid = server.proc.pid if server else args.pid
     pcm = pcm24k(args.clip)
     try:
         talk = None
@@ -305,12 +338,14 @@ def main() -> None:
         http_peer(url, pcm, 1)  # warm-up
         print("| delay | sessions | completed | first delta after the voice starts p50 / p95 s | longest wait for a delta "
               "while speaking p50 / p95 s | live words changed | speech_stopped lag p50 / p95 s "
-              "| after speech p50 / p95 s | after the commit p50 / p95 s | HTTP peer p50 / p95 s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| after speech p50 / p95 s | after the commit p50 / p95 / p99 s | HTTP peer p50 / p95 s "
+              "| server RSS / GPU memory peak MiB | errors |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         held = 0
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
-            out, errors = run(url, pcm, n, delay, talk)
+            with PeakMemory(pid) as memory:
+                out, errors = run(url, pcm, n, delay, talk)
             speech, commit, first, gaps, changed, sent, lag = ([row[i] for row in out] for i in range(7))
             peer = http_peer(url, pcm, n)
             done = f"{len(out)} turns, {n * args.turns} clips" if talk else f"{len(out)} of {n}"
@@ -318,7 +353,8 @@ def main() -> None:
                   f"| {pct(gaps, 50):.3f} / {pct(gaps, 95):.3f} | {sum(changed)} of {sum(sent)} "
                   f"| {pct(lag, 50):.3f} / {pct(lag, 95):.3f} "
                   f"| {pct(speech, 50):.3f} / {pct(speech, 95):.3f} | "
-                  f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} | {pct(peer, 50):.3f} / {pct(peer, 95):.3f} |",
+                  f"{pct(commit, 50):.3f} / {pct(commit, 95):.3f} / {pct(commit, 99):.3f} "
+                  f"| {pct(peer, 50):.3f} / {pct(peer, 95):.3f} | {memory.rss:.0f} / {memory.gpu:.0f} | {len(errors)} |",
                   flush=True)  # fmt: skip
             used, dropped = (early_finals(url, outcome) - before for outcome, before in zip(("used", "dropped"), early))
             print(f"  early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped")

@@ -1,5 +1,5 @@
 """Real servers: `python -m server serve` in a subprocess on 127.0.0.1 (RemoteServer), and what tests read from or
-do to a running one (metric, abandon).
+do to a running one (metric, abandon, its memory: tree_rss_mib, gpu_memory_mib).
 
 RemoteServer is the one way a real server is started, by the end-to-end tests' fixtures (tests/e2e/conftest.py)
 and by the HTTP benchmarks (benchmarks/http_load.py and benchmarks/soak.py, their --spawn). Nothing here imports
@@ -24,6 +24,36 @@ import openai
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 600  # first start may load weights from a cold disk
 REQUEST_TIMEOUT_S = 600
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of the process `pid` and all its descendants, MiB (Linux /proc)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def gpu_memory_mib() -> float | None:
+    """Memory in use on this machine's GPUs, MiB, as nvidia-smi reports it (every process's); None without one."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return float(sum(int(line) for line in out.split()))
 
 
 def free_port() -> int:
