@@ -21,6 +21,7 @@ from .errors import install_error_handlers
 from .heap import freeze_startup_objects
 from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
+from .realtime.client_secrets import ClientSecrets
 from .realtime.load import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime, ui
@@ -120,11 +121,12 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
     # can read a 401), then the key check, which refuses before any body is read.
-    keys = settings.api_keys()
-    if keys:
-        app.add_middleware(
-            APIKeyMiddleware, keys=keys, protect_health=settings.auth_health, protect_metrics=settings.auth_metrics
-        )
+    # every realtime client secret minted and not yet used (in memory only: a restart invalidates them)
+    app.state.client_secrets = ClientSecrets(settings.realtime_max_client_secrets)
+    app.add_middleware(
+        APIKeyMiddleware, keys=settings.api_keys(), secrets=app.state.client_secrets,
+        protect_health=settings.auth_health, protect_metrics=settings.auth_metrics,
+    )  # fmt: skip
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

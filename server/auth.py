@@ -1,4 +1,5 @@
-"""API keys: `Authorization: Bearer <key>` checked before a request's body is read, answered as OpenAI does."""
+"""API keys: `Authorization: Bearer <key>` checked before a request's body is read, answered as OpenAI does; and the
+realtime client secrets (`ek_...`, server/realtime/client_secrets.py) that open one realtime connection instead."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import APIError
+from .realtime.client_secrets import PREFIX as SECRET_PREFIX
+from .realtime.client_secrets import ClientSecrets
 
 API_PREFIX = "/v1"
 # Open unless the operator asks otherwise: probes and scrapers rarely carry keys.
@@ -36,6 +39,22 @@ def invalid_key(key: str) -> APIError:
         code="invalid_api_key",
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+def refused_secret() -> APIError:
+    return APIError(
+        401,
+        "The client secret is unknown, expired or already used: mint a new one (POST /v1/realtime/client_secrets).",
+        type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+# What a client secret opens: a realtime connection, and nothing else
+SECRET_PATHS = ("/v1/realtime",)
+# The scope key under which a redeemed ClientSecret reaches the route
+SECRET_SCOPE_KEY = "realtime_client_secret"
 
 
 class KeyChecker:
@@ -78,11 +97,17 @@ def subprotocol_key(headers: Headers) -> str | None:
 
 class APIKeyMiddleware:
     """Refuses requests without an accepted key on protected paths: every /v1 route (HTTP and WebSocket), and
-    /health or /metrics when configured. Runs before routing, so a refused upload is never read."""
+    /health or /metrics when configured; with no keys configured, every request passes. Runs before routing, so a
+    refused upload is never read. A realtime connection may carry a client secret instead of a key (on any
+    server): it is redeemed here, once, and handed to the route in the scope (SECRET_SCOPE_KEY); one that is
+    unknown, expired or used is refused as a wrong key is."""
 
-    def __init__(self, app: ASGIApp, keys: list[str], protect_health: bool, protect_metrics: bool):
+    def __init__(
+        self, app: ASGIApp, keys: list[str], secrets: ClientSecrets, protect_health: bool, protect_metrics: bool
+    ):
         self.app = app
         self.checker = KeyChecker(keys)
+        self.secrets = secrets
         self.protected_paths = set()
         if protect_health:
             self.protected_paths.update(HEALTH_PATHS)
@@ -97,6 +122,10 @@ class APIKeyMiddleware:
         path = scope["path"]
         return path == API_PREFIX or path.startswith(API_PREFIX + "/") or path in self.protected_paths
 
+    @staticmethod
+    def opens_with_secret(scope: Scope) -> bool:
+        return scope["type"] == "websocket" and scope["path"] in SECRET_PATHS
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.protects(scope):
             await self.app(scope, receive, send)
@@ -105,7 +134,14 @@ class APIKeyMiddleware:
         key = bearer_key(headers)
         if key is None and scope["type"] == "websocket":
             key = subprotocol_key(headers)
-        error = missing_key() if key is None else None if self.checker.accepts(key) else invalid_key(key)
+        if key is not None and key.startswith(SECRET_PREFIX) and self.opens_with_secret(scope):
+            secret = self.secrets.redeem(key)
+            scope[SECRET_SCOPE_KEY] = secret
+            error = refused_secret() if secret is None else None
+        elif not self.checker.keys:
+            error = None
+        else:
+            error = missing_key() if key is None else None if self.checker.accepts(key) else invalid_key(key)
         if error is None:
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket" and "websocket.http.response" in scope.get("extensions", {}):

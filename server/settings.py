@@ -145,6 +145,8 @@ class Settings(BaseSettings):
     only on it and the request's own audio, never on what else the engine decodes."""
     realtime_max_sessions: int = Field(default=100, ge=0)
     """Realtime WebSocket sessions open at once (/v1/realtime); past this a new one gets an error and is closed."""
+    realtime_max_client_secrets: int = Field(default=10000, ge=0)
+    """Unexpired realtime client secrets at once (POST /v1/realtime/client_secrets); past this minting gets a 429."""
     realtime_max_buffer_s: float = Field(default=900.0, gt=0)
     """Seconds of uncommitted audio a realtime session may hold (manual commits; server VAD commits by itself)."""
     realtime_max_buffered_seconds_total: float = Field(default=3600.0, gt=0)

@@ -14,6 +14,7 @@
   and merged, the effective session sent back.
 - events.py: the server's events as dicts of the SDK's shapes, and the protocol's errors.
 - speech_batcher.py: Silero's speech probabilities for every live session in one pass (server_vad).
+- client_secrets.py: the ephemeral secrets an app's backend mints for a device: one connection each, then gone.
 - connection.py: one WebSocket: client events in and dispatched, turns committed and transcribed through the
   engine, server events out through a bounded queue.
 """

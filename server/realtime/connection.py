@@ -84,7 +84,7 @@ class EarlyFinal:
 class Connection:
     def __init__(
         self, websocket: WebSocket, engine: EngineLike, settings: Settings, speech: SpeechBatcher,
-        metrics: Metrics, load: SharedLoad,
+        metrics: Metrics, load: SharedLoad, session: dict | None = None,
     ):  # fmt: skip
         self.ws = websocket
         self.load = load
@@ -92,6 +92,8 @@ class Connection:
         self.settings = settings
         self.metrics = metrics
         self.session = SessionConfig(settings)
+        if session is not None:  # a client secret's configuration, validated when it was minted
+            self.session.update(session)
         self.buffer = InputBuffer(self.session.format_type, settings, load)
         self.vad = speech  # shared by the connections: a stream each, pushed together
         self.detector: TurnDetector | None = None  # server VAD's state (None: the client commits)
