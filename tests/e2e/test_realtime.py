@@ -250,13 +250,15 @@ def test_finals_keep_their_order_of_arrival_and_no_session_starves_on_a_saturate
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
     sessions = [RawSession(server) for _ in range(6)]
     committed = [threading.Event() for _ in sessions]
-    arrived: dict[int, tuple[float, str]] = {}
+    arrived: dict[int, tuple[int, str]] = {}
 
     def read(i: int) -> None:
         sessions[i].until("input_audio_buffer.committed", timeout=120)
         committed[i].set()
         ev = sessions[i].until("conversation.item.input_audio_transcription.completed", timeout=120)
-        arrived[i] = (time.perf_counter(), ev.transcript)
+        # the server numbers its events in the order it makes them (server/realtime/events.py new_id: a counter
+        # after 16 random hex digits): the order of the finals, free of the client threads' wake-ups
+        arrived[i] = (int(ev.event_id.split("_", 1)[1][16:], 16), ev.transcript)
 
     try:
         for s in sessions:
