@@ -134,7 +134,8 @@ class SessionConfig:
             current["format"] = {"type": kind, "rate": 24000} if kind == "audio/pcm" else {"type": kind}
         if given.get("noise_reduction") is not None:
             raise SessionError(
-                "noise_reduction is not supported: Whisper is trained on noisy audio; leave it null",
+                "noise_reduction is not supported: denoising the input (spectral gating, RNNoise) raised Whisper's word "
+                "error rate at 0-20 dB of noise where it was measured; leave it null",
                 "session.audio.input.noise_reduction",
             )
         if "transcription" in given:
