@@ -17,7 +17,8 @@ a turn), then streams 0.5 s of silence, a 16 kHz English clip (resampled to 24 k
 - longest wait for a delta while speaking: the longest of the gaps between the onset, each live delta before the
   clip's last chunk, and that last chunk;
 - live words changed: of the words the live deltas sent before `speech_stopped`, those the completed transcript
-  has otherwise at their place (case and punctuation aside): what an earlier delta cost in stability;
+  does not have in the same order (case and punctuation aside; difflib's matching blocks, so a word inserted or
+  dropped early does not count every word after it): what an earlier delta cost in stability;
 - speech_stopped lag: from the moment the VAD could end the turn (the chunk holding the last frame of its
   silence_duration_ms after the reported `audio_end_ms` was sent) to `input_audio_buffer.speech_stopped`: how far
   turn detection falls behind the stream.
@@ -39,6 +40,7 @@ the same decode), their latency p50 / p95: what the engine takes for N such turn
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import json
 import math
@@ -80,6 +82,12 @@ class Talk:
 def norm_words(text: str) -> list[str]:
     """A transcript's words as the server compares two decodes' (realtime/partials.py word_key)."""
     return [k for k in (word_key(w) for w in WORD.findall(text)) if k]
+
+
+def words_changed(sent: list[str], heard: list[str]) -> int:
+    """The sent words the final transcript's words do not match, in order."""
+    blocks = difflib.SequenceMatcher(a=sent, b=heard, autojunk=False).get_matching_blocks()
+    return len(sent) - sum(block.size for block in blocks)
 
 
 def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, delay: str | None = None) -> None:
@@ -138,7 +146,7 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
             marks = [onset, *(t for t in deltas if t < times["speech_end"]), times["speech_end"]]
             gap = max(b - a for a, b in itertools.pairwise(marks))
             sent, heard = norm_words("".join(live)), norm_words(final[0])
-            changed = sum(1 for i, w in enumerate(sent) if i >= len(heard) or heard[i] != w)
+            changed = words_changed(sent, heard)
             # the VAD can end the turn once the chunk holding the last frame of its silence has arrived: chunk k (the
             # stream's [k, k + 1) x CHUNK_MS) was sent at start + k x CHUNK_MS
             decidable_ms = times["end_ms"] + math.ceil(SILENCE_MS / FRAME_MS) * FRAME_MS
@@ -214,7 +222,7 @@ def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[
                 first = (turn["deltas"][0] if turn["deltas"] else turn["completed"]) - onset
                 gap = max(b - a for a, b in itertools.pairwise([onset, *(t for t in turn["deltas"] if t < end), end]))
                 sent, heard = norm_words("".join(turn["live"])), norm_words(turn["transcript"])
-                changed = sum(1 for i, w in enumerate(sent) if i >= len(heard) or heard[i] != w)
+                changed = words_changed(sent, heard)
                 decidable_ms = turn["end_ms"] + math.ceil(SILENCE_MS / FRAME_MS) * FRAME_MS
                 decidable = start + (math.ceil(decidable_ms / CHUNK_MS) - 1) * CHUNK_MS / 1000
                 out.append((turn["completed"] - end, turn["completed"] - turn["stopped"], first, gap, changed,
