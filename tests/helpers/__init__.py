@@ -11,7 +11,8 @@
 - realtime: a clip as a realtime client streams it (24 kHz PCM, 100 ms base64 chunks) and as a WAV for HTTP
   (also benchmarks/realtime_sessions.py).
 - server: RemoteServer, a real `python -m server serve` on 127.0.0.1 (args, env, port, /health wait, log, stop;
-  a context manager), free_port, REPO, and what tests read from or do to a running server (metric, abandon).
+  a context manager), free_port, REPO, and what tests read from or do to a running server (metric, abandon, its
+  memory: tree_rss_mib, gpu_memory_mib).
 - transcripts: the JFK clip and its words, loose word matching (words, contains_words, COMMON_ENGLISH) and the
   WER normalizers (normalize_text, normalize_english).
 - weights_export: a loaded Checkpoint written back out as a Hugging Face directory or an OpenAI .pt file.
