@@ -21,6 +21,7 @@ from .errors import install_error_handlers
 from .heap import freeze_startup_objects
 from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
+from .realtime.calls import Calls
 from .realtime.client_secrets import ClientSecrets
 from .realtime.load import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
@@ -37,7 +38,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """The engines started, then what start-up made frozen out of garbage collection (heap.py)."""
     async with _engines(app):
         freeze_startup_objects()
-        yield
+        try:
+            yield
+        finally:
+            await app.state.calls.close_all()
 
 
 @asynccontextmanager
@@ -123,6 +127,7 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     # can read a 401), then the key check, which refuses before any body is read.
     # every realtime client secret minted and not yet used (in memory only: a restart invalidates them)
     app.state.client_secrets = ClientSecrets(settings.realtime_max_client_secrets)
+    app.state.calls = Calls()  # the WebRTC calls in progress
     app.add_middleware(
         APIKeyMiddleware, keys=settings.api_keys(), secrets=app.state.client_secrets,
         protect_health=settings.auth_health, protect_metrics=settings.auth_metrics,

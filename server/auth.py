@@ -51,8 +51,8 @@ def refused_secret() -> APIError:
     )
 
 
-# What a client secret opens: a realtime connection, and nothing else
-SECRET_PATHS = ("/v1/realtime",)
+# What a client secret opens: a realtime connection, WebSocket or WebRTC call, and nothing else
+SECRET_PATHS = {("websocket", "/v1/realtime"), ("http", "/v1/realtime/calls")}
 # The scope key under which a redeemed ClientSecret reaches the route
 SECRET_SCOPE_KEY = "realtime_client_secret"
 
@@ -124,7 +124,9 @@ class APIKeyMiddleware:
 
     @staticmethod
     def opens_with_secret(scope: Scope) -> bool:
-        return scope["type"] == "websocket" and scope["path"] in SECRET_PATHS
+        if (scope["type"], scope["path"]) not in SECRET_PATHS:
+            return False
+        return scope["type"] == "websocket" or scope["method"] == "POST"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.protects(scope):

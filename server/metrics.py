@@ -53,7 +53,7 @@ class Metrics:
             "whisper_engine_restarts", "Times the engine was restarted after it died.", registry=self.registry
         )
         self.realtime_sessions = Gauge(
-            "whisper_realtime_sessions", "Realtime WebSocket sessions open.", registry=self.registry
+            "whisper_realtime_sessions", "Realtime sessions open (WebSocket and WebRTC).", registry=self.registry
         )
         self.realtime_audio_seconds = Counter(
             "whisper_realtime_audio_seconds", "Seconds of audio received by realtime sessions.", registry=self.registry

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig, KernelOptions, available_cpus
@@ -18,6 +18,16 @@ MIB = 1024 * 1024
 WHISPER_1 = "whisper-1"  # an id every server answers to: clients hard-code OpenAI's model id
 MAX_APPEND_BASE64 = 15 * MIB  # OpenAI's limit on one realtime append's audio field: the largest event a client sends
 WS_EVENT_ROOM = 64 * 1024  # the JSON around that audio (type, event_id)
+
+
+class IceServer(BaseModel):
+    """A STUN or TURN server, as RTCPeerConnection's configuration names it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    urls: str | list[str]
+    username: str | None = None
+    credential: str | None = None
 
 
 class Settings(BaseSettings):
@@ -144,7 +154,14 @@ class Settings(BaseSettings):
     """Sampling seed of every request (OpenAI's API has no per-request seed): a temperature-fallback draw depends
     only on it and the request's own audio, never on what else the engine decodes."""
     realtime_max_sessions: int = Field(default=100, ge=0)
-    """Realtime WebSocket sessions open at once (/v1/realtime); past this a new one gets an error and is closed."""
+    """Realtime sessions open at once, WebSocket (/v1/realtime) and WebRTC (/v1/realtime/calls) together; past this a
+    new WebSocket gets an error and is closed, a new call a 429."""
+    realtime_ice_servers: Annotated[list[IceServer], NoDecode] = Field(default_factory=list)
+    """STUN/TURN servers for WebRTC calls (/v1/realtime/calls), repeatable: a URL (stun:stun.example.com:3478) or
+    JSON ({"urls": "turn:turn.example.com:3478", "username": "u", "credential": "p"}). None by default: the server
+    offers its own addresses only, enough when clients reach it directly (docs/realtime.md: WebRTC)."""
+    realtime_webrtc_connect_timeout_s: float = Field(default=15.0, gt=0)
+    """A WebRTC call whose peer has not connected (ICE, DTLS, the events channel) this long after its answer ends."""
     realtime_max_client_secrets: int = Field(default=10000, ge=0)
     """Unexpired realtime client secrets at once (POST /v1/realtime/client_secrets); past this minting gets a 429."""
     realtime_max_buffer_s: float = Field(default=900.0, gt=0)
@@ -247,6 +264,25 @@ class Settings(BaseSettings):
             except json.JSONDecodeError as exc:
                 raise ValueError(f"kernels must be a JSON object: {exc}") from exc
         return value
+
+    @field_validator("realtime_ice_servers", mode="before")
+    @classmethod
+    def _ice_servers(cls, value: object) -> object:
+        """Each a URL or a JSON object (a JSON list of them in one value too)."""
+        values = value if isinstance(value, list) else [value]
+        servers: list[object] = []
+        for item in values:
+            if not isinstance(item, str):
+                servers.append(item)
+            elif item.lstrip()[:1] in ("{", "["):
+                try:
+                    parsed = json.loads(item)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"an ICE server is a URL or a JSON object: {exc}") from exc
+                servers.extend(parsed if isinstance(parsed, list) else [parsed])
+            elif item.strip():
+                servers.append({"urls": item.strip()})
+        return servers
 
     @field_validator("api_key_file")
     @classmethod

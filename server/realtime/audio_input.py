@@ -105,6 +105,29 @@ class InputAudio:
         return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
 
 
+class TrackAudio:
+    """A WebRTC call's media track (webrtc.py): its decoded frames (48 kHz Opus, stereo or mono) -> 16 kHz float32
+    mono, the resampler's filter state carried from one chunk of frames to the next."""
+
+    def __init__(self) -> None:
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+
+    def resample(self, frames: list[av.AudioFrame]) -> np.ndarray:
+        return InputAudio._resampled([out for frame in frames for out in self._resampler.resample(frame)])
+
+
+def resample_tracks(work: list[tuple[TrackAudio, list[av.AudioFrame]]]) -> list[np.ndarray | Exception]:
+    """Several calls' chunks of track frames, each through its own resampler (a pass of load.SharedLoad.tracks, in a
+    worker thread): each one's samples, or what it raised."""
+    outcomes: list[np.ndarray | Exception] = []
+    for track, frames in work:
+        try:
+            outcomes.append(track.resample(frames))
+        except Exception as exc:  # noqa: BLE001 - that call's own error
+            outcomes.append(exc)
+    return outcomes
+
+
 def decode_appends(work: list[tuple[InputAudio, str]]) -> list[np.ndarray | Exception]:
     """Several sessions' small appends, each into its own stream (a pass of load.SharedLoad.appends, in a worker
     thread): each one's samples, or what it raised (bad base64), its session's own error."""

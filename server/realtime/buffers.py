@@ -63,17 +63,9 @@ class InputBuffer:
         does that."""
         if len(data) > MAX_APPEND_BASE64:
             raise AudioFormatError(f"an append carries at most {MAX_APPEND_BASE64} base64 characters")
-        settings, load = self.settings, self.load
+        load = self.load
         needed = int(self.audio.seconds(base64_size(data)) * SAMPLE_RATE)  # what it would add, decoded
-        if self.num_samples + needed > settings.realtime_max_buffer_s * SAMPLE_RATE:
-            raise AudioFormatError(
-                f"the input audio buffer holds at most {settings.realtime_max_buffer_s:g} s; commit or clear it"
-            )
-        if load.buffered_samples + needed > settings.realtime_max_buffered_seconds_total * SAMPLE_RATE:
-            raise ServerBufferFull(
-                f"the server holds at most {settings.realtime_max_buffered_seconds_total:g} s of uncommitted audio "
-                "across its sessions; commit, or send it again later"
-            )
+        self.admit(needed)
         if len(data) <= OFFLOAD_BASE64:
             return await load.appends.run((self.audio, data))
         load.buffered_samples += needed  # reserved while it decodes: the other sessions' appends count it
@@ -82,6 +74,20 @@ class InputBuffer:
                 return await asyncio.to_thread(self.audio.append_base64, data)
         finally:
             load.buffered_samples -= needed
+
+    def admit(self, num_samples: int) -> None:
+        """Raise unless `num_samples` more fit the session's buffer and the server's (AudioFormatError,
+        ServerBufferFull)."""
+        settings = self.settings
+        if self.num_samples + num_samples > settings.realtime_max_buffer_s * SAMPLE_RATE:
+            raise AudioFormatError(
+                f"the input audio buffer holds at most {settings.realtime_max_buffer_s:g} s; commit or clear it"
+            )
+        if self.load.buffered_samples + num_samples > settings.realtime_max_buffered_seconds_total * SAMPLE_RATE:
+            raise ServerBufferFull(
+                f"the server holds at most {settings.realtime_max_buffered_seconds_total:g} s of uncommitted audio "
+                "across its sessions; commit, or send it again later"
+            )
 
     def add(self, samples: np.ndarray) -> None:
         self.samples.append(samples)

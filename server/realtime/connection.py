@@ -1,4 +1,7 @@
-"""One realtime transcription connection: client events in, turns transcribed by the engine, server events out.
+"""One realtime transcription session: client events in, turns transcribed by the engine, server events out.
+
+It reads and writes through a transport.py Transport: a WebSocket, or a WebRTC call whose media track brings the
+microphone's audio as samples (heard as an append's would be).
 
 The input audio is one stream per connection, kept at 16 kHz (buffers.py). A turn ends by the client's
 `input_audio_buffer.commit` or, with server VAD, when turns.py's detector says so; the turn's audio is then an
@@ -23,7 +26,6 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine import (
     SAMPLE_RATE,
@@ -47,6 +49,7 @@ from .load import OFFLOAD_BASE64, SharedLoad
 from .partials import Partials, PartialScheduler
 from .session import SessionConfig, SessionError
 from .speech_batcher import SpeechBatcher
+from .transport import Transport
 from .turns import Detection, IdleTimeout, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector, TurnEnding
 
 log = logging.getLogger(__name__)
@@ -83,10 +86,10 @@ class EarlyFinal:
 
 class Connection:
     def __init__(
-        self, websocket: WebSocket, engine: EngineLike, settings: Settings, speech: SpeechBatcher,
+        self, transport: Transport, engine: EngineLike, settings: Settings, speech: SpeechBatcher,
         metrics: Metrics, load: SharedLoad, session: dict | None = None,
     ):  # fmt: skip
-        self.ws = websocket
+        self.transport = transport
         self.load = load
         self.engine = engine
         self.settings = settings
@@ -127,21 +130,23 @@ class Connection:
             self.send(event("session.created", session=self.session.body()))
             while True:
                 try:
-                    message = await asyncio.wait_for(self.ws.receive(), idle_s)
+                    inbound = await asyncio.wait_for(self.transport.receive(), idle_s)
                 except TimeoutError:
                     self.send(error(f"no event for {idle_s:g} s: the session is closed", code="session_idle_timeout"))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.outbox.join(), 1.0)
-                    await self.ws.close(code=1000)
+                    await self.transport.close(code=1000)
                     break
-                if message["type"] == "websocket.disconnect":
+                if inbound is None:
                     break
-                text = message.get("text")
-                if text is None:
+                if isinstance(inbound, bytes):
                     self.send(error("binary frames are not part of the protocol; send JSON text events"))
-                    continue
-                await self._handle(text)
-        except (WebSocketDisconnect, ClientTooSlow):
+                elif isinstance(inbound, str):
+                    await self._handle(inbound)
+                else:
+                    with self._reporting("the media track's audio", None):
+                        await self._track_audio(inbound)
+        except ClientTooSlow:
             pass
         finally:
             self.buffer.num_samples = 0  # out of the server-wide total
@@ -163,19 +168,19 @@ class Connection:
         while True:
             item = await self.outbox.get()
             try:
-                await self.ws.send_text(json.dumps(item))
+                await self.transport.send_text(json.dumps(item))
             finally:
                 self.outbox.task_done()
 
     async def _handle(self, text: str) -> None:
-        """One client event. What is wrong with it is an `error` event, and so is what fails unexpectedly while it is
-        handled (a `server_error`, logged): the connection goes on either way."""
-        kind, event_id = "the event", None
-        try:
+        """One client event."""
+        message = None
+        with self._reporting("the event", None):
             message = await self._parse(text)
-            if message is None:
-                return
-            kind, event_id = message["type"], event_id_of(message)
+        if message is None:
+            return
+        kind, event_id = message["type"], event_id_of(message)
+        with self._reporting(kind, event_id):
             handler = {
                 "session.update": self._session_update,
                 "input_audio_buffer.append": self._append,
@@ -193,6 +198,13 @@ class Connection:
                 await self._append(message)
             else:
                 handler(message)
+
+    @contextlib.contextmanager
+    def _reporting(self, kind: str, event_id: str | None) -> Iterator[None]:
+        """What is wrong with a client event (or the track's audio) is an `error` event, and so is what fails
+        unexpectedly while it is handled (a `server_error`, logged): the connection goes on either way."""
+        try:
+            yield
         except (SessionError, AudioFormatError) as exc:
             code = getattr(exc, "code", "invalid_value")
             self.send(error(str(exc), code=code, param=getattr(exc, "param", None), event_id=event_id))
@@ -244,7 +256,15 @@ class Connection:
         data = message.get("audio")
         if not isinstance(data, str):
             raise AudioFormatError("input_audio_buffer.append needs 'audio', a base64 string")
-        samples = await self.buffer.decode(data)
+        await self._hear(await self.buffer.decode(data))
+
+    async def _track_audio(self, samples: np.ndarray) -> None:
+        """Samples of the call's media track: an append's worth of the microphone, heard as an append's audio."""
+        self.buffer.admit(len(samples))
+        await self._hear(samples)
+
+    async def _hear(self, samples: np.ndarray) -> None:
+        """The session's next input audio: buffered, heard by the server VAD, and maybe a partial decode's due."""
         self.metrics.realtime_audio_seconds.inc(len(samples) / SAMPLE_RATE)
         self.buffer.add(samples)
         detector = self.detector
@@ -450,7 +470,7 @@ class Connection:
             self.send(event("conversation.item.done", previous_item_id=None,
                             item=user_item(item_id, "completed", transcript)))  # fmt: skip
         except ClientTooSlow:
-            await self.ws.close(code=1008)
+            await self.transport.close(code=1008)
 
     def _remember(self, transcript: str, result: TranscriptionResult) -> None:
         """The turn's transcript becomes context for the next ones, unless it took a high temperature to decode

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from .audio_input import decode_appends
+from .audio_input import decode_appends, resample_tracks
 from .passes import WorkerPasses
 
 OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are parsed and decoded in a worker thread
@@ -33,3 +33,5 @@ class SharedLoad:
     decoding: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(1))
     # the small ones (a microphone's 100 ms) of every session, decoded together beside the event loop
     appends: WorkerPasses = dataclasses.field(default_factory=lambda: WorkerPasses(decode_appends))
+    # the same for the WebRTC calls' media tracks: a tenth of a second of each call's frames, resampled together
+    tracks: WorkerPasses = dataclasses.field(default_factory=lambda: WorkerPasses(resample_tracks))

@@ -170,13 +170,14 @@ def test_a_session_accepts_exactly_the_models_the_http_routes_accept():
 
 
 class FakeSocket:
-    """The two ends of a realtime WebSocket in one process: the test puts client events in, reads server events."""
+    """The two ends of a realtime transport in one process: the test puts client events in (None: the client has
+    gone), reads server events."""
 
     def __init__(self) -> None:
-        self.inbox: asyncio.Queue[dict] = asyncio.Queue()
+        self.inbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.outbox: asyncio.Queue[dict] = asyncio.Queue()
 
-    async def receive(self) -> dict:
+    async def receive(self) -> str | None:
         return await self.inbox.get()
 
     async def send_text(self, text: str) -> None:
@@ -186,7 +187,7 @@ class FakeSocket:
         pass
 
     def send(self, event: dict) -> None:
-        self.inbox.put_nowait({"type": "websocket.receive", "text": json.dumps(event)})
+        self.inbox.put_nowait(json.dumps(event))
 
     async def next(self) -> dict:
         return await asyncio.wait_for(self.outbox.get(), 10)
@@ -239,7 +240,7 @@ def test_sessions_share_the_servers_buffer_cap_counted_before_decoding():
         await b.sync()
         assert abs(load.buffered_samples - 2 * 16000) < 100
         for ws in (a, b):
-            ws.inbox.put_nowait({"type": "websocket.disconnect"})
+            ws.inbox.put_nowait(None)
         await asyncio.gather(run_a, run_b)
         assert load.buffered_samples == 0  # closed sessions hold nothing
 
@@ -261,7 +262,7 @@ def test_an_events_unexpected_failure_is_a_server_error_and_the_session_goes_on(
             assert "boom" not in err["message"] and "/" not in err["message"] and "Traceback" not in err["message"]
         ws.send({"type": "input_audio_buffer.clear"})
         assert (await ws.next())["type"] == "input_audio_buffer.cleared"
-        ws.inbox.put_nowait({"type": "websocket.disconnect"})
+        ws.inbox.put_nowait(None)
         await run
 
     with caplog.at_level(logging.INFO, logger="server.realtime.connection"):
