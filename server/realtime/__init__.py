@@ -15,6 +15,10 @@
 - events.py: the server's events as dicts of the SDK's shapes, and the protocol's errors.
 - speech_batcher.py: Silero's speech probabilities for every live session in one pass (server_vad).
 - client_secrets.py: the ephemeral secrets an app's backend mints for a device: one connection each, then gone.
-- connection.py: one WebSocket: client events in and dispatched, turns committed and transcribed through the
+- connection.py: one session: client events in and dispatched, turns committed and transcribed through the
   engine, server events out through a bounded queue.
+- transport.py: what carries a session, WebSocket or WebRTC call: events in and out, the track's audio in.
+- webrtc.py: a WebRTC call (aiortc): the SDP answer to the client's offer, the `oai-events` data channel and the
+  Opus microphone track as a transport.
+- calls.py: the calls in progress, by id: their sessions run as tasks until the call ends or is hung up.
 """

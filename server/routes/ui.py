@@ -1,4 +1,4 @@
-"""GET /: the playground (server/ui/: one static page, its script, styles and audio worklet), unless --no-ui.
+"""GET /: the playground (server/ui/: one static page, its script and styles), unless --no-ui.
 
 The page uses only the public API, with URLs relative to itself, so it works behind a reverse proxy's path
 prefix; its files ship in the package (no build step, nothing fetched from elsewhere: it works offline).

@@ -432,13 +432,30 @@ async function copyCurl() {
   } catch (_) { /* no clipboard (an insecure origin): the command is shown to copy by hand */ }
 }
 
-// ---- live: the Realtime API from the microphone ----------------------------------------------------------------
+// ---- live: the Realtime API from the microphone, over WebRTC --------------------------------------------------
 
-function base64(buffer) {
-  const bytes = new Uint8Array(buffer);
-  let text = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(text);
+// As an app on a phone would: a one-use client secret is minted first (the page's own API key, if the server has
+// keys, stays in this page's requests to the server's API and never opens the call), then the call is set up with
+// that secret alone: the SDP offer posted, the microphone on an Opus track, the events on the oai-events channel.
+async function mintSecret(session) {
+  const response = await fetch(url("v1/realtime/client_secrets"), {
+    method: "POST",
+    headers: { ...authHeaders(), "Content-Type": "application/json" },
+    body: JSON.stringify({ expires_after: { anchor: "created_at", seconds: 60 }, session }),
+  });
+  if (!response.ok) throw new Error(await errorMessage(response));
+  return (await response.json()).value;
+}
+
+// The offer with the candidates this browser gathered (no trickle: the server answers the whole offer at once);
+// on one machine or a flat network its host addresses are enough, and they come within milliseconds.
+function gathered(pc) {
+  return new Promise((resolve) => {
+    if (pc.iceGatheringState === "complete") return resolve();
+    const done = () => { if (pc.iceGatheringState === "complete") resolve(); };
+    pc.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, 2000);
+  });
 }
 
 async function startLive() {
@@ -446,60 +463,59 @@ async function startLive() {
   const o = options();
   const refused = unsupported(o);
   if (refused) return showError(refused);
-  const address = new URL("v1/realtime?intent=transcription", document.baseURI);
-  address.protocol = address.protocol === "https:" ? "wss:" : "ws:";
-  // a browser cannot set headers on a WebSocket: the key goes as a subprotocol (OpenAI's convention)
-  const protocols = ["realtime"];
-  if (apiKey()) protocols.push(`openai-insecure-api-key.${apiKey()}`);
+  const transcription = { model: o.model };
+  if (o.language) transcription.language = o.language;
+  if (o.prompt) transcription.prompt = o.prompt;
   let media;
   try {
     media = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true } });
   } catch (e) {
     return showError(`The microphone is not available: ${e.message}`);
   }
-  const context = new AudioContext({ sampleRate: 24000 });
-  await context.audioWorklet.addModule(url("ui/pcm-worklet.js"));
-  const node = new AudioWorkletNode(context, "pcm16");
-  const socket = new WebSocket(address, protocols);
-  const live = { socket, media, context, finals: new Map(), partials: new Map(), order: [] };
+  const pc = new RTCPeerConnection();
+  const live = { pc, media, finals: new Map(), partials: new Map(), order: [] };
   state.live = live;
-  socket.onopen = () => {
-    const transcription = { model: o.model };
-    if (o.language) transcription.language = o.language;
-    if (o.prompt) transcription.prompt = o.prompt;
-    socket.send(JSON.stringify({
-      type: "session.update",
-      session: { type: "transcription", audio: { input: { format: { type: "audio/pcm", rate: 24000 }, transcription } } },
-    }));
-    context.createMediaStreamSource(media).connect(node);
-    node.connect(context.destination); // silent: the processor writes no output, but is pulled only when connected
-    node.port.onmessage = (e) => {
-      if (socket.readyState === WebSocket.OPEN) {
-        socket.send(JSON.stringify({ type: "input_audio_buffer.append", audio: base64(e.data) }));
-      }
-    };
-  };
-  socket.onmessage = (message) => {
-    const event = JSON.parse(message.data);
-    const id = event.item_id;
-    if (id && !live.order.includes(id)) live.order.push(id);
-    if (event.type === "conversation.item.input_audio_transcription.delta") {
-      live.partials.set(id, (live.partials.get(id) || "") + event.delta);
-      live.deltas = (live.deltas || 0) + 1;
-    } else if (event.type === "conversation.item.input_audio_transcription.completed") {
-      live.partials.delete(id);
-      live.finals.set(id, event.transcript);
-    } else if (event.type === "error") {
-      showError(event.error.message);
-    }
-    renderLive(live);
-  };
-  socket.onclose = (e) => {
-    if (state.live === live) stopLive();
-    if (e.code !== 1000 && e.code !== 1005 && !$("error").textContent) showError(`The live session ended (${e.code}).`);
-  };
   $("live").textContent = "Stop live";
   $("live").setAttribute("aria-pressed", "true");
+  try {
+    const secret = await mintSecret({ type: "transcription", audio: { input: { transcription } } });
+    for (const track of media.getAudioTracks()) pc.addTrack(track, media);
+    const channel = pc.createDataChannel("oai-events");
+    channel.onmessage = (message) => onLiveEvent(live, JSON.parse(message.data));
+    channel.onclose = () => {
+      if (state.live !== live) return;
+      stopLive();
+      if (!$("error").textContent) showError("The live session ended.");
+    };
+    await pc.setLocalDescription(await pc.createOffer());
+    await gathered(pc);
+    const answer = await fetch(url("v1/realtime/calls"), {
+      method: "POST",
+      headers: { Authorization: `Bearer ${secret}`, "Content-Type": "application/sdp" },
+      body: pc.localDescription.sdp,
+    });
+    if (!answer.ok) throw new Error(await errorMessage(answer));
+    live.callId = (answer.headers.get("Location") || "").split("/").pop();
+    await pc.setRemoteDescription({ type: "answer", sdp: await answer.text() });
+  } catch (e) {
+    if (state.live === live) stopLive();
+    showError(`The live session could not start: ${e.message}`);
+  }
+}
+
+function onLiveEvent(live, event) {
+  const id = event.item_id;
+  if (id && !live.order.includes(id)) live.order.push(id);
+  if (event.type === "conversation.item.input_audio_transcription.delta") {
+    live.partials.set(id, (live.partials.get(id) || "") + event.delta);
+    live.deltas = (live.deltas || 0) + 1;
+  } else if (event.type === "conversation.item.input_audio_transcription.completed") {
+    live.partials.delete(id);
+    live.finals.set(id, event.transcript);
+  } else if (event.type === "error") {
+    showError(event.error.message);
+  }
+  renderLive(live);
 }
 
 function renderLive(live) {
@@ -523,8 +539,7 @@ function stopLive() {
   if (!live) return;
   state.live = null;
   live.media.getTracks().forEach((t) => t.stop());
-  live.context.close();
-  if (live.socket.readyState === WebSocket.OPEN) live.socket.close(1000);
+  live.pc.close(); // the server sees the call end, and frees its session
   $("live").textContent = "Live from the microphone";
   $("live").setAttribute("aria-pressed", "false");
 }

@@ -1,13 +1,16 @@
 """Realtime client secrets on a real server with an API key: the official SDK mints one with the key, and a client
-that has only the secret opens one realtime session with it (the SDK's header, or a browser's subprotocol), in the
-configuration the secret was minted with; the secret opens nothing else, and nothing after its first use, its
+that has only the secret opens one realtime session with it (the SDK's header, a browser's subprotocol, or a
+WebRTC call's offer), in the configuration the secret was minted with; the secret opens nothing else, and nothing after its first use, its
 expiry or a forgery (OpenAI's 401 at the handshake)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
+import httpx
+import numpy as np
 import openai
 import pytest
 from websockets.exceptions import InvalidStatus
@@ -15,6 +18,7 @@ from websockets.sync.client import connect
 
 from tests.helpers.realtime import chunks, pcm24k, wav_bytes
 from tests.helpers.server import RemoteServer
+from tests.helpers.webrtc import RATE, ClipTrack, WebRTCClient
 
 KEY = "sk-test-secrets-key-0123456789"
 JFK = "g1_en_jfk.flac"
@@ -126,3 +130,41 @@ def test_an_open_server_also_honours_a_secret_and_refuses_a_bad_one(server):
     with connect(ws_url(server), additional_headers={"Authorization": f"Bearer {secret}"}, open_timeout=30) as ws:
         assert json.loads(ws.recv(timeout=30))["session"]["audio"]["input"]["turn_detection"] is None
     refused(server, additional_headers={"Authorization": f"Bearer {secret}"})
+
+
+def test_a_secret_opens_one_webrtc_call_in_its_configuration(keyed):
+    """As a browser does: the offer posted with the secret alone (`application/sdp`); the call's session starts in
+    the minted configuration; the secret opens no second call, and no key opens none."""
+
+    async def body():
+        secret = sdk(keyed, KEY).realtime.client_secrets.create(session=MANUAL_ENGLISH).value
+        call = WebRTCClient(ClipTrack(np.zeros(RATE, dtype="<i2")))
+        offer = await call.offer()
+
+        def post(headers: dict) -> httpx.Response:
+            return httpx.post(f"{keyed.base_url}/realtime/calls", content=offer, timeout=30,
+                              headers={"content-type": "application/sdp", **headers})  # fmt: skip
+
+        answered = post({"authorization": f"Bearer {secret}"})
+        assert answered.status_code == 201, answered.text
+        try:
+            await call.answer(answered.text)
+            created = await call.next_event()
+            assert created["type"] == "session.created"
+            assert created["session"]["audio"]["input"]["turn_detection"] is None
+            assert created["session"]["audio"]["input"]["transcription"]["language"] == "en"
+        finally:
+            await call.close()
+        again = post({"authorization": f"Bearer {secret}"})
+        assert again.status_code == 401 and again.json()["error"]["code"] == "invalid_api_key"
+        assert post({}).status_code == 401
+        # the app's backend, which holds the key, may open a call itself (the SDK's form, with a session)
+        with_key = WebRTCClient(ClipTrack(np.zeros(RATE, dtype="<i2")))
+        client = openai.AsyncOpenAI(base_url=keyed.base_url, api_key=KEY, max_retries=0, timeout=120)
+        try:
+            await with_key.start(client, session=MANUAL_ENGLISH)
+            assert (await with_key.next_event())["session"]["audio"]["input"]["turn_detection"] is None
+        finally:
+            await with_key.close()
+
+    asyncio.run(body())

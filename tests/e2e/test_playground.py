@@ -2,7 +2,7 @@
 server: upload a clip and get its words, click a word and the player seeks there, download an srt and parse it,
 downloads offered only beside a result (each one parsed), stream and see deltas arrive, a non-audio file's error
 shown as the API's message, an English-only model's missing translation and detection not offered, the segment
-table's columns (speaker only when diarized), live transcription from a (fake) microphone over the Realtime API,
+table's columns (speaker only when diarized), live transcription from a (fake) microphone over a WebRTC call opened with a minted client secret,
 and the page at phone width. Screenshots go to $WHISPER_SCREENSHOTS (default: pytest's temporary directory)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import soundfile as sf
 import srt
 import webvtt
 
+from tests.helpers.server import metric
 from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 CHROMIUM = os.environ.get("WHISPER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -197,8 +199,14 @@ def test_a_multilingual_model_is_offered_translation_and_detection(browser, serv
     context.close()
 
 
-def test_live_transcription_from_the_microphone(page):
-    """The fake microphone plays JFK: the Realtime API's turn comes back as final text (partials in between)."""
+def test_live_transcription_from_the_microphone(page, server):
+    """The fake microphone plays JFK over a WebRTC call opened with a client secret the page minted first (the call
+    itself carries the secret only): the Realtime API's turns come back as final text (partials in between), and
+    stopping ends the call and frees its session on the server."""
+    requests: list = []
+    page.on("request", lambda request: requests.append(request))
+    sockets: list = []
+    page.on("websocket", lambda socket: sockets.append(socket))
     page.click("#live")
     # the speech's pauses end turns (server VAD): its last words are in a final turn once the text has them and no
     # partial (the lighter text of a turn still being spoken) is left
@@ -212,6 +220,14 @@ def test_live_transcription_from_the_microphone(page):
     assert contains_words(transcript.text_content(), JFK_WORDS)
     assert int(transcript.get_attribute("data-turns")) >= 1 and int(transcript.get_attribute("data-deltas")) >= 1
     assert page.get_attribute("#live", "aria-pressed") == "false"
+    paths = [r.url.split("/v1/", 1)[-1] for r in requests if r.method == "POST" and "/v1/realtime" in r.url]
+    assert paths == ["realtime/client_secrets", "realtime/calls"] and not sockets
+    call = next(r for r in requests if r.url.endswith("/v1/realtime/calls"))
+    assert call.headers["authorization"].startswith("Bearer ek_") and call.headers["content-type"] == "application/sdp"
+    deadline = time.monotonic() + 30
+    while metric(server, "whisper_realtime_sessions") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(server, "whisper_realtime_sessions") == 0
 
 
 def test_a_transcript_without_speakers_has_no_speaker_column(page, data_dir):
