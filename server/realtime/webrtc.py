@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 EVENTS_CHANNEL = "oai-events"  # OpenAI's name for the data channel that carries the events
 MAX_INBOX = 600  # client events and 100 ms chunks of audio received and not yet handled
-TRACK_CHUNK_S = 0.1  # the track's audio is handed to the session in chunks of this many seconds, as appends come
+TRACK_CHUNK_S = 0.04  # the track's audio is handed to the session in chunks of this many seconds: two 20 ms frames
 SEND_BUFFER_BYTES = 1 << 20  # events sent and not yet on the wire, past which the session's sends wait
 
 
