@@ -6,10 +6,11 @@ it created, `oai-events`. A Call is that peer connection as a transport.py Trans
 the same Connection a WebSocket gets: the track's audio is heard as appends are, a tenth of a second at a time.
 
 What bounds a call: its offer must bring one audio track and a data channel, and no video (frames nobody reads
-would pile up); it must connect within `realtime_webrtc_connect_timeout_s`; what it sends waits in a queue of
-MAX_INBOX items (a minute of audio), past which the server cannot keep up with it and the call ends with an error;
-events to it wait while the channel holds SEND_BUFFER_BYTES unsent. ICE uses the configured STUN/TURN servers only
-(`realtime_ice_servers`, none by default: host candidates, enough on one machine or a flat network).
+would pile up); it must connect within `realtime_webrtc_connect_timeout_s`; its track may not run ahead of the
+clock (a microphone cannot), nor an event on its channel be larger than a WebSocket's may; what it sends waits in
+a queue of MAX_INBOX items, past which the server cannot keep up with it: each of these ends the call with an
+error. Events to it wait while the channel holds SEND_BUFFER_BYTES unsent. ICE uses the configured STUN/TURN
+servers only (`realtime_ice_servers`, none by default: host candidates, enough on one machine or a flat network).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 
 import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from ..settings import IceServer
+from ..settings import MAX_APPEND_BASE64, WS_EVENT_ROOM, IceServer
 from .audio_input import TrackAudio
 from .events import error
 from .load import SharedLoad
@@ -36,6 +38,8 @@ EVENTS_CHANNEL = "oai-events"  # OpenAI's name for the data channel that carries
 MAX_INBOX = 600  # client events and 100 ms chunks of audio received and not yet handled
 TRACK_CHUNK_S = 0.04  # the track's audio is handed to the session in chunks of this many seconds: two 20 ms frames
 SEND_BUFFER_BYTES = 1 << 20  # events sent and not yet on the wire, past which the session's sends wait
+MAX_AHEAD_S = 5.0  # a microphone speaks in real time: a track this far ahead of the clock is flooding the server
+MAX_EVENT_CHARS = MAX_APPEND_BASE64 + WS_EVENT_ROOM  # the largest event, as a WebSocket's frames are bounded
 
 
 class OfferError(ValueError):
@@ -138,11 +142,17 @@ class Call:
     async def _read_track(self, track: MediaStreamTrack) -> None:
         """The track's frames, resampled a chunk at a time beside the event loop (every call's in one pass)."""
         frames: list[av.AudioFrame] = []
-        duration = 0.0
+        duration = heard_s = 0.0
+        started = None
         while not self.ended:
             try:
                 frame = await track.recv()
             except MediaStreamError:
+                return
+            started = started or time.monotonic()
+            heard_s += frame.samples / frame.sample_rate
+            if heard_s > time.monotonic() - started + MAX_AHEAD_S:
+                self._fail("the call's audio arrives faster than real time", "invalid_audio")
                 return
             frames.append(frame)
             duration += frame.samples / frame.sample_rate
@@ -154,14 +164,20 @@ class Call:
     def _put(self, item: str | bytes | np.ndarray) -> None:
         if self.ended:
             return
-        if self.inbox.qsize() >= MAX_INBOX:
+        if isinstance(item, (str, bytes)) and len(item) > MAX_EVENT_CHARS:
+            self._fail(f"an event is at most {MAX_EVENT_CHARS} characters", "event_too_large")
+        elif self.inbox.qsize() >= MAX_INBOX:
             log.warning("WebRTC call %s: %d items unhandled, the call ends", self.id, MAX_INBOX)
-            with contextlib.suppress(Exception):  # a last word on the channel, if it can still take one
-                self.channel.send(json.dumps(error("the server could not keep up with this call's audio and events",
-                                                   type_="server_error", code="server_overloaded")))  # fmt: skip
-            self._end()
-            return
-        self.inbox.put_nowait(item)
+            self._fail("the server could not keep up with this call's audio and events", "server_overloaded",
+                       "server_error")  # fmt: skip
+        else:
+            self.inbox.put_nowait(item)
+
+    def _fail(self, message: str, code: str, type_: str = "invalid_request_error") -> None:
+        """The call ends, with a last `error` on the channel if it can still take one."""
+        with contextlib.suppress(Exception):
+            self.channel.send(json.dumps(error(message, type_=type_, code=code)))
+        self._end()
 
     def _end(self) -> None:
         """The call is over: the session reads None next, and nothing waits on the channel any more."""

@@ -181,3 +181,26 @@ def test_a_call_that_never_connects_holds_its_session_only_until_the_connect_tim
             time.sleep(0.2)
         assert metric(remote, "whisper_realtime_sessions") == 0
         assert post().status_code == 201
+
+
+class FloodTrack(ClipTrack):
+    """A hostile peer's track: its frames as fast as the encoder takes them, not at a microphone's pace."""
+
+    async def recv(self):
+        self.start = time.perf_counter() - self.position / RATE  # always due
+        return await super().recv()
+
+
+def test_a_track_that_runs_ahead_of_the_clock_ends_its_call_and_the_server_serves_on(server, data_dir):
+    async def body():
+        call = WebRTCClient(FloodTrack(np.zeros(RATE * 600, dtype="<i2")))
+        await call.start(server.async_client())
+        try:
+            error = (await call.until("error", timeout_s=60))[0]["error"]
+            assert error["code"] == "invalid_audio" and "real time" in error["message"]
+        finally:
+            await call.close()
+
+    asyncio.run(body())
+    with (data_dir / "g1_en_jfk.flac").open("rb") as audio:
+        assert "country" in server.client().audio.transcriptions.create(file=audio, model="whisper-1").text
