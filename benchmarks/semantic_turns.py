@@ -7,8 +7,8 @@ middle (between two words, mid-sentence), `--pause-s` of silence is inserted the
 `--gap-s` of silence follows it (the agent answering). The same conversation is streamed in real time, in 100 ms
 chunks of 24 kHz PCM, by one session per turn detection, all at once on one server: server_vad with
 `--silence-ms` and semantic_vad at each eagerness. Per turn detection:
-- split mid-sentence: utterances with a turn ended inside them (a speech_stopped before the utterance's speech
-  ends), out of all;
+- split at the pause: utterances whose turn ended in the inserted pause, out of all; other ends inside: turns
+  ended inside an utterance elsewhere (a clip of two sentences, or a reader's own long pause at a comma);
 - merged: utterances whose turn did not end before the next utterance's speech began (a patient eagerness that
   heard the end as unfinished and waited across the gap);
 - turn-end latency: from the moment the chunk holding the utterance's last speech (Silero's last 32 ms frame of
@@ -97,14 +97,16 @@ def stream(url: str, turn_detection: dict, pcm: bytes, t0: float, out: dict) -> 
     out.update(sent=sent, events=events)
 
 
-def measure(out: dict, utterances: list[tuple[int, int, int]]) -> dict:
+def measure(out: dict, utterances: list[tuple[int, int, int]], pause: int) -> dict:
     stops = [(t, end_ms * RATE // 1000) for kind, t, end_ms in out["events"] if kind.endswith("speech_stopped")]
     commits = [t for kind, t, _ in out["events"] if kind.endswith("committed")]
-    split = merged = 0
+    split = inside = merged = 0
     to_stop, to_commit = [], []
-    for k, (start, _, end) in enumerate(utterances):
+    for k, (start, cut, end) in enumerate(utterances):
         following = utterances[k + 1][0] if k + 1 < len(utterances) else float("inf")
-        split += any(start < at < end - 3 * 512 for _, at in stops)
+        at_pause = [at for _, at in stops if cut - 3 * 512 <= at <= cut + pause + 3 * 512]
+        split += bool(at_pause)
+        inside += sum(start < at < end - 3 * 512 for _, at in stops) - len(at_pause)
         ended = [(t, i) for i, (t, at) in enumerate(stops) if end - 3 * 512 <= at < following]
         if not ended:
             merged += 1
@@ -114,7 +116,14 @@ def measure(out: dict, utterances: list[tuple[int, int, int]]) -> dict:
         to_stop.append(t - sent)
         if i < len(commits):
             to_commit.append(commits[i] - sent)
-    return {"split": split, "merged": merged, "turns": len(commits), "stop": to_stop, "commit": to_commit}
+    return {
+        "split": split,
+        "inside": inside,
+        "merged": merged,
+        "turns": len(commits),
+        "stop": to_stop,
+        "commit": to_commit,
+    }
 
 
 def pct(values: list[float], q: int) -> float:
@@ -146,12 +155,12 @@ def main() -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        print("| turn detection | split mid-sentence | merged with the next | turns | speech end -> speech_stopped "
+        print("| turn detection | split at the pause | other ends inside | merged with the next | turns | speech end -> speech_stopped "
               "p50 / p95 s | speech end -> committed p50 / p95 s | errors |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for name in configs:
-            m = measure(outs[name], utterances)
-            print(f"| {name} | {m['split']} of {len(utterances)} | {m['merged']} | {m['turns']} "
+            m = measure(outs[name], utterances, int(args.pause_s * RATE))
+            print(f"| {name} | {m['split']} of {len(utterances)} | {m['inside']} | {m['merged']} | {m['turns']} "
                   f"| {pct(m['stop'], 50):.2f} / {pct(m['stop'], 95):.2f} "
                   f"| {pct(m['commit'], 50):.2f} / {pct(m['commit'], 95):.2f} | {outs[name].get('errors', 0)} |")  # fmt: skip
     finally:
