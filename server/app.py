@@ -12,7 +12,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from engine import DiarizerProcess, EngineLike, EnginePool, SpeakerDiarizer, VoiceActivityDetector, resolve_device
+from engine import (
+    DiarizerProcess,
+    EndOfTurnModel,
+    EngineLike,
+    EnginePool,
+    SpeakerDiarizer,
+    VoiceActivityDetector,
+    resolve_device,
+)
 
 from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
@@ -115,7 +123,9 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes)  # what the realtime sessions share
-    app.state.speech = SpeechBatcher(VoiceActivityDetector())  # their turn detection (Silero loads on first use)
+    # their turn detection: Silero, and semantic_vad's end-of-turn model (each loads on first use: most servers
+    # never ask the second)
+    app.state.speech = SpeechBatcher(VoiceActivityDetector(), EndOfTurnModel())
     # diarized_json's speaker turns (the models load on first use)
     diarization_device = settings.device if settings.diarization_device == "auto" else settings.diarization_device
     diarizer = DiarizerProcess if settings.diarization_process else SpeakerDiarizer

@@ -5,6 +5,7 @@
 - `chunked.py`: chunking_strategy: speech spans found by VAD (`vad.py`), packed into windows (`span_packing.py`)
   that all decode at once
 - `segments.py`: timestamp tokens to segments; `alignment.py`: word timestamps (alignment heads, DTW)
+- `turn_end.py`: whether a paused speaker is done (smart-turn v3.2), for the realtime API's semantic_vad
 
 May import engine.model (the tokenizer), engine.audio, engine.request and the window records of
 engine.runtime.sequence; never the loop, the runner or the backends: the loop hands finished windows in, and takes

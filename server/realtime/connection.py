@@ -117,7 +117,7 @@ class Connection:
         self.buffer.reset()
         tail_ms = self.settings.realtime_turn_tail_ms
         vad = self.session.turn_detection is not None
-        self.detector = TurnDetector(self.vad, self.buffer, tail_ms) if vad else None
+        self.detector = TurnDetector(self.vad, self.buffer, tail_ms, self.session) if vad else None
         self.partials.restart()
         self._drop_early_final()
 

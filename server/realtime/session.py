@@ -6,6 +6,20 @@ update leaves out keeps its value, an explicit null turns a feature off (`turn_d
 commits by hand). What is merged is the model's output, not the client's JSON: a value the model coerces
 (`"threshold": "0.5"`) is stored as the number it stands for. Values the engine cannot honour, and models the
 server does not serve (the HTTP routes' check), are refused with the parameter's path, never ignored.
+
+`turn_detection: {"type": "semantic_vad", "eagerness": ...}` ends a turn when the speaker sounds done, not after a
+fixed silence: Silero still hears where speech stops (threshold 0.5, 300 ms prefix padding), and once it has been
+followed by the turn's tail of silence, smart-turn v3.2 (engine/transcription/turn_end.py) says how likely the
+turn is complete. `eagerness` sets how sure it must be and how long each kind of turn waits (EAGERNESS; `auto`
+is `medium`, as OpenAI's):
+
+    eagerness  complete when P >=  a complete turn ends after  an incomplete one waits up to
+    low        0.7                 800 ms of silence           8 s
+    medium     0.5                 500 ms                      4 s
+    high       0.3                 300 ms                      2 s
+
+The maximum waits are OpenAI's (8, 4 and 2 s). `create_response` and `interrupt_response` are echoed and
+otherwise ignored: a transcription session has no responses.
 """
 
 from __future__ import annotations
@@ -36,11 +50,34 @@ class SessionError(ValueError):
 
 
 @dataclass(frozen=True)
+class Eagerness:
+    """semantic_vad's patience: the end-of-turn model's probability at or above which a turn is complete, and how
+    long a silence ends a complete turn and an incomplete one."""
+
+    complete_probability: float
+    complete_silence_ms: int
+    max_wait_ms: int
+
+
+EAGERNESS = {
+    "low": Eagerness(0.7, 800, 8_000),
+    "medium": Eagerness(0.5, 500, 4_000),
+    "high": Eagerness(0.3, 300, 2_000),
+}
+EAGERNESS["auto"] = EAGERNESS["medium"]
+SEMANTIC_VAD_SILERO = {"threshold": 0.5, "prefix_padding_ms": 300}  # where its speech starts and stops
+
+
+@dataclass(frozen=True)
 class TurnDetection:
+    """What turns.py needs to know: Silero's threshold and the turn's padding; the silence that ends a turn
+    (semantic_vad: a complete one); `eagerness` under semantic_vad, None under server_vad."""
+
     threshold: float
     prefix_padding_ms: int
     silence_duration_ms: int
     idle_timeout_ms: int | None
+    eagerness: Eagerness | None = None
 
 
 class SessionConfig:
@@ -96,6 +133,12 @@ class SessionConfig:
         td = self.input["turn_detection"]
         if td is None:
             return None
+        if td["type"] == "semantic_vad":
+            eagerness = EAGERNESS[td["eagerness"]]
+            silero = SEMANTIC_VAD_SILERO
+            return TurnDetection(
+                silero["threshold"], silero["prefix_padding_ms"], eagerness.complete_silence_ms, None, eagerness
+            )
         return TurnDetection(
             td["threshold"], td["prefix_padding_ms"], td["silence_duration_ms"], td.get("idle_timeout_ms")
         )
@@ -113,7 +156,10 @@ class SessionConfig:
         try:
             request = RealtimeTranscriptionSessionCreateRequest.model_validate(session)
         except ValidationError as exc:
-            first = exc.errors()[0]
+            errors = exc.errors()
+            # in a union (ServerVad | SemanticVad), the member the client's `type` names says what is wrong, not the
+            # members whose `type` it is not
+            first = next((e for e in errors if e["type"] != "literal_error" or e["loc"][-1] != "type"), errors[0])
             where = _path(first["loc"], session, first["type"] == "missing")
             raise SessionError(f"invalid session: {where}: {first['msg']}", f"session.{where}") from None
         session = request.model_dump(exclude_unset=True)
@@ -166,10 +212,15 @@ class SessionConfig:
         if td is None:
             return None
         param = "session.audio.input.turn_detection"
-        if td.get("type") == "semantic_vad":
-            raise SessionError(
-                "semantic_vad is not supported; use server_vad or null (manual commits)", param + ".type"
-            )
+        if td.get("type") == "semantic_vad":  # the SDK's model has checked eagerness's value
+            for key in ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
+                if td.get(key) is not None:
+                    raise SessionError(
+                        f"{key} is server_vad's: semantic_vad waits as its eagerness says", f"{param}.{key}"
+                    )
+            out = {"type": "semantic_vad", "eagerness": td.get("eagerness") or "auto"}
+            out.update({key: td[key] for key in ("create_response", "interrupt_response") if td.get(key) is not None})
+            return out
         out = dict(DEFAULT_TURN_DETECTION)
         for key in ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
             if td.get(key) is not None:

@@ -1,25 +1,29 @@
-"""Silero for every live session in one pass: turn detection that scales with the sessions.
+"""The speech models of every live session, each run for all of them in one pass: turn detection that scales with
+the sessions.
 
 Each append of each session needs the speech probabilities of the 32 ms frames it completes, a few frames at a
 time. Run per append, Silero's fixed cost per call (about a millisecond of CPU for three frames) caps a server at
 a few dozen microphones. Here the appends that arrive while one pass runs wait for the next, which runs all of
 them together (VoiceActivityDetector.push_many, in passes.py's worker thread): the more sessions, the bigger the
-batch, and a pass costs about what one stream's does.
+batch, and a pass costs about what one stream's does. semantic_vad's question, whether a turn that paused is
+complete (EndOfTurnModel, about 50 ms of CPU), is batched the same way in passes of its own, so that Silero's
+frames never wait behind it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine import VoiceActivityDetector
+from engine import EndOfTurnModel, VoiceActivityDetector
 
 from .passes import WorkerPasses
 
 
 class SpeechBatcher:
-    def __init__(self, vad: VoiceActivityDetector):
+    def __init__(self, vad: VoiceActivityDetector, end_of_turn: EndOfTurnModel):
         self.vad = vad
         self.passes = WorkerPasses(self._pass)
+        self.end_of_turn = WorkerPasses(end_of_turn.probabilities)  # loads its weights on the first question
 
     def stream(self):
         return self.vad.stream()
@@ -27,6 +31,10 @@ class SpeechBatcher:
     async def push(self, stream, samples: np.ndarray) -> list[float]:
         """The probabilities of the frames `samples` completes in `stream` (one push per stream at a time)."""
         return await self.passes.run((stream, samples))
+
+    async def turn_complete(self, audio: np.ndarray) -> float:
+        """The probability that the turn whose 16 kHz audio so far is `audio` is complete."""
+        return await self.end_of_turn.run(audio)
 
     def _pass(self, items: list[tuple[object, np.ndarray]]) -> list[list[float]]:
         streams, audio = zip(*items)

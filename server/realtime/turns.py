@@ -11,6 +11,15 @@ With `idle_timeout_ms`, a stream that long without speech is committed as a turn
 speech the VAD did not). Between turns the buffer keeps only what the next one may start with: the prefix
 padding, or under `idle_timeout_ms` the quiet audio since the last turn.
 
+Under semantic_vad the silence that ends a turn depends on the turn: once its speech has been followed by its tail
+(the moment TurnEnding is said), the end-of-turn model hears the turn's audio and says how likely it is complete.
+At or above the eagerness's probability the turn ends after `silence_duration_ms` (its short wait), below it after
+the eagerness's maximum wait; speech that resumes first goes on with the turn, and its next pause is asked again.
+The answer must be known at that very frame, whatever the size of the append it arrived in, and the model runs in a
+worker thread: so hear(), which is awaited, runs detect() dry over the frames it has just heard (on a copy of the
+state and a preview of the buffer), answers each question the dry run meets, and keeps the answers for the real
+run. The two runs read the same frames from the same state: one state machine, and the real one never waits.
+
 The detector says what it finds as it goes (detect() is a generator): the connection turns each finding into the
 protocol's events and commits each turn before the detector reads the next frame, so events and buffer stay in
 step.
@@ -18,6 +27,7 @@ step.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,7 +37,7 @@ from engine import SAMPLE_RATE
 
 from .buffers import InputBuffer
 from .events import new_id
-from .session import TurnDetection
+from .session import SessionConfig, TurnDetection
 from .speech_batcher import SpeechBatcher
 
 FRAME_MS = 32  # Silero's frame at 16 kHz
@@ -81,15 +91,45 @@ class Turn:
 Detection = SpeechStarted | SpeechStopped | TurnEnding | SpeechResumed | IdleTimeout | Turn
 
 
+@dataclass(frozen=True, eq=False)
+class EndOfTurnQuestion:
+    """semantic_vad, in hear()'s dry run only: is the turn complete if it ends in the silence that began at
+    `silent_frame`? `audio` is the turn's audio if it does."""
+
+    silent_frame: int
+    audio: np.ndarray
+
+
+class BufferPreview:
+    """The input buffer as detect() would leave it, for hear()'s dry run: the same audio, with the dry run's drops
+    and item ids kept to itself."""
+
+    def __init__(self, buffer: InputBuffer) -> None:
+        self.buffer = buffer
+        self.offset = buffer.offset
+        self.item_id = buffer.item_id
+
+    def buffered(self, start: int, end: int) -> np.ndarray:
+        return self.buffer.buffered(max(start, self.offset), end)
+
+    def drop_before(self, position: int) -> None:
+        self.offset = max(self.offset, position)
+
+
 class TurnDetector:
     """One session's server VAD state: its Silero stream, the speech in progress, and where the stream has been
-    without speech since. It cuts the turns out of `buffer` and gives the open turn its item id."""
+    without speech since. It cuts the turns out of `buffer` and gives the open turn its item id. `session` says,
+    when hear() is called, whether the session is under semantic_vad."""
 
-    def __init__(self, batcher: SpeechBatcher, buffer: InputBuffer, tail_ms: int) -> None:
+    def __init__(
+        self, batcher: SpeechBatcher, buffer: InputBuffer, tail_ms: int, session: SessionConfig | None = None
+    ) -> None:
         self.batcher = batcher
         self.speech = batcher.stream()  # this session's stream, pushed in one pass with the other sessions'
         self.buffer = buffer
         self.tail_ms = tail_ms
+        self.session = session
+        self.complete: dict[int, bool] = {}  # semantic_vad: a silence's first frame -> whether its turn is complete
         self.speech_start: int | None = None  # frame index where the current speech began
         self.silent_since: int | None = None
         self.ending = False  # TurnEnding said for the silence in progress
@@ -110,10 +150,30 @@ class TurnDetector:
         """The index of the first frame `samples` completes, and the speech probabilities of the frames it does."""
         first = self.speech.frames_done
         # Silero in a worker thread, with every session's appends of the moment: the loop keeps serving
-        return first, await self.batcher.push(self.speech, samples)
+        probs = await self.batcher.push(self.speech, samples)
+        td = self.session.turn_detection if self.session is not None else None
+        if td is not None and td.eagerness is not None:
+            await self._ask_ahead(td, first, probs)
+        return first, probs
+
+    async def _ask_ahead(self, td: TurnDetection, first: int, probs: list[float]) -> None:
+        """Answer the end-of-turn questions that detect() will meet in these frames (see the module's docstring)."""
+        # only the silence in progress can still need its answer
+        self.complete = {k: v for k, v in self.complete.items() if k == self.silent_since}
+        dry = copy.copy(self)  # shares `complete`: the dry run reads on with each answer
+        dry.buffer = BufferPreview(self.buffer)
+        for found in dry._detect(td, first, probs, asking=True):
+            if isinstance(found, EndOfTurnQuestion):
+                probability = await self.batcher.turn_complete(found.audio)
+                self.complete[found.silent_frame] = probability >= td.eagerness.complete_probability
 
     def detect(self, td: TurnDetection, first: int, probs: list[float]) -> Iterator[Detection]:
         """Turns from the speech probabilities of frames `first`, `first + 1`, ... of the stream."""
+        return self._detect(td, first, probs, asking=False)
+
+    def _detect(
+        self, td: TurnDetection, first: int, probs: list[float], asking: bool
+    ) -> Iterator[Detection | EndOfTurnQuestion]:
         for i, prob in enumerate(probs, start=first):
             if self.speech_start is None:
                 if td.idle_timeout_ms is not None and i * FRAME_MS - self.idle_from_ms >= td.idle_timeout_ms:
@@ -133,7 +193,10 @@ class TurnDetector:
             if self.silent_since is None:
                 self.silent_since = i
             silent_ms = (i + 1 - self.silent_since) * FRAME_MS
-            if silent_ms >= td.silence_duration_ms:
+            ready = silent_ms >= min(self.tail_ms, td.silence_duration_ms)  # the turn's audio is all here
+            if asking and ready and td.eagerness is not None and self.silent_since not in self.complete:
+                yield EndOfTurnQuestion(self.silent_since, self._turn_audio(td, self.silent_since))
+            if silent_ms >= self._silence_needed(td):
                 yield from self._end_speech(td, self.silent_since, i + 1)
             elif silent_ms >= self.tail_ms and not self.ending:  # the turn's audio is all here, if it ends
                 self.ending = True
@@ -143,6 +206,13 @@ class TurnDetector:
             if td.idle_timeout_ms is not None:
                 keep_from = min(keep_from, self.idle_from_ms)
             self.buffer.drop_before(max(0, keep_from) * SAMPLE_RATE // 1000)
+
+    def _silence_needed(self, td: TurnDetection) -> int:
+        """The silence that ends the open turn: server_vad's; under semantic_vad a complete turn's, or the maximum
+        wait while the model has not said the turn is complete."""
+        if td.eagerness is None or self.complete.get(self.silent_since):
+            return td.silence_duration_ms
+        return td.eagerness.max_wait_ms
 
     def _turn_audio(self, td: TurnDetection, silent_frame: int) -> np.ndarray:
         """The open turn's audio if its speech ended at `silent_frame`: its prefix padding, the speech, the tail."""

@@ -391,7 +391,7 @@ def test_bad_events_get_errors_and_the_connection_keeps_serving(server, data_dir
         s.next()
         bad = [
             {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/flac"}}}}},
-            {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}},
+            {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}}},
             {"type": "session.update", "session": {"type": "realtime"}},
             {"type": "input_audio_buffer.append", "audio": "not base64 !!"},
             {"type": "input_audio_buffer.append", "audio": "A" * (15 * 2**20 + 4)},

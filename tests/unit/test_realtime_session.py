@@ -93,7 +93,8 @@ def test_session_update_merges_and_refuses_what_it_cannot_do():
     assert body["audio"]["input"]["transcription"]["model"] == "tiny.en"
     bad = [
         ({"type": "realtime"}, "session.type"),
-        ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "type"),
+        ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}}, "turn_detection.eagerness"),
+        ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad", "threshold": 0.3}}}}, "turn_detection.threshold"),
         ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}}, "threshold"),
         ({"type": "transcription", "audio": {"input": {"transcription": {"language": "xx"}}}}, "language"),
         ({"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "noise_reduction"),
