@@ -15,7 +15,8 @@ same clip at 48 kHz on an Opus track in 20 ms frames and reads the events on `oa
   the VAD waits);
 - speech_stopped lag: `speech_stopped` past the moment the VAD could end the turn (speech end + 500 ms);
 - the transcripts' words against the same session's WebSocket transcript (Opus is lossy).
-Prints p50 / p95 per transport and count, failed sessions, and the server's peak resident memory while the row ran.
+Prints p50 / p95 per transport and count, failed sessions, the server's peak resident memory while the row ran, and
+the CPU time the server and this client (the peers' Opus encoding and packets share the machine) used in the row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -122,14 +124,21 @@ async def run_row(server, transport: str, n: int, pcm24: np.ndarray, pcm48: np.n
     delays = [i * CHUNK_MS / 1000 / max(1, n) for i in range(n)]
     if transport == "websocket":
         jobs = [websocket_session(server.url, pcm24, d) for d in delays]
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
     else:
-        client = server.async_client()
-        jobs = [webrtc_session(client, pcm48, d) for d in delays]
-    outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        async with server.async_client() as client:
+            jobs = [webrtc_session(client, pcm48, d) for d in delays]
+            outcomes = await asyncio.gather(*jobs, return_exceptions=True)
     turns = [t for t in outcomes if isinstance(t, Turn)]
     for failure in (o for o in outcomes if not isinstance(o, Turn)):
         print(f"  failed: {failure!r}", file=sys.stderr)
     return turns, n - len(turns)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far (it runs the engine in-process unless told not to)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -143,13 +152,16 @@ def main() -> None:
     try:
         print(f"clip: {CLIP.name} ({speech_s:.1f} s), server: {args.spawn}")
         print("| sessions | transport | set-up p50 | first delta p50 / p95 | after speech p50 / p95 | "
-              "speech_stopped lag p95 | same words as WebSocket | failed | peak RSS MiB |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+              "speech_stopped lag p95 | same words as WebSocket | failed | peak RSS MiB | server CPU s | client CPU s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for n in args.sessions:
             reference = None
             for transport in ("websocket", "webrtc"):
+                server_cpu, client_cpu = cpu_seconds(server.proc.pid), time.process_time()
                 with PeakMemory(server.proc.pid) as memory:
                     turns, failed = asyncio.run(run_row(server, transport, n, pcm24, pcm48))
+                server_cpu = cpu_seconds(server.proc.pid) - server_cpu
+                client_cpu = time.process_time() - client_cpu
                 if not turns:
                     print(f"| {n} | {transport} | all {failed} failed |")
                     continue
@@ -160,7 +172,8 @@ def main() -> None:
                 same = sum(t == reference for t in texts)
                 print(f"| {n} | {transport} | {statistics.median(setup):.3f} | {statistics.median(first):.2f} / "
                       f"{pct(first, 95):.2f} | {statistics.median(after):.2f} / {pct(after, 95):.2f} | "
-                      f"{pct(lag, 95):.3f} | {same} of {len(texts)} | {failed} | {memory.rss:.0f} |")  # fmt: skip
+                      f"{pct(lag, 95):.3f} | {same} of {len(texts)} | {failed} | {memory.rss:.0f} | {server_cpu:.1f} | "
+                      f"{client_cpu:.1f} |")  # fmt: skip
                 time.sleep(1.0)
     finally:
         server.stop()

@@ -104,7 +104,8 @@ def measure(out: dict, utterances: list[tuple[int, int, int]], pause: int) -> di
     to_stop, to_commit = [], []
     for k, (start, cut, end) in enumerate(utterances):
         following = utterances[k + 1][0] if k + 1 < len(utterances) else float("inf")
-        at_pause = [at for _, at in stops if cut - 3 * 512 <= at <= cut + pause + 3 * 512]
+        # the speech before the cut may stop short of it (the cut is the middle of the quietest 100 ms near there)
+        at_pause = [at for _, at in stops if cut - RATE <= at <= cut + pause + 3 * 512]
         split += bool(at_pause)
         inside += sum(start < at < end - 3 * 512 for _, at in stops) - len(at_pause)
         ended = [(t, i) for i, (t, at) in enumerate(stops) if end - 3 * 512 <= at < following]
