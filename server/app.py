@@ -34,6 +34,7 @@ from .realtime.client_secrets import ClientSecrets
 from .realtime.load import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime, ui
+from .served_models import ServedModel, ServedModels
 from .settings import Settings
 from .speakers import DiarizationWorker
 from .supervisor import EngineSupervisor
@@ -54,10 +55,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def _engines(app: FastAPI) -> AsyncIterator[None]:
-    """Start the engine under a supervisor unless one was handed to create_app (then its owner runs it)."""
+    """Start each model's engine under a supervisor unless the default's was handed to create_app (then its owner
+    runs it)."""
     if app.state.settings.diarization_preload:
         await asyncio.to_thread(app.state.diarizer.diarizer.load, "at start-up (--diarization-preload)")
-    if app.state.engine is not None:
+    models: ServedModels = app.state.models
+    if models.default.engine is not None:
         yield
         return
     settings: Settings = app.state.settings
@@ -65,24 +68,35 @@ async def _engines(app: FastAPI) -> AsyncIterator[None]:
         async with _data_parallel(app, settings):
             yield
         return
-    config = settings.engine_config()
-    logger.info("loading %s (%s)", settings.model_id, config)
+    supervisors = []
+    try:
+        for model in models.models:  # one after another: each engine's memory plan sees the ones before
+            supervisors.append(await _supervise(app, model, several=len(models.models) > 1))
+        yield
+    finally:
+        await asyncio.gather(*(s.shutdown() for s in supervisors), return_exceptions=True)
+
+
+async def _supervise(app: FastAPI, model: ServedModel, several: bool) -> EngineSupervisor:
+    """The model's engine started under its supervisor, which publishes it (and each restart) on `model`."""
+    settings: Settings = app.state.settings
+    config = model.spec.config
+    logger.info("loading %s (%s)", model.id, config)
     own_process = settings.engine_process == "on" or (
         settings.engine_process == "auto" and resolve_device(config.device).type == "cuda"
     )
 
     def publish(engine: EngineLike | None) -> None:
-        app.state.engine = engine
+        model.engine = engine
 
-    supervisor = EngineSupervisor(config, own_process, app.state.metrics, publish, settings.engine_restarts)
+    name = f"the engine of {model.id}" if several else "the engine"
+    supervisor = EngineSupervisor(config, own_process, app.state.metrics, publish, settings.engine_restarts,
+                                  name=name)  # fmt: skip
     engine = await supervisor.start()
-    logger.info(
-        "serving %r (and 'whisper-1')%s", settings.model_id, f"; engine in process {engine.pid}" if own_process else ""
-    )
-    try:
-        yield
-    finally:
-        await supervisor.shutdown()
+    also = f" (and {', '.join(repr(i) for i in model.spec.ids[1:])})" if len(model.spec.ids) > 1 else ""
+    where = f"; engine in process {engine.pid}" if own_process else ""
+    logger.info("serving %r%s%s", model.id, also, where)
+    return supervisor
 
 
 @asynccontextmanager
@@ -102,14 +116,14 @@ async def _data_parallel(app: FastAPI, settings: Settings) -> AsyncIterator[None
         failed = [e for e in engines if isinstance(e, BaseException)]
         if failed:  # after all have finished loading, so that the finally below stops every one that started
             raise failed[0]
-        app.state.engine = pool
+        app.state.models.default.engine = pool
         logger.info(
             "serving %r (and 'whisper-1') with %d engines: %s", settings.model_id, len(engines),
             ", ".join(f"process {e.pid}" + (f" on GPU {g}" if g is not None else "") for e, (_, g) in zip(engines, members)),
         )  # fmt: skip
         yield
     finally:
-        app.state.engine = None
+        app.state.models.default.engine = None
         await asyncio.gather(*(s.shutdown() for s in supervisors), return_exceptions=True)
 
 
@@ -118,7 +132,7 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     settings = settings or Settings()
     app = FastAPI(title="whisper-server", summary="OpenAI-compatible Whisper speech-to-text", lifespan=lifespan)
     app.state.settings = settings
-    app.state.engine = engine
+    app.state.models = ServedModels(settings.served_models(), engine)  # each model's engine, by the ids it has
     app.state.metrics = Metrics()
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)

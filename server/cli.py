@@ -51,7 +51,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
             continue
-        if typing.get_origin(field.annotation) is list:  # repeatable: --api-key a --api-key b
+        if typing.get_origin(field.annotation) is list or name == "model":  # repeatable: --api-key a --api-key b
             parser.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, help=help_text)
             continue
         choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else None
@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
+    if "model" in given:  # --model given several times: the first is the default, the others extra models
+        first, *more = given["model"]
+        given["model"] = first
+        if more:
+            given["extra_model"] = [*more, *given.get("extra_model", [])]
     try:
         return Settings(**given)
     except ValidationError as exc:
@@ -202,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine import ModelNotFoundError, check_model
 
     try:
-        check_model(settings.model, settings.dummy_weights)
+        for spec in settings.served_models():
+            check_model(spec.source, settings.dummy_weights)
     except (ModelNotFoundError, ValueError) as exc:
         return usage_error(args.command, str(exc))
     if args.command == "serve":

@@ -1,4 +1,5 @@
-"""Dependencies: the engine, settings and metrics live on `app.state`, built by `create_app`/lifespan."""
+"""Dependencies: the served models' engines, settings and metrics live on `app.state`, built by `create_app` and
+the lifespan."""
 
 from __future__ import annotations
 
@@ -6,11 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from engine import EngineLike
-
 from .drain import shutting_down
-from .errors import APIError
 from .metrics import Metrics
+from .served_models import ServedModels
 from .settings import Settings
 
 # async, though they only read attributes: FastAPI runs a plain `def` dependency in its thread pool, a hop to a
@@ -25,15 +24,17 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-async def get_engine(request: Request) -> EngineLike:
+async def get_models(request: Request) -> ServedModels:
+    """The served models, whose engine a request takes once its body says which (ServedModels.engine). A server
+    of one model answers 503 before reading a body its engine could not decode."""
     if request.app.state.drain.draining:
         raise shutting_down()
-    engine = request.app.state.engine
-    if engine is None or not engine.is_alive:
-        raise APIError(503, "The engine is not running.", code="engine_unavailable", headers={"Retry-After": "1"})
-    return engine
+    models: ServedModels = request.app.state.models
+    if len(models.models) == 1:
+        models.engine()
+    return models
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-EngineDep = Annotated[EngineLike, Depends(get_engine)]
+ModelsDep = Annotated[ServedModels, Depends(get_models)]

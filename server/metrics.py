@@ -106,7 +106,10 @@ class Metrics:
 
         # data parallel engines, each labelled by its index (--data-parallel-size > 1)
         self.engine_up = Gauge(
-            "whisper_engine_up", "1 while data parallel engine `engine` runs.", ["engine"], registry=self.registry
+            "whisper_engine_up",
+            "1 while engine `engine` runs (a data parallel engine's index, or a served model's id).",
+            ["engine"],
+            registry=self.registry,
         )
         self.engine_waiting = Gauge(
             "whisper_engine_queue_depth", "Requests waiting for a decode slot, by data parallel engine.", ["engine"],
@@ -126,9 +129,12 @@ class Metrics:
         if result.time_to_first_token is not None:
             self.time_to_first_token.observe(result.time_to_first_token)
 
-    def render(self, stats: EngineStats | None, members: list[tuple[int, EngineStats | None]] | None = None) -> bytes:
+    def render(
+        self, stats: EngineStats | None, members: list[tuple[int | str, EngineStats | None]] | None = None
+    ) -> bytes:
         """Prometheus text exposition; engine gauges are read at scrape time. `members`: each data parallel
-        engine's stats (None: down), for the series labelled by engine; `stats` is then their sum."""
+        engine's stats, or each served model's (None: down), for the series labelled by engine (its index, or the
+        model's id); `stats` is then their sum."""
         for index, each in members or ():
             engine = str(index)
             self.engine_up.labels(engine).set(each is not None)

@@ -20,6 +20,20 @@ MAX_APPEND_BASE64 = 15 * MIB  # OpenAI's limit on one realtime append's audio fi
 WS_EVENT_ROOM = 64 * 1024  # the JSON around that audio (type, event_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class ServedModelSpec:
+    """A model the server serves: the ids requests name it by (its served id first), what --model or
+    --extra-model named (a name, a path, a hub id: never shown to clients), and its engine's config."""
+
+    ids: list[str]
+    source: str
+    config: EngineConfig
+
+    @property
+    def id(self) -> str:
+        return self.ids[0]
+
+
 class IceServer(BaseModel):
     """A STUN or TURN server, as RTCPeerConnection's configuration names it."""
 
@@ -36,7 +50,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WHISPER_", use_attribute_docstrings=True, extra="forbid")
 
     model: str = "tiny.en"
-    """Model to load: a known name (tiny.en, base), a local directory or checkpoint, or a hub id."""
+    """Model to load: a known name (tiny.en, base), a local directory or checkpoint, or a hub id. The default
+    model: `whisper-1` and --model-alias name it. Given several times, the others are --extra-model's."""
+    extra_model: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """More models served beside --model, each in its own engine, repeatable: `SOURCE` (served as its public name,
+    e.g. `base`) or `NAME=SOURCE`; a request's `model` says which one decodes it."""
     host: str = "127.0.0.1"
     """Interface to bind the HTTP server to."""
     port: int = Field(default=8000, ge=0, le=65535)
@@ -225,7 +243,7 @@ class Settings(BaseSettings):
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
 
-    @field_validator("api_key", "cors_origins", "model_alias", mode="before")
+    @field_validator("api_key", "cors_origins", "model_alias", "extra_model", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         """`WHISPER_API_KEY=a,b` as well as `--api-key a --api-key b`."""
@@ -242,6 +260,18 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             return [p.strip() for v in value for p in (v.split(",") if isinstance(v, str) else [v]) if str(p).strip()]
         return value
+
+    @model_validator(mode="after")
+    def _distinct_model_ids(self) -> Settings:
+        seen: set[str] = set()
+        for spec in self.served_models():
+            for model_id in spec.ids:
+                if not model_id or model_id in seen:
+                    raise ValueError(f"two served models answer to {model_id!r}: name them (--extra-model NAME=SOURCE)")
+                seen.add(model_id)
+        if len(self.extra_model) and self.data_parallel_size > 1:
+            raise ValueError("--data-parallel-size serves one model: several models run one engine each")
+        return self
 
     @model_validator(mode="after")
     def _one_gpu_per_engine(self) -> Settings:
@@ -293,14 +323,28 @@ class Settings(BaseSettings):
 
     @property
     def model_id(self) -> str:
-        """The id clients use for this model: --served-model-name, else the model's name without any local path
-        (a client must not learn where the weights sit on the server)."""
+        """The id clients use for the default model: --served-model-name, else the model's name without any local
+        path (a client must not learn where the weights sit on the server)."""
         return self.served_model_name or public_model_name(self.model)
 
     @property
     def model_ids(self) -> list[str]:
-        """Every id requests may name: model_id, `whisper-1` and the aliases, in that order, each once."""
-        return list(dict.fromkeys([self.model_id, WHISPER_1, *self.model_alias]))
+        """Every id requests may name: the default model's (model_id, `whisper-1`, the aliases), then each extra
+        model's, in that order."""
+        return [model_id for spec in self.served_models() for model_id in spec.ids]
+
+    def served_models(self) -> list[ServedModelSpec]:
+        """The default model, then the extra ones, each with the ids it answers to and its engine's config. Sharing
+        one GPU, they share its memory fraction equally (each engine plans within its share)."""
+        config = self.engine_config()
+        specs = [(list(dict.fromkeys([self.model_id, WHISPER_1, *self.model_alias])), self.model)]
+        for entry in self.extra_model:
+            name, _, source = entry.rpartition("=")
+            specs.append(([name or public_model_name(source)], source))
+        if len(specs) > 1:
+            config = dataclasses.replace(config, gpu_memory_fraction=config.gpu_memory_fraction / len(specs),
+                                         shared_gpu=True)  # fmt: skip
+        return [ServedModelSpec(ids, source, dataclasses.replace(config, model=source)) for ids, source in specs]
 
     def api_keys(self) -> list[str]:
         """The accepted keys: --api-key plus the lines of --api-key-file."""

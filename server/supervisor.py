@@ -43,7 +43,7 @@ class EngineSupervisor:
         self.name = name  # in log lines: "the engine", or "engine 1" of several
         self.own_process = own_process
         self.metrics = metrics
-        self.publish = publish  # where requests find the engine (app.state.engine); None while there is none
+        self.publish = publish  # where requests find the engine (its ServedModel); None while there is none
         self.max_restarts = max_restarts
         self.engine: EngineLike | None = None
         self.stopping = False

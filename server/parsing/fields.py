@@ -34,10 +34,13 @@ CHUNKING_FIELDS = {
 
 def check_model(model: str, settings: Settings) -> None:
     if model not in settings.model_ids:
-        also = ", ".join(f"'{m}'" for m in settings.model_ids[1:])
+        served = []
+        for spec in settings.served_models():
+            also = ", ".join(f"'{m}'" for m in spec.ids[1:])
+            served.append(f"'{spec.id}'" + (f" (also reachable as {also})" if also else ""))
         raise APIError(
             404,
-            f"The model '{model}' does not exist. This server serves '{settings.model_id}' (also reachable as {also}).",
+            f"The model '{model}' does not exist. This server serves {' and '.join(served)}.",
             param="model",
             code="model_not_found",
         )

@@ -30,8 +30,9 @@ import numpy as np
 from engine import (
     SAMPLE_RATE,
     DecodeOptions,
+    EngineDeadError,
     EngineError,
-    EngineLike,
+    Handle,
     Task,
     TranscriptionResult,
 )
@@ -41,6 +42,7 @@ from ..formatting import token_logprobs
 from ..metrics import Metrics
 from ..parsing.body import parse_json
 from ..parsing.options import decode_options
+from ..served_models import ServedModels
 from ..settings import Settings
 from .audio_input import AudioFormatError, InputAudio
 from .buffers import InputBuffer, ServerBufferFull
@@ -86,12 +88,12 @@ class EarlyFinal:
 
 class Connection:
     def __init__(
-        self, transport: Transport, engine: EngineLike, settings: Settings, speech: SpeechBatcher,
+        self, transport: Transport, models: ServedModels, settings: Settings, speech: SpeechBatcher,
         metrics: Metrics, load: SharedLoad, session: dict | None = None,
     ):  # fmt: skip
         self.transport = transport
         self.load = load
-        self.engine = engine
+        self.models = models  # the session's transcription.model says whose engine decodes its turns
         self.settings = settings
         self.metrics = metrics
         self.session = SessionConfig(settings)
@@ -291,6 +293,14 @@ class Connection:
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
 
+    def _submit(self, audio: np.ndarray, options: DecodeOptions) -> Handle:
+        """A decode of the session's audio on its model's engine (EngineDeadError while that engine is down)."""
+        try:
+            engine = self.models.engine(self.session.model)
+        except APIError as exc:
+            raise EngineDeadError(exc.message) from None
+        return engine.submit(audio, options)
+
     def _options(self, background: bool) -> DecodeOptions:
         """A turn's decode: the HTTP route's, with the session's language and prompt (then its previous
         transcripts). A partial one is greedy only (one beam, no fallback), in the background and on a short
@@ -309,7 +319,7 @@ class Connection:
     async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray, launched: float) -> None:
         options = self._options(background=True)
         try:
-            handle = self.engine.submit(audio, options)
+            handle = self._submit(audio, options)
         except EngineError:
             self.partials.finished(partials)
             return
@@ -385,7 +395,7 @@ class Connection:
             return
         options = self._options(background=False)
         try:
-            handle = self.engine.submit(audio, options)
+            handle = self._submit(audio, options)
         except EngineError:
             return  # the final decode submits again, and says what is wrong
         self.handles.add(handle)
@@ -441,7 +451,7 @@ class Connection:
             self._abort_early(early)
         if handle is None:
             try:
-                handle = self.engine.submit(audio, options)
+                handle = self._submit(audio, options)
             except EngineError as exc:
                 self._failed(item_id, exc)
                 return

@@ -112,6 +112,11 @@ class SessionConfig:
         return self.input["format"]["type"]
 
     @property
+    def model(self) -> str:
+        """The served model that transcribes the session's turns (one of the ids /v1/models lists)."""
+        return self.input["transcription"]["model"]
+
+    @property
     def language(self) -> str | None:
         return self.input["transcription"]["language"]
 

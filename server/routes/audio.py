@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 
 from engine import Task, diarized_segments, segment_speakers
 
-from ..deps import EngineDep, MetricsDep, SettingsDep
+from ..deps import MetricsDep, ModelsDep, SettingsDep
 from ..formatting import SpeakerLetters, render
 from ..parsing.audio import decode_references, decode_upload
 from ..parsing.options import decode_options, parse_transcription
@@ -30,9 +30,10 @@ def _form_schema(form_cls: type[TranslationForm]) -> dict:
 
 
 async def _serve(
-    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep, task: Task
+    request: Request, models: ModelsDep, settings: SettingsDep, metrics: MetricsDep, task: Task
 ) -> Response:
     params = await parse_transcription(request, settings, task)
+    engine = models.engine(params.model)
     diarized_json = params.response_format is ResponseFormat.DIARIZED_JSON
     diarize = diarized_json or params.diarize  # diarize: verbose_json's segments labelled with speakers
     channels = None
@@ -92,15 +93,15 @@ async def _serve(
 
 @router.post("/v1/audio/transcriptions", openapi_extra=_form_schema(TranscriptionForm))
 async def create_transcription(
-    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep
+    request: Request, models: ModelsDep, settings: SettingsDep, metrics: MetricsDep
 ) -> Response:
     """Transcribe audio into its own language (OpenAI `audio.transcriptions.create`)."""
-    return await _serve(request, engine, settings, metrics, Task.TRANSCRIBE)
+    return await _serve(request, models, settings, metrics, Task.TRANSCRIBE)
 
 
 @router.post("/v1/audio/translations", openapi_extra=_form_schema(TranslationForm))
 async def create_translation(
-    request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep
+    request: Request, models: ModelsDep, settings: SettingsDep, metrics: MetricsDep
 ) -> Response:
     """Translate audio into English (OpenAI `audio.translations.create`)."""
-    return await _serve(request, engine, settings, metrics, Task.TRANSLATE)
+    return await _serve(request, models, settings, metrics, Task.TRANSLATE)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from engine import SAMPLE_RATE, Task
 
 from ..chat_stream import Answer, completion_chunks
-from ..deps import EngineDep, MetricsDep, SettingsDep
+from ..deps import MetricsDep, ModelsDep, SettingsDep
 from ..errors import APIError
 from ..parsing.audio import decode_upload
 from ..parsing.body import read_json, validate_model
@@ -104,11 +104,12 @@ def message_text(message: ChatMessage) -> str:
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request, engine: EngineDep, settings: SettingsDep, metrics: MetricsDep):
+async def create_chat_completion(request: Request, models: ModelsDep, settings: SettingsDep, metrics: MetricsDep):
     """Chat-shaped transcription: a system or user text that asks to translate selects task=translate."""
     body = await read_json(request, settings.max_upload_bytes)
     chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, body)
     check_model(chat.model, settings)
+    engine = models.engine(chat.model)
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None

@@ -1,30 +1,37 @@
-"""GET /v1/models: the served model, its `whisper-1` alias and any configured aliases."""
+"""GET /v1/models: every served model's ids (the default model's first, with `whisper-1` and any aliases), and
+with several models each one's state (ready, loading, down)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..deps import SettingsDep
 from ..errors import APIError
 from ..protocol import Model, ModelList
+from ..served_models import ServedModels
 
 router = APIRouter(tags=["models"])
 OWNER = "whisper-server"
 
 
-def served_models(request: Request, model_ids: list[str]) -> list[Model]:
+def served_models(request: Request) -> list[Model]:
     created = request.app.state.created
-    return [Model(id=i, object="model", created=created, owned_by=OWNER) for i in model_ids]
+    models: ServedModels = request.app.state.models
+    several = len(models.models) > 1
+    return [
+        Model(id=i, object="model", created=created, owned_by=OWNER, **({"state": m.state} if several else {}))
+        for m in models.models
+        for i in m.spec.ids
+    ]
 
 
 @router.get("/v1/models", response_model_exclude_none=True)
-async def list_models(request: Request, settings: SettingsDep) -> ModelList:
-    return ModelList(data=served_models(request, settings.model_ids))
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=served_models(request))
 
 
 @router.get("/v1/models/{model:path}", response_model_exclude_none=True)
-async def retrieve_model(model: str, request: Request, settings: SettingsDep) -> Model:
-    for entry in served_models(request, settings.model_ids):
+async def retrieve_model(model: str, request: Request) -> Model:
+    for entry in served_models(request):
         if entry.id == model:
             return entry
     raise APIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")

@@ -1,0 +1,110 @@
+"""Two real models in one server (`--model tiny.en --model base`, each engine in a process of its own): the request's
+`model` routes it, on every route (transcriptions, translations, chat completions, a realtime session's
+transcription.model); /v1/models, /health and /metrics name each; an unknown model is OpenAI's 404 naming the
+served ones and no local path; and a crash of one model's engine fails only its own requests while the other
+model serves on, until its supervisor has it back."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers.realtime import chunks, pcm24k, wav_bytes
+from tests.helpers.server import RemoteServer, metric
+from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
+
+GERMAN = "g3_de_picovoice-leopard_test_de.wav"
+
+
+@pytest.fixture(scope="module")
+def two_models():
+    remote = RemoteServer("--model", "tiny.en", "--model", "base", "--engine-process", "on")
+    yield remote
+    remote.stop()
+
+
+def engine_pids(server) -> dict[str, int]:
+    """Each model's engine process, as the log last said."""
+    pids = {}
+    for line in server.log_tail(1_000_000).splitlines():
+        if (match := re.search(r"serving '([^']+)'.*engine in process (\d+)", line)) or (
+            match := re.search(r"the engine of (\S+) restarted.*engine in process (\d+)", line)
+        ):
+            pids[match.group(1)] = int(match.group(2))
+    return pids
+
+
+def test_each_request_is_decoded_by_the_model_it_names(two_models, data_dir):
+    client = two_models.client()
+    listed = {m.id: m.model_extra.get("state") for m in client.models.list().data}
+    assert listed == {"tiny.en": "ready", "whisper-1": "ready", "base": "ready"}
+    health = httpx.get(f"{two_models.url}/health").json()
+    assert health["model"] == "tiny.en" and health["models"] == {"tiny.en": "ready", "base": "ready"}
+
+    with (data_dir / JFK).open("rb") as audio:
+        jfk = audio.read()
+    for model in ("tiny.en", "whisper-1", "base"):
+        text = client.audio.transcriptions.create(file=(JFK, jfk), model=model).text
+        assert contains_words(text, JFK_WORDS), (model, text)
+    # base is multilingual: it translates German; tiny.en is English-only and says so
+    with (data_dir / GERMAN).open("rb") as audio:
+        german = audio.read()
+    english = client.audio.translations.create(file=(GERMAN, german), model="base").text
+    assert len(english.split()) >= 3 and english.isascii(), english
+    with pytest.raises(openai.BadRequestError):
+        client.audio.translations.create(file=(GERMAN, german), model="tiny.en")
+
+    chat = client.chat.completions.create(model="base", messages=[{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(jfk).decode(), "format": "flac"}}]}])  # fmt: skip
+    assert chat.model == "base" and contains_words(chat.choices[0].message.content, JFK_WORDS)
+
+    with pytest.raises(openai.NotFoundError) as info:
+        client.audio.transcriptions.create(file=(JFK, jfk), model="large-v9")
+    message = info.value.body["message"]
+    assert "'tiny.en'" in message and "'base'" in message and "/" not in message.split("exist.")[1]
+
+
+def test_a_realtime_session_transcribes_with_its_sessions_model(two_models, data_dir):
+    pcm = pcm24k(data_dir / JFK)
+    client = two_models.client()
+    http = client.audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="base").text
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "turn_detection": None, "transcription": {"model": "base"}}}})  # fmt: skip
+        assert conn.recv().session.audio.input.transcription.model == "base"
+        for piece in chunks(pcm, 48):
+            conn.input_audio_buffer.append(audio=piece)
+        conn.input_audio_buffer.commit()
+        completed = next(ev for ev in conn if ev.type == "conversation.item.input_audio_transcription.completed")
+    assert completed.transcript == http  # base's transcript, exactly as HTTP gives it
+
+
+def test_a_crash_of_one_models_engine_leaves_the_other_serving(two_models, data_dir):
+    client = two_models.client()
+    before = engine_pids(two_models)
+    assert set(before) == {"tiny.en", "base"}, two_models.log_tail()
+    os.kill(before["base"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{two_models.url}/health").json()["models"]["base"] == "ready" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    health = httpx.get(f"{two_models.url}/health")
+    assert health.status_code == 200 and health.json()["models"]["tiny.en"] == "ready"  # still ready: tiny.en serves
+    with (data_dir / JFK).open("rb") as audio:
+        jfk = audio.read()
+    assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="tiny.en").text, JFK_WORDS)
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{two_models.url}/health").json()["models"]["base"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine_pids(two_models)["base"] != before["base"]
+    assert engine_pids(two_models)["tiny.en"] == before["tiny.en"]  # never touched
+    assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="base").text, JFK_WORDS)
+    assert metric(two_models, "whisper_engine_up", '{engine="base"}') == 1
+    assert metric(two_models, "whisper_engine_up", '{engine="tiny.en"}') == 1
