@@ -34,7 +34,7 @@ from .realtime.client_secrets import ClientSecrets
 from .realtime.load import SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime, ui
-from .served_models import ServedModel, ServedModels
+from .served_models import ServedModels
 from .settings import Settings
 from .speakers import DiarizationWorker
 from .supervisor import EngineSupervisor
@@ -68,35 +68,11 @@ async def _engines(app: FastAPI) -> AsyncIterator[None]:
         async with _data_parallel(app, settings):
             yield
         return
-    supervisors = []
     try:
-        for model in models.models:  # one after another: each engine's memory plan sees the ones before
-            supervisors.append(await _supervise(app, model, several=len(models.models) > 1))
+        await models.start()
         yield
     finally:
-        await asyncio.gather(*(s.shutdown() for s in supervisors), return_exceptions=True)
-
-
-async def _supervise(app: FastAPI, model: ServedModel, several: bool) -> EngineSupervisor:
-    """The model's engine started under its supervisor, which publishes it (and each restart) on `model`."""
-    settings: Settings = app.state.settings
-    config = model.spec.config
-    logger.info("loading %s (%s)", model.id, config)
-    own_process = settings.engine_process == "on" or (
-        settings.engine_process == "auto" and resolve_device(config.device).type == "cuda"
-    )
-
-    def publish(engine: EngineLike | None) -> None:
-        model.engine = engine
-
-    name = f"the engine of {model.id}" if several else "the engine"
-    supervisor = EngineSupervisor(config, own_process, app.state.metrics, publish, settings.engine_restarts,
-                                  name=name)  # fmt: skip
-    engine = await supervisor.start()
-    also = f" (and {', '.join(repr(i) for i in model.spec.ids[1:])})" if len(model.spec.ids) > 1 else ""
-    where = f"; engine in process {engine.pid}" if own_process else ""
-    logger.info("serving %r%s%s", model.id, also, where)
-    return supervisor
+        await models.shutdown()
 
 
 @asynccontextmanager
@@ -132,8 +108,8 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     settings = settings or Settings()
     app = FastAPI(title="whisper-server", summary="OpenAI-compatible Whisper speech-to-text", lifespan=lifespan)
     app.state.settings = settings
-    app.state.models = ServedModels(settings.served_models(), engine)  # each model's engine, by the ids it has
     app.state.metrics = Metrics()
+    app.state.models = ServedModels(settings, app.state.metrics, engine)  # each model's engine, by its ids
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes)  # what the realtime sessions share

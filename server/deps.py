@@ -25,12 +25,12 @@ async def get_metrics(request: Request) -> Metrics:
 
 
 async def get_models(request: Request) -> ServedModels:
-    """The served models, whose engine a request takes once its body says which (ServedModels.engine). A server
-    of one model answers 503 before reading a body its engine could not decode."""
+    """The served models, whose engine a request takes once its body says which (ServedModels.ready). A server of
+    one model answers 503 before reading a body its engine could not decode (unless it is unloaded: it loads)."""
     if request.app.state.drain.draining:
         raise shutting_down()
     models: ServedModels = request.app.state.models
-    if len(models.models) == 1:
+    if len(models.models) == 1 and models.default.state != "unloaded":
         models.engine()
     return models
 

@@ -1,24 +1,45 @@
 """The models a server serves, each in an engine of its own, found by the ids requests name them by.
 
 The first is the default (`whisper-1` and --model-alias are its ids); --extra-model adds more. Each engine has its
-own supervisor, which publishes it here: a crash of one model's engine fails only the requests it held, and its
-supervisor restarts it while the other models serve on.
+own supervisor, which publishes it on its ServedModel: a crash of one model's engine fails only the requests it
+held, and its supervisor restarts it while the other models serve on.
+
+With `--model-ttl-s` (speaches' TTL) a model is loaded on its first request and unloaded once it has been idle
+that long, nothing queued or decoding; a request that arrives while it loads waits for it (up to
+`--model-load-timeout-s`). Such a model's engine runs in a process of its own, so that unloading it gives its
+memory back. `POST /v1/models/{id}/load` and `DELETE /v1/models/{id}` (routes/models.py) do the same by hand.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
 
-from engine import EngineLike
+from engine import EngineError, EngineLike, resolve_device
 
 from .errors import APIError
-from .settings import ServedModelSpec
+from .metrics import Metrics
+from .settings import ServedModelSpec, Settings
+from .supervisor import EngineSupervisor
+
+logger = logging.getLogger(__name__)
+
+TTL_POLL_S = 1.0
 
 
 @dataclass
 class ServedModel:
     spec: ServedModelSpec
+    ttl_s: float  # unloaded after this long idle; negative: never
     engine: EngineLike | None = None  # published by its supervisor; None while it loads or restarts
+    supervisor: EngineSupervisor | None = None
+    loading: asyncio.Task | None = None
+    unloading: bool = False  # its engine is stopping (a process exiting): unloaded once it has
+    unloaded: bool = False  # loads on demand (a --model-ttl-s model before its first request, or after an unload)
+    last_used: float = field(default_factory=time.monotonic)
 
     @property
     def id(self) -> str:
@@ -26,17 +47,37 @@ class ServedModel:
 
     @property
     def state(self) -> str:
+        if self.unloading:
+            return "unloading"
+        if self.loading is not None and not self.loading.done():
+            return "loading"
+        if self.supervisor is None and self.engine is None:  # not started yet, or unloaded
+            return "unloaded" if self.unloaded else "loading"
         if self.engine is None:
             return "loading"
         return "ready" if self.engine.is_alive else "down"
 
+    def busy(self) -> bool:
+        """Whether its engine holds requests (queued or decoding)."""
+        if self.engine is None or not self.engine.is_alive:
+            return False
+        try:
+            stats = self.engine.stats()
+        except EngineError:
+            return False
+        return stats.num_waiting + stats.num_running > 0
+
 
 class ServedModels:
-    def __init__(self, specs: list[ServedModelSpec], engine: EngineLike | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, engine: EngineLike | None = None) -> None:
         """`engine`: the default model's, already started (create_app's `engine`; its owner runs it)."""
-        self.models = [ServedModel(spec) for spec in specs]
+        self.settings = settings
+        self.metrics = metrics
+        ttl_s = settings.model_ttl_s
+        self.models = [ServedModel(spec, ttl_s, unloaded=ttl_s >= 0) for spec in settings.served_models()]
         self.models[0].engine = engine
         self.by_id = {model_id: model for model in self.models for model_id in model.spec.ids}
+        self.ttl_watch: asyncio.Task | None = None
 
     @property
     def default(self) -> ServedModel:
@@ -48,11 +89,111 @@ class ServedModels:
 
     def engine(self, model_id: str | None = None) -> EngineLike:
         """The running engine of the model requests name `model_id` (the default's for None); a 503 while it
-        loads, restarts or is down."""
+        loads, restarts or is down. An unloaded model starts loading (ready() waits for it)."""
         model = self.default if model_id is None else self.find(model_id)
+        model.last_used = time.monotonic()
         engine = model.engine
         if engine is None or not engine.is_alive:
+            if model.state == "unloaded":
+                self.start_loading(model)
             also = "" if len(self.models) == 1 else f" for the model '{model.id}'"
             raise APIError(503, f"The engine{also} is not running.", code="engine_unavailable",
                            headers={"Retry-After": "1"})  # fmt: skip
         return engine
+
+    async def ready(self, model_id: str | None = None) -> EngineLike:
+        """engine(), once an unloaded or loading model is loaded (a 503 if that takes longer than
+        --model-load-timeout-s)."""
+        model = self.default if model_id is None else self.find(model_id)
+        if model.unloaded or model.state == "loading" and model.loading is not None:
+            task = self.start_loading(model)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self.settings.model_load_timeout_s)
+            except TimeoutError:
+                raise APIError(503, f"The model '{model.id}' is still loading; retry.", code="model_loading",
+                               headers={"Retry-After": "5"}) from None  # fmt: skip
+            except Exception:  # noqa: BLE001 - logged where it loads; engine() below answers the 503
+                logger.debug("a request waited for %s, which failed to load", model.id)
+        return self.engine(model_id)
+
+    # ---- the engines' life cycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every model without a TTL, one after another (each engine's memory plan sees the ones before); the
+        others load on their first request. A failure here is the server's start-up failure."""
+        for model in self.models:
+            if model.ttl_s < 0:
+                await self._load(model)
+        self.ttl_watch = asyncio.ensure_future(self._watch_ttl())
+
+    def start_loading(self, model: ServedModel) -> asyncio.Task:
+        if model.loading is None or model.loading.done():
+            model.loading = asyncio.ensure_future(self._load(model))
+            model.loading.add_done_callback(lambda task: task.cancelled() or task.exception())  # logged in _load
+        return model.loading
+
+    async def _load(self, model: ServedModel) -> None:
+        settings = self.settings
+        config = model.spec.config
+        logger.info("loading %s (%s)", model.id, config)
+        # a model that may be unloaded runs in its own process: unloading it then gives all its memory back
+        own_process = (
+            settings.engine_process == "on"
+            or model.ttl_s >= 0
+            or (settings.engine_process == "auto" and resolve_device(config.device).type == "cuda")
+        )
+
+        def publish(engine: EngineLike | None) -> None:
+            model.engine = engine
+
+        name = f"the engine of {model.id}" if len(self.models) > 1 else "the engine"
+        supervisor = EngineSupervisor(config, own_process, self.metrics, publish, settings.engine_restarts,
+                                      name=name)  # fmt: skip
+        try:
+            engine = await supervisor.start()
+        except Exception:
+            logger.exception("%s failed to load", model.id)
+            raise
+        model.supervisor, model.unloaded = supervisor, False
+        model.last_used = time.monotonic()
+        also = f" (and {', '.join(repr(i) for i in model.spec.ids[1:])})" if len(model.spec.ids) > 1 else ""
+        where = f"; engine in process {engine.pid}" if own_process else ""
+        logger.info("serving %r%s%s", model.id, also, where)
+
+    async def unload(self, model: ServedModel, force: bool = False) -> bool:
+        """Stop the model's engine (its memory goes with its process); False, and nothing done, while it holds
+        requests, unless `force` (they are then answered 503)."""
+        if model.loading is not None and not model.loading.done():
+            with contextlib.suppress(Exception):
+                await model.loading
+        if model.supervisor is None or model.unloading:
+            return True
+        if not force and await asyncio.to_thread(model.busy):
+            return False
+        model.unloading = True
+        try:
+            await model.supervisor.shutdown()
+        finally:
+            model.supervisor, model.unloading, model.unloaded = None, False, True
+        logger.info("unloaded %s", model.id)
+        return True
+
+    async def _watch_ttl(self) -> None:
+        while True:
+            await asyncio.sleep(TTL_POLL_S)
+            for model in self.models:
+                if model.ttl_s < 0 or model.supervisor is None:
+                    continue
+                if await asyncio.to_thread(model.busy):
+                    model.last_used = time.monotonic()
+                elif time.monotonic() - model.last_used >= model.ttl_s:
+                    logger.info("%s idle for %g s: unloading it", model.id, model.ttl_s)
+                    await self.unload(model)
+
+    async def shutdown(self) -> None:
+        if self.ttl_watch is not None:
+            self.ttl_watch.cancel()
+        for model in self.models:
+            if model.loading is not None:
+                model.loading.cancel()
+        await asyncio.gather(*(m.supervisor.shutdown() for m in self.models if m.supervisor), return_exceptions=True)

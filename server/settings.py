@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     extra_model: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """More models served beside --model, each in its own engine, repeatable: `SOURCE` (served as its public name,
     e.g. `base`) or `NAME=SOURCE`; a request's `model` says which one decodes it."""
+    model_ttl_s: float = -1
+    """Unload a model once it has been idle this many seconds (nothing queued or decoding), and load it again on
+    its next request (which waits for it); its engine then runs in a process of its own, so that unloading gives
+    its memory back. Negative: every model stays loaded."""
+    model_load_timeout_s: float = Field(default=300.0, gt=0)
+    """How long a request waits for its model to load before it gets a 503 (model_loading) to retry."""
     host: str = "127.0.0.1"
     """Interface to bind the HTTP server to."""
     port: int = Field(default=8000, ge=0, le=65535)

@@ -129,6 +129,7 @@ class Connection:
         sender = asyncio.ensure_future(self._send_loop())
         idle_s = self.settings.realtime_idle_timeout_s
         try:
+            self._load_model()
             self.send(event("session.created", session=self.session.body()))
             while True:
                 try:
@@ -252,7 +253,14 @@ class Connection:
         if (self.session.turn_detection is None) != (old_vad is None):
             self._reset_stream()
         self.partials.set_delay(self.session.delay)
+        self._load_model()
         self.send(event("session.updated", session=self.session.body()))
+
+    def _load_model(self) -> None:
+        """The session's model, if it is unloaded (--model-ttl-s), starts loading now: its turns will need it."""
+        model = self.models.find(self.session.model)
+        if model.state == "unloaded":
+            self.models.start_loading(model)
 
     async def _append(self, message: dict) -> None:
         data = message.get("audio")

@@ -33,7 +33,7 @@ async def _serve(
     request: Request, models: ModelsDep, settings: SettingsDep, metrics: MetricsDep, task: Task
 ) -> Response:
     params = await parse_transcription(request, settings, task)
-    engine = models.engine(params.model)
+    engine = await models.ready(params.model)
     diarized_json = params.response_format is ResponseFormat.DIARIZED_JSON
     diarize = diarized_json or params.diarize  # diarize: verbose_json's segments labelled with speakers
     channels = None

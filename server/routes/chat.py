@@ -109,7 +109,7 @@ async def create_chat_completion(request: Request, models: ModelsDep, settings: 
     body = await read_json(request, settings.max_upload_bytes)
     chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, body)
     check_model(chat.model, settings)
-    engine = models.engine(chat.model)
+    engine = await models.ready(chat.model)
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None

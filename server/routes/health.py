@@ -19,19 +19,20 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health")
 async def health(request: Request) -> dict:
-    """Readiness: a load balancer sends traffic only while this is 200: while any served model's engine runs (the
-    others are loading or being restarted); `models` says each one's state when there are several."""
+    """Readiness: a load balancer sends traffic only while this is 200: while any served model's engine runs, or is
+    unloaded and loads on demand (the others are loading or being restarted); `models` says each one's state when
+    there are several."""
     if request.app.state.drain.draining:
         raise APIError(503, "The server is shutting down.", code="server_shutting_down")
     models: ServedModels = request.app.state.models
     default = models.default.engine
-    if all(m.state != "ready" for m in models.models):
+    if all(m.state not in ("ready", "unloaded") for m in models.models):  # an unloaded model loads on demand
         message = "The engine is loading or restarting." if default is None else "The engine is not running."
         raise APIError(503, message, code="engine_unavailable")
     body: dict = {"status": "ok", "model": models.default.id}
     if isinstance(default, EnginePool):  # ready while any engine is: the others are being restarted
         body["engines"] = f"{len(default.live())}/{len(default.engines)}"
-    if len(models.models) > 1:
+    if len(models.models) > 1 or models.default.ttl_s >= 0:
         body["models"] = {m.id: m.state for m in models.models}
     return body
 

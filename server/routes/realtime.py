@@ -44,7 +44,7 @@ async def realtime(websocket: WebSocket) -> None:
             "this server serves realtime transcription sessions only: connect to /v1/realtime?intent=transcription",
             code="unsupported_intent", param="intent",
         )  # fmt: skip
-    elif app.state.models.default.engine is None or app.state.drain.draining:
+    elif app.state.models.default.state in ("loading", "down") or app.state.drain.draining:
         refusal = error("the server is not ready to transcribe", type_="server_error", code="server_not_ready")
     elif load.sessions >= settings.realtime_max_sessions:
         refusal = error(f"too many realtime sessions (at most {settings.realtime_max_sessions})",
@@ -94,7 +94,7 @@ async def create_call(request: Request) -> Response:
                 config.update(given)
     except SessionError as exc:
         raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
-    if app.state.models.default.engine is None or app.state.drain.draining:
+    if app.state.models.default.state in ("loading", "down") or app.state.drain.draining:
         raise APIError(503, "The server is not ready to transcribe.", type="server_error", code="server_not_ready")
     if load.sessions >= settings.realtime_max_sessions:
         raise APIError(429, f"Too many realtime sessions (at most {settings.realtime_max_sessions}).",

@@ -2,7 +2,8 @@
 `model` routes it, on every route (transcriptions, translations, chat completions, a realtime session's
 transcription.model); /v1/models, /health and /metrics name each; an unknown model is OpenAI's 404 naming the
 served ones and no local path; and a crash of one model's engine fails only its own requests while the other
-model serves on, until its supervisor has it back."""
+model serves on, until its supervisor has it back. With --model-ttl-s models load on their first request and
+unload once idle, giving their memory back; POST /v1/models/{id}/load and DELETE /v1/models/{id} do it by hand."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import base64
 import os
 import re
 import signal
+import threading
 import time
 
 import httpx
@@ -17,7 +19,7 @@ import openai
 import pytest
 
 from tests.helpers.realtime import chunks, pcm24k, wav_bytes
-from tests.helpers.server import RemoteServer, metric
+from tests.helpers.server import RemoteServer, metric, tree_rss_mib
 from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
 GERMAN = "g3_de_picovoice-leopard_test_de.wav"
@@ -108,3 +110,56 @@ def test_a_crash_of_one_models_engine_leaves_the_other_serving(two_models, data_
     assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="base").text, JFK_WORDS)
     assert metric(two_models, "whisper_engine_up", '{engine="base"}') == 1
     assert metric(two_models, "whisper_engine_up", '{engine="tiny.en"}') == 1
+
+
+def states(server) -> dict[str, str]:
+    return httpx.get(f"{server.url}/health").json()["models"]
+
+
+def test_models_load_on_demand_unload_when_idle_and_by_hand(data_dir):
+    """--model-ttl-s: nothing loaded at start; a request loads its model (and waits for it), which is unloaded once
+    idle that long, its memory given back; POST .../load and DELETE load and unload by hand, a DELETE refused
+    (409) while the model decodes unless forced."""
+    with RemoteServer("--model", "tiny.en", "--model", "base", "--model-ttl-s", "4") as remote:
+        client = remote.client()
+        assert states(remote) == {"tiny.en": "unloaded", "base": "unloaded"}
+        idle_mib = tree_rss_mib(remote.proc.pid)
+        with (data_dir / JFK).open("rb") as audio:
+            jfk = audio.read()
+        assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="base").text, JFK_WORDS)
+        assert states(remote) == {"tiny.en": "unloaded", "base": "ready"}
+        loaded_mib = tree_rss_mib(remote.proc.pid)
+        assert loaded_mib > idle_mib + 100, (idle_mib, loaded_mib)  # base's engine process
+        deadline = time.monotonic() + 30
+        while states(remote)["base"] != "unloaded" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert states(remote)["base"] == "unloaded"
+        unloaded_mib = tree_rss_mib(remote.proc.pid)
+        # its memory went with its process (the server's own grows a little: the request, the engine's client side)
+        assert unloaded_mib - idle_mib < (loaded_mib - idle_mib) / 4, (idle_mib, loaded_mib, unloaded_mib)
+
+        loaded = httpx.post(f"{remote.base_url}/models/tiny.en/load", timeout=120)
+        assert loaded.status_code == 200 and loaded.json()["state"] == "ready"
+        assert httpx.post(f"{remote.base_url}/models/nope/load").json()["error"]["code"] == "model_not_found"
+        long_clip = (data_dir / "g2_en_earnings22_4482311_3-62s.wav").read_bytes()
+        outcome: dict = {}
+
+        def transcribe_long() -> None:
+            try:
+                outcome["text"] = client.audio.transcriptions.create(file=("long.wav", long_clip), model="tiny.en").text
+            except openai.APIStatusError as exc:
+                outcome["status"] = exc.status_code
+
+        thread = threading.Thread(target=transcribe_long)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while metric(remote, "whisper_running_sequences") + metric(remote, "whisper_queue_depth") == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        busy = httpx.delete(f"{remote.base_url}/models/tiny.en")
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy"
+        forced = httpx.delete(f"{remote.base_url}/models/tiny.en", params={"force": "true"}, timeout=60)
+        assert forced.status_code == 200 and forced.json()["state"] == "unloaded"
+        thread.join(timeout=120)
+        assert outcome == {"status": 503}  # the request it held, answered
+        assert states(remote) == {"tiny.en": "unloaded", "base": "unloaded"}

@@ -16,6 +16,7 @@ from server.metrics import Metrics
 from server.realtime.audio_input import BASE64_PIECE, AudioFormatError, InputAudio, base64_size, decode_base64
 from server.realtime.connection import Connection, SharedLoad
 from server.realtime.session import SessionConfig, SessionError, TurnDetection
+from server.served_models import ServedModels
 from server.settings import Settings
 
 MANUAL = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"turn_detection": None}}}}
@@ -212,7 +213,8 @@ def pcm_b64(seconds: float) -> str:
 
 async def open_session(settings: Settings, load: SharedLoad) -> tuple[FakeSocket, asyncio.Task]:
     ws = FakeSocket()
-    task = asyncio.ensure_future(Connection(ws, None, settings, NoSpeech(), Metrics(), load).run())
+    models = ServedModels(settings)  # no engine: these sessions never decode
+    task = asyncio.ensure_future(Connection(ws, models, settings, NoSpeech(), Metrics(), load).run())
     assert (await ws.next())["type"] == "session.created"
     ws.send(MANUAL)
     assert (await ws.next())["type"] == "session.updated"
