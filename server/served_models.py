@@ -73,8 +73,10 @@ class ServedModels:
         """`engine`: the default model's, already started (create_app's `engine`; its owner runs it)."""
         self.settings = settings
         self.metrics = metrics
-        ttl_s = settings.model_ttl_s
-        self.models = [ServedModel(spec, ttl_s, unloaded=ttl_s >= 0) for spec in settings.served_models()]
+        self.models = []
+        for spec in settings.served_models():
+            ttl_s = settings.model_ttl_s if spec.ttl_s is None else spec.ttl_s
+            self.models.append(ServedModel(spec, ttl_s, unloaded=ttl_s >= 0))
         self.models[0].engine = engine
         self.by_id = {model_id: model for model in self.models for model_id in model.spec.ids}
         self.ttl_watch: asyncio.Task | None = None

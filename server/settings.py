@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig, KernelOptions, available_cpus
@@ -23,15 +23,49 @@ WS_EVENT_ROOM = 64 * 1024  # the JSON around that audio (type, event_id)
 @dataclasses.dataclass(frozen=True)
 class ServedModelSpec:
     """A model the server serves: the ids requests name it by (its served id first), what --model or
-    --extra-model named (a name, a path, a hub id: never shown to clients), and its engine's config."""
+    --extra-model named (a name, a path, a hub id: never shown to clients), its engine's config, and its own
+    TTL (None: --model-ttl-s)."""
 
     ids: list[str]
     source: str
     config: EngineConfig
+    ttl_s: float | None = None
 
     @property
     def id(self) -> str:
         return self.ids[0]
+
+
+class ModelEntry(BaseModel):
+    """One model of a --models-file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    name: str | None = None
+    aliases: list[str] = Field(default_factory=list)
+    ttl_s: float | None = None
+
+
+class ModelsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelEntry] = Field(min_length=1)
+
+
+def read_models_file(path: Path) -> list[dict]:
+    """The entries of a --models-file (YAML, or JSON, which YAML reads too), checked; ValueError says what is
+    wrong."""
+    import yaml
+
+    try:
+        parsed = ModelsFile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read the models file: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"models file: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    return [entry.model_dump() for entry in parsed.models]
 
 
 class IceServer(BaseModel):
@@ -48,6 +82,7 @@ class Settings(BaseSettings):
     """Server and engine settings. Every field is also `--kebab-case` on the CLI and `WHISPER_UPPER_CASE` in the env."""
 
     model_config = SettingsConfigDict(env_prefix="WHISPER_", use_attribute_docstrings=True, extra="forbid")
+    _served: list[ServedModelSpec] | None = PrivateAttr(default=None)
 
     model: str = "tiny.en"
     """Model to load: a known name (tiny.en, base), a local directory or checkpoint, or a hub id. The default
@@ -55,6 +90,10 @@ class Settings(BaseSettings):
     extra_model: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """More models served beside --model, each in its own engine, repeatable: `SOURCE` (served as its public name,
     e.g. `base`) or `NAME=SOURCE`; a request's `model` says which one decodes it."""
+    models_file: Path | None = None
+    """A YAML or JSON file that lists the served models instead of --model / --extra-model: `models:`, each
+    `{model: SOURCE, name: ID, aliases: [...], ttl_s: SECONDS}` (only `model` needed), the first the default
+    (docs/deployment.md: several models)."""
     model_ttl_s: float = -1
     """Unload a model once it has been idle this many seconds (nothing queued or decoding), and load it again on
     its next request (which waits for it); its engine then runs in a process of its own, so that unloading gives
@@ -269,6 +308,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _distinct_model_ids(self) -> Settings:
+        if self.models_file is not None and (self.extra_model or "model" in self.model_fields_set):
+            raise ValueError("--models-file lists every served model: leave out --model and --extra-model")
         seen: set[str] = set()
         for spec in self.served_models():
             for model_id in spec.ids:
@@ -331,7 +372,7 @@ class Settings(BaseSettings):
     def model_id(self) -> str:
         """The id clients use for the default model: --served-model-name, else the model's name without any local
         path (a client must not learn where the weights sit on the server)."""
-        return self.served_model_name or public_model_name(self.model)
+        return self.served_models()[0].id
 
     @property
     def model_ids(self) -> list[str]:
@@ -340,17 +381,34 @@ class Settings(BaseSettings):
         return [model_id for spec in self.served_models() for model_id in spec.ids]
 
     def served_models(self) -> list[ServedModelSpec]:
-        """The default model, then the extra ones, each with the ids it answers to and its engine's config. Sharing
-        one GPU, they share its memory fraction equally (each engine plans within its share)."""
+        """The default model, then the extra ones (or the models file's), each with the ids it answers to, its TTL
+        and its engine's config. Sharing one GPU, they share its memory fraction equally (each engine plans within
+        its share). Worked out once: requests ask for the ids."""
+        if self._served is None:
+            self._served = self._served_models()
+        return self._served
+
+    def _served_models(self) -> list[ServedModelSpec]:
         config = self.engine_config()
-        specs = [(list(dict.fromkeys([self.model_id, WHISPER_1, *self.model_alias])), self.model)]
-        for entry in self.extra_model:
-            name, _, source = entry.rpartition("=")
-            specs.append(([name or public_model_name(source)], source))
-        if len(specs) > 1:
-            config = dataclasses.replace(config, gpu_memory_fraction=config.gpu_memory_fraction / len(specs),
+        if self.models_file is not None:
+            entries = read_models_file(self.models_file)
+        else:
+            entries = [{"model": self.model, "name": self.served_model_name}]
+            for entry in self.extra_model:
+                name, _, source = entry.rpartition("=")
+                entries.append({"model": source, "name": name or None})
+        if len(entries) > 1:
+            config = dataclasses.replace(config, gpu_memory_fraction=config.gpu_memory_fraction / len(entries),
                                          shared_gpu=True)  # fmt: skip
-        return [ServedModelSpec(ids, source, dataclasses.replace(config, model=source)) for ids, source in specs]
+        specs = []
+        for i, entry in enumerate(entries):
+            source = entry["model"]
+            ids = [entry.get("name") or public_model_name(source)]
+            if i == 0:
+                ids += [WHISPER_1, *self.model_alias]
+            ids = list(dict.fromkeys([*ids, *entry.get("aliases", [])]))
+            specs.append(ServedModelSpec(ids, source, dataclasses.replace(config, model=source), entry.get("ttl_s")))
+        return specs
 
     def api_keys(self) -> list[str]:
         """The accepted keys: --api-key plus the lines of --api-key-file."""

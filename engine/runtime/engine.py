@@ -212,6 +212,18 @@ class Engine(EngineFront):
             log.exception("engine loop died")
             self._error = exc
             self.requests.fail_all(exc)
+            return
+        # shut down: what it still holds, and what was submitted meanwhile, learns that it stopped (a server
+        # unloading a model answers those requests)
+        stopped = EngineDeadError("the engine was shut down")
+        self.requests.end_all(stopped)
+        while True:
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(msg, AddRequest):
+                msg.handle.emit(stopped)
 
     def step(self) -> None:
         """One turn of the loop: admit waiting windows, launch a decode step for every running sequence, read the

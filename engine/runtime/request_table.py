@@ -164,9 +164,13 @@ class RequestTable:
 
     def fail_all(self, exc: BaseException) -> None:
         """The loop died: every request it held learns why."""
+        self.end_all(EngineDeadError(f"engine failed: {exc!r}"))
+
+    def end_all(self, error: EngineError) -> None:
+        """Every request held ends with `error` (the loop died, or was shut down)."""
         handles = [handle for _, handle in self.transcriptions.values()]
         handles += [pending.handle for pending in self.features_pending]
         for handle in handles:
-            handle.emit(EngineDeadError(f"engine failed: {exc!r}"))
+            handle.emit(error)
         self.transcriptions.clear()
         self.features_pending.clear()

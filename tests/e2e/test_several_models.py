@@ -116,18 +116,21 @@ def states(server) -> dict[str, str]:
     return httpx.get(f"{server.url}/health").json()["models"]
 
 
-def test_models_load_on_demand_unload_when_idle_and_by_hand(data_dir):
-    """--model-ttl-s: nothing loaded at start; a request loads its model (and waits for it), which is unloaded once
-    idle that long, its memory given back; POST .../load and DELETE load and unload by hand, a DELETE refused
-    (409) while the model decodes unless forced."""
-    with RemoteServer("--model", "tiny.en", "--model", "base", "--model-ttl-s", "4") as remote:
+def test_models_load_on_demand_unload_when_idle_and_by_hand(data_dir, tmp_path):
+    """A models file gives base a TTL: not loaded at start; a request loads it (and waits for it), and it is
+    unloaded once idle that long, its memory given back. POST .../load and DELETE load and unload by hand, a
+    DELETE refused (409) while the model decodes unless forced."""
+    models_file = tmp_path / "models.yaml"
+    models_file.write_text("models:\n  - model: tiny.en\n    aliases: [fast]\n  - {model: base, ttl_s: 4}\n")
+    with RemoteServer("--models-file", str(models_file)) as remote:
         client = remote.client()
-        assert states(remote) == {"tiny.en": "unloaded", "base": "unloaded"}
+        assert [m.id for m in client.models.list().data] == ["tiny.en", "whisper-1", "fast", "base"]
+        assert states(remote) == {"tiny.en": "ready", "base": "unloaded"}
         idle_mib = tree_rss_mib(remote.proc.pid)
         with (data_dir / JFK).open("rb") as audio:
             jfk = audio.read()
         assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="base").text, JFK_WORDS)
-        assert states(remote) == {"tiny.en": "unloaded", "base": "ready"}
+        assert states(remote) == {"tiny.en": "ready", "base": "ready"}
         loaded_mib = tree_rss_mib(remote.proc.pid)
         assert loaded_mib > idle_mib + 100, (idle_mib, loaded_mib)  # base's engine process
         deadline = time.monotonic() + 30
@@ -138,8 +141,10 @@ def test_models_load_on_demand_unload_when_idle_and_by_hand(data_dir):
         # its memory went with its process (the server's own grows a little: the request, the engine's client side)
         assert unloaded_mib - idle_mib < (loaded_mib - idle_mib) / 4, (idle_mib, loaded_mib, unloaded_mib)
 
-        loaded = httpx.post(f"{remote.base_url}/models/tiny.en/load", timeout=120)
+        loaded = httpx.post(f"{remote.base_url}/models/base/load", timeout=120)
         assert loaded.status_code == 200 and loaded.json()["state"] == "ready"
+        unloaded = httpx.delete(f"{remote.base_url}/models/base", timeout=60)
+        assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
         assert httpx.post(f"{remote.base_url}/models/nope/load").json()["error"]["code"] == "model_not_found"
         long_clip = (data_dir / "g2_en_earnings22_4482311_3-62s.wav").read_bytes()
         outcome: dict = {}
@@ -163,3 +168,5 @@ def test_models_load_on_demand_unload_when_idle_and_by_hand(data_dir):
         thread.join(timeout=120)
         assert outcome == {"status": 503}  # the request it held, answered
         assert states(remote) == {"tiny.en": "unloaded", "base": "unloaded"}
+        # unloaded by hand, tiny.en loads again on its next request
+        assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="fast").text, JFK_WORDS)
