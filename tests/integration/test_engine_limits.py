@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine import DecodeBudgetExceededError, DecodeOptions, Engine, EngineConfig, EngineOverloadedError
-from engine.request import RequestAbortedError
+from engine.request import EngineDeadError, RequestAbortedError
 
 JFK = "g1_en_jfk.flac"
 DERAILING = bytes(range(128, 256)).decode("latin-1")  # invalid UTF-8 as a form field delivers it
@@ -114,3 +114,17 @@ def test_prompts_are_tokenized_and_cut_by_submit(tiny_engine, load_clip):
     audio = load_clip(JFK)
     tail = "word " * 300
     assert tiny_engine.transcribe(audio, options).text == tiny_engine.transcribe(audio, DecodeOptions(prompt=tail)).text
+
+
+def test_a_shut_down_engine_answers_every_request_it_held(tiny_engine, load_clip):
+    """Shutting an engine down (a server unloading its model) ends the request decoding and the one waiting for
+    the slot with EngineDeadError: none is left without an answer."""
+    engine = Engine(EngineConfig(model="tiny.en", device="cpu", max_num_seqs=1))
+    engine.start()
+    audio = load_clip("g1_en_librispeech-test-clean_1221-135766-0001.wav")
+    decoding, waiting = engine.submit(audio, DecodeOptions()), engine.submit(audio, DecodeOptions())
+    wait_for(lambda: engine.stats().num_running == 1)
+    engine.shutdown()
+    for handle in (decoding, waiting):
+        with pytest.raises(EngineDeadError, match="shut down"):
+            handle.wait(timeout=30)
