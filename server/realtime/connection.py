@@ -458,6 +458,8 @@ class Connection:
         elif early is not None:  # the session's prompt or language changed meanwhile
             self._abort_early(early)
         if handle is None:
+            with contextlib.suppress(APIError):  # a model loading on demand is waited for (_submit says the rest)
+                await self.models.ready(self.session.model)
             try:
                 handle = self._submit(audio, options)
             except EngineError as exc:

@@ -170,3 +170,24 @@ def test_models_load_on_demand_unload_when_idle_and_by_hand(data_dir, tmp_path):
         assert states(remote) == {"tiny.en": "unloaded", "base": "unloaded"}
         # unloaded by hand, tiny.en loads again on its next request
         assert contains_words(client.audio.transcriptions.create(file=(JFK, jfk), model="fast").text, JFK_WORDS)
+
+
+def test_a_realtime_turn_waits_for_its_model_to_load(data_dir, tmp_path):
+    """A session on a model that loads on demand (a TTL): its first turn's transcript comes once the model is
+    loaded, not a failure."""
+    models_file = tmp_path / "models.json"
+    models_file.write_text('{"models": [{"model": "tiny.en"}, {"model": "base", "ttl_s": 60}]}')
+    with RemoteServer("--models-file", str(models_file)) as remote:
+        assert states(remote)["base"] == "unloaded"
+        pcm = pcm24k(data_dir / JFK)
+        with remote.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            assert conn.recv().type == "session.created"
+            conn.session.update(session={"type": "transcription", "audio": {"input": {
+                "turn_detection": None, "transcription": {"model": "base"}}}})  # fmt: skip
+            for piece in chunks(pcm, 48):
+                conn.input_audio_buffer.append(audio=piece)
+            conn.input_audio_buffer.commit()
+            done = next(ev for ev in conn if ev.type.startswith("conversation.item.input_audio_transcription.") and
+                        not ev.type.endswith(".delta"))  # fmt: skip
+        assert done.type.endswith(".completed") and contains_words(done.transcript, JFK_WORDS)
+        assert states(remote)["base"] == "ready"
