@@ -34,13 +34,15 @@ class Metrics:
             registry=self.registry,
         )
         self.audio_seconds = Counter(
-            "whisper_audio_seconds", "Seconds of audio transcribed or translated.", ["task"], registry=self.registry
-        )
+            "whisper_audio_seconds", "Seconds of audio transcribed or translated, by task and served model.",
+            ["task", "model"], registry=self.registry,
+        )  # fmt: skip
         # Under load a new request waits for a slot and an encoder batch while running ones keep decoding:
         # this is the latency that scheduling trades against throughput.
         self.time_to_first_token = Histogram(
             "whisper_time_to_first_token_seconds",
-            "Seconds from a request reaching the engine to its first decoded token.",
+            "Seconds from a request reaching the engine to its first decoded token, by served model.",
+            ["model"],
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
@@ -124,10 +126,11 @@ class Metrics:
             ["engine", "name"], registry=self.registry,
         )  # fmt: skip
 
-    def observe_result(self, task: Task, result: TranscriptionResult) -> None:
-        self.audio_seconds.labels(task.value).inc(result.duration)
+    def observe_result(self, task: Task, result: TranscriptionResult, *, model: str) -> None:
+        """A request's result, counted for `model` (the served model's own id, whatever alias the request named)."""
+        self.audio_seconds.labels(task.value, model).inc(result.duration)
         if result.time_to_first_token is not None:
-            self.time_to_first_token.observe(result.time_to_first_token)
+            self.time_to_first_token.labels(model).observe(result.time_to_first_token)
 
     def render(
         self, stats: EngineStats | None, members: list[tuple[int | str, EngineStats | None]] | None = None

@@ -34,6 +34,7 @@ async def _serve(
 ) -> Response:
     params = await parse_transcription(request, settings, task)
     engine = await models.ready(params.model)
+    served = models.find(params.model).id  # the metrics' model label
     diarized_json = params.response_format is ResponseFormat.DIARIZED_JSON
     diarize = diarized_json or params.diarize  # diarize: verbose_json's segments labelled with speakers
     channels = None
@@ -56,7 +57,7 @@ async def _serve(
     if channels is not None:
         result, segments, per_channel = await transcribe_channels(engine, channels, options, request, drain)
         for r in per_channel:
-            metrics.observe_result(task, r)
+            metrics.observe_result(task, r, model=served)
         body = render(result, params.response_format, task, diarized=(segments, {}))
         return Response(body.content, media_type=body.media_type)
     handle = submit(engine, audio, options, drain)
@@ -66,7 +67,7 @@ async def _serve(
         turns = asyncio.create_task(request.app.state.diarizer.diarize(audio, known, params.speaker_count))
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if params.stream:
-        on_done = partial(metrics.observe_result, task)
+        on_done = partial(metrics.observe_result, task, model=served)
         if turns is not None:
             return sse_response(handle, diarized_events(handle, turns, on_done, drain), drain)
         events = transcript_events(handle, on_done, drain, params.logprobs)
@@ -77,7 +78,7 @@ async def _serve(
         if turns is not None:
             turns.cancel()
         raise
-    metrics.observe_result(task, result)
+    metrics.observe_result(task, result, model=served)
     diarized = labels = None
     if turns is not None:
         speakers = await turns

@@ -110,6 +110,7 @@ async def create_chat_completion(request: Request, models: ModelsDep, settings: 
     chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, body)
     check_model(chat.model, settings)
     engine = await models.ready(chat.model)
+    served = models.find(chat.model).id  # the metrics' model label
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None
@@ -122,9 +123,9 @@ async def create_chat_completion(request: Request, models: ModelsDep, settings: 
     del audio  # the engine has the samples: hours of audio are not held twice while it decodes
     if chat.stream:
         include_usage = chat.stream_options is not None and chat.stream_options.include_usage
-        on_done = partial(metrics.observe_result, task)
+        on_done = partial(metrics.observe_result, task, model=served)
         chunks = completion_chunks(answer, handle, chat.token_limit, include_usage, on_done, drain)
         return sse_response(handle, chunks, drain)
     result = await wait_result(handle, request, drain)
-    metrics.observe_result(task, result)
+    metrics.observe_result(task, result, model=served)
     return answer.completion(result, chat.token_limit)

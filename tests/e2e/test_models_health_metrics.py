@@ -48,7 +48,7 @@ def test_metrics_after_a_request(server, data_dir):
         and 'status="200"' in ln
     )
     assert float(line.split()[-1]) >= 1
-    audio = next(ln for ln in text.splitlines() if ln.startswith('whisper_audio_seconds_total{task="transcribe"}'))
+    audio = next(ln for ln in text.splitlines() if ln.startswith('whisper_audio_seconds_total{model="tiny.en",task="transcribe"}'))
     assert float(audio.split()[-1]) >= 11
 
 
@@ -83,7 +83,9 @@ def test_time_to_first_token_histogram(server, data_dir):
     def histogram() -> tuple[float, float]:
         lines = httpx.get(f"{server.url}/metrics").text.splitlines()
         value = {ln.split()[0]: float(ln.split()[-1]) for ln in lines if ln.startswith("whisper_time_to_first_token")}
-        return value["whisper_time_to_first_token_seconds_count"], value["whisper_time_to_first_token_seconds_sum"]
+        labels = '{model="tiny.en"}'  # the served model's id, whatever alias the request named
+        count = value.get(f"whisper_time_to_first_token_seconds_count{labels}", 0.0)
+        return count, value.get(f"whisper_time_to_first_token_seconds_sum{labels}", 0.0)
 
     count, total = histogram()
     start = time.perf_counter()

@@ -55,6 +55,8 @@ def test_each_request_is_decoded_by_the_model_it_names(two_models, data_dir):
     for model in ("tiny.en", "whisper-1", "base"):
         text = client.audio.transcriptions.create(file=(JFK, jfk), model=model).text
         assert contains_words(text, JFK_WORDS), (model, text)
+    for model in ("tiny.en", "base"):  # whisper-1's request counts for tiny.en, the model it names
+        assert metric(two_models, "whisper_audio_seconds_total", f'{{model="{model}",task="transcribe"}}') >= 11
     # base is multilingual: it translates German; tiny.en is English-only and says so
     with (data_dir / GERMAN).open("rb") as audio:
         german = audio.read()

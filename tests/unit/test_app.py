@@ -229,7 +229,7 @@ def test_metrics_count_requests_engine_gauges_and_audio_seconds():
     assert 'whisper_http_requests_total{method="POST",route="/v1/audio/transcriptions",status="404"} 1.0' in text
     assert 'route="unmatched",status="404"' in text
     assert "whisper_queue_depth 3.0" in text and "whisper_running_sequences 2.0" in text
-    assert 'whisper_audio_seconds_total{task="transcribe"} 2.0' in text
+    assert 'whisper_audio_seconds_total{model="tiny.en",task="transcribe"} 2.0' in text
     assert 'whisper_http_request_duration_seconds_count{route="/v1/audio/transcriptions"} 2.0' in text
 
 
@@ -240,7 +240,7 @@ def test_two_apps_have_separate_registries():
             return (await other.get("/metrics")).text
 
     text = run(body())
-    assert 'whisper_audio_seconds_total{task="transcribe"}' not in text
+    assert 'whisper_audio_seconds_total{model="tiny.en",task="transcribe"}' not in text
     assert 'route="/v1/audio/transcriptions"' not in text
 
 
