@@ -90,6 +90,23 @@ def words_changed(sent: list[str], heard: list[str]) -> int:
     return len(sent) - sum(block.size for block in blocks)
 
 
+def stream_in_real_time(ws, stream: bytes, delay: str | None, read) -> tuple[threading.Thread, list[float]]:
+    """The session's `delay` set, `read` started in a thread, then `stream` appended in CHUNK_MS chunks paced at
+    real time: the reader, and when each chunk was sent."""
+    if delay is not None:
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+            "input": {"transcription": {"delay": delay}}}}}))  # fmt: skip
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    start = time.perf_counter()
+    sent = []
+    for i, piece in enumerate(chunks(stream, 48)):
+        time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
+        sent.append(time.perf_counter())
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+    return reader, sent
+
+
 def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, delay: str | None = None) -> None:
     from websockets.sync.client import connect
 
@@ -124,20 +141,14 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
                     elif event["type"] == "error":
                         raise RuntimeError(event["error"]["message"])
 
-            if delay is not None:
-                ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-                    "input": {"transcription": {"delay": delay}}}}}))  # fmt: skip
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            start = time.perf_counter()
-            for i, piece in enumerate(chunks(stream, 48)):
-                time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
-                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+            reader, sent = stream_in_real_time(ws, stream, delay, read)
+            start = sent[0]
+            for i, at in enumerate(sent):
                 offset = i * step
                 if offset <= 24000 < offset + step:
-                    times["speech_start"] = time.perf_counter()
+                    times["speech_start"] = at
                 if offset < speech_end_offset <= offset + step:
-                    times["speech_end"] = time.perf_counter()
+                    times["speech_end"] = at
             reader.join(timeout=120)
             if "completed" not in times:
                 raise RuntimeError("no completed transcript")
@@ -204,15 +215,8 @@ def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[
                     elif kind == "conversation.item.input_audio_transcription.completed":
                         turn["completed"], turn["transcript"] = now, event["transcript"]
 
-            if delay is not None:
-                ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-                    "input": {"transcription": {"delay": delay}}}}}))  # fmt: skip
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            start = time.perf_counter()
-            for i, piece in enumerate(chunks(bytes(stream), 48)):
-                time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
-                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+            reader, sent = stream_in_real_time(ws, bytes(stream), delay, read)
+            start = sent[0]
             done.set()
             reader.join(timeout=180)
             for turn in items.values():
