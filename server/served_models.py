@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from engine import EngineError, EngineLike, resolve_device
+from engine import EngineError, EngineLike, EngineStats, resolve_device
 
 from .errors import APIError
 from .metrics import Metrics
@@ -57,15 +57,20 @@ class ServedModel:
             return "loading"
         return "ready" if self.engine.is_alive else "down"
 
+    def stats(self) -> EngineStats | None:
+        """Its engine's stats (a round trip to its process, if it has one); None while it is not running."""
+        engine = self.engine
+        if engine is None or not engine.is_alive:
+            return None
+        try:
+            return engine.stats()
+        except EngineError:  # it died meanwhile
+            return None
+
     def busy(self) -> bool:
         """Whether its engine holds requests (queued or decoding)."""
-        if self.engine is None or not self.engine.is_alive:
-            return False
-        try:
-            stats = self.engine.stats()
-        except EngineError:
-            return False
-        return stats.num_waiting + stats.num_running > 0
+        stats = self.stats()
+        return stats is not None and stats.num_waiting + stats.num_running > 0
 
 
 class ServedModels:
@@ -107,7 +112,7 @@ class ServedModels:
         """engine(), once an unloaded or loading model is loaded (a 503 if that takes longer than
         --model-load-timeout-s)."""
         model = self.default if model_id is None else self.find(model_id)
-        if model.unloaded or model.state == "loading" and model.loading is not None:
+        if model.unloaded or (model.state == "loading" and model.loading is not None):
             task = self.start_loading(model)
             try:
                 await asyncio.wait_for(asyncio.shield(task), self.settings.model_load_timeout_s)

@@ -57,6 +57,13 @@ def base64_size(data: str) -> int:
     return len(data) * 3 // 4 - data[-2:].count("=")
 
 
+def samples_of(frames: list[av.AudioFrame]) -> np.ndarray:
+    """The resampler's mono float frames as one array of 16 kHz samples."""
+    if not frames:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
+
+
 class InputAudio:
     """One stream of input audio: append() returns the 16 kHz samples its bytes complete, flush() the rest at the
     end of a turn (the resampler then starts afresh)."""
@@ -89,20 +96,14 @@ class InputAudio:
         if whole == 0:
             return np.zeros(0, dtype=np.float32)
         frames = self._decoder.decode(av.Packet(data[:whole]))
-        return self._resampled([f for frame in frames for f in self._resampler.resample(frame)])
+        return samples_of([f for frame in frames for f in self._resampler.resample(frame)])
 
     def flush(self) -> np.ndarray:
         """The samples the resampler still holds; the stream starts over (a new turn)."""
-        out = self._resampled(self._resampler.resample(None))
+        out = samples_of(self._resampler.resample(None))
         self._pending = b""
         self._open()
         return out
-
-    @staticmethod
-    def _resampled(frames: list[av.AudioFrame]) -> np.ndarray:
-        if not frames:
-            return np.zeros(0, dtype=np.float32)
-        return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
 
 
 class TrackAudio:
@@ -113,7 +114,7 @@ class TrackAudio:
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
 
     def resample(self, frames: list[av.AudioFrame]) -> np.ndarray:
-        return InputAudio._resampled([out for frame in frames for out in self._resampler.resample(frame)])
+        return samples_of([out for frame in frames for out in self._resampler.resample(frame)])
 
 
 def resample_tracks(work: list[tuple[TrackAudio, list[av.AudioFrame]]]) -> list[np.ndarray | Exception]:

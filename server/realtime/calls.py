@@ -5,7 +5,6 @@ stops."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 
 from .webrtc import Call
@@ -43,5 +42,4 @@ class Calls:
         for call in list(self.calls.values()):
             await call.close()
         if self.tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait(self.tasks, timeout=5)
+            await asyncio.wait(self.tasks, timeout=5)

@@ -65,13 +65,4 @@ async def metrics(request: Request, metrics: MetricsDep) -> Response:
 
 
 def _model_stats(models: ServedModels) -> list[tuple[str, EngineStats | None]]:
-    out = []
-    for model in models.models:
-        stats = None
-        if model.state == "ready":
-            try:
-                stats = model.engine.stats()
-            except EngineError:
-                stats = None
-        out.append((model.id, stats))
-    return out
+    return [(model.id, model.stats()) for model in models.models]
