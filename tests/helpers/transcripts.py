@@ -57,6 +57,21 @@ def contains_words(text: str, expected: list[str]) -> bool:
     return any(got[i : i + n] == expected for i in range(len(got) - n + 1))
 
 
+def word_errors_within(text: str, expected: list[str]) -> int:
+    """The fewest word substitutions, insertions and deletions that turn some contiguous run of `text`'s words into
+    `expected` (an edit distance where the run may start and end anywhere)."""
+    got = words(text)
+    previous = list(range(len(expected) + 1))  # against the empty run: every expected word deleted
+    best = previous[-1]
+    for word in got:
+        row = [0]  # a run may start at any word
+        for j, want in enumerate(expected, start=1):
+            row.append(min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (word != want)))
+        best = min(best, row[-1])
+        previous = row
+    return best
+
+
 _APOSTROPHES = re.compile(r"['\u2018\u2019\u02bc`]")
 
 
