@@ -37,6 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TranscriptionResult", "Word",
     ),
     "engine.model.sources": ("ModelNotFoundError", "check_model", "known_names"),
+    "engine.model.lora": ("AdapterError",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -65,6 +65,12 @@ class EngineConfig:
     multi_step: int | None = None
     # Which kernels the backends use (engine/kernels/options.py); the defaults are the fastest measured.
     kernels: KernelOptions = field(default_factory=KernelOptions)
+    # LoRA adapters (PEFT directories) loaded at start, (name, folder) each; requests name one in
+    # DecodeOptions.adapter, and rows of different adapters decode in the same batch (engine/model/lora.py)
+    loras: tuple[tuple[str, str], ...] = ()
+    # The most adapters resident at once, those above included (adapters added at run time count); 0: as many
+    # as `loras` holds
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -91,3 +97,9 @@ class EngineConfig:
             raise ValueError(f"multi_step must be >= 1, got {self.multi_step}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.max_loras < 0 or (self.max_loras and len(self.loras) > self.max_loras):
+            raise ValueError(
+                f"max_loras must be >= 0 and hold the {len(self.loras)} adapters given, got {self.max_loras}"
+            )
+        if len({name for name, _ in self.loras}) != len(self.loras):
+            raise ValueError("each adapter needs a name of its own")

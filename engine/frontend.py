@@ -62,6 +62,8 @@ class EngineLike(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def change_adapter(self, name: str, folder: str | None) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -82,6 +84,7 @@ class EngineFront:
     tokenizer: Tokenizer
     n_text_ctx: int  # the decoder's context (self-attention cache length), which bounds a prompt
     num_slots: int  # sequences decoded at once, which bounds a window's beams
+    adapter_names: frozenset[str] = frozenset()  # the LoRA adapters resident (DecodeOptions.adapter)
 
     @property
     def model_name(self) -> str:
@@ -150,6 +153,8 @@ class EngineFront:
                 f"beam_size {options.beam_size} is more than the {self.num_slots} sequences this server decodes at once",
                 "beam_size",
             )
+        if options.adapter is not None and options.adapter not in self.adapter_names:
+            raise InvalidRequestError(f"The adapter {options.adapter!r} is not loaded", "model")
         if options.task == Task.TRANSLATE and not tok.is_multilingual:
             raise InvalidRequestError("This model is English-only and cannot translate", "model")
 

@@ -33,6 +33,18 @@ class AbortRequest:
     request_id: str
 
 
+@dataclass(slots=True)
+class ChangeAdapter:
+    """Load a LoRA adapter from `folder`, or remove it (folder None), between two steps; `done` gets None or the
+    AdapterError that says why not. Also what the parent sends an engine process, with a token for the reply
+    (AdapterChanged) in place of `done`."""
+
+    name: str
+    folder: str | None
+    done: Any = None  # concurrent.futures.Future in the loop's inbox
+    token: int = 0
+
+
 # ---- parent -> engine process (engine_process.py) -----------------------------------------------------------
 
 
@@ -68,6 +80,7 @@ class Ready:
     tokenizer: Tokenizer
     n_text_ctx: int
     num_slots: int
+    adapter_names: frozenset[str]
 
 
 @dataclass(slots=True)
@@ -97,6 +110,12 @@ class Event:
 class Stats:
     token: int
     stats: EngineStats
+
+
+@dataclass(slots=True)
+class AdapterChanged:
+    token: int
+    error: str | None  # why the change was refused (the AdapterError's message)
 
 
 @dataclass(slots=True)

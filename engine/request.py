@@ -92,6 +92,8 @@ class DecodeOptions:
     keyword_bias: float = 1.0
     keywords_in_prompt: bool = False
     keyword_prompt: tuple[int, ...] | None = None
+    # The LoRA adapter the request decodes with (a name the engine has loaded); None: the base model.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not self.temperatures:

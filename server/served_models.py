@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,11 @@ class ServedModel:
     @property
     def id(self) -> str:
         return self.spec.id
+
+    @property
+    def adapters(self) -> list[str]:
+        """Its LoRA adapters' names, which requests name as their model."""
+        return self.spec.adapters
 
     @property
     def state(self) -> str:
@@ -83,7 +89,7 @@ class ServedModels:
             ttl_s = settings.model_ttl_s if spec.ttl_s is None else spec.ttl_s
             self.models.append(ServedModel(spec, ttl_s, unloaded=ttl_s >= 0))
         self.models[0].engine = engine
-        self.by_id = {model_id: model for model in self.models for model_id in model.spec.ids}
+        self.by_id = {model_id: model for model in self.models for model_id in [*model.spec.ids, *model.adapters]}
         self.ttl_watch: asyncio.Task | None = None
 
     @property
@@ -93,6 +99,11 @@ class ServedModels:
     def find(self, model_id: str) -> ServedModel:
         """The model of that id (the routes have checked that it is one: parsing.fields.check_model)."""
         return self.by_id[model_id]
+
+    def adapter(self, model_id: str | None) -> str | None:
+        """The LoRA adapter a request for `model_id` decodes with: the id itself where it names one, else None."""
+        model = None if model_id is None else self.by_id.get(model_id)
+        return model_id if model is not None and model_id in model.adapters else None
 
     def engine(self, model_id: str | None = None) -> EngineLike:
         """The running engine of the model requests name `model_id` (the default's for None); a 503 while it
@@ -196,6 +207,46 @@ class ServedModels:
                 elif time.monotonic() - model.last_used >= model.ttl_s:
                     logger.info("%s idle for %g s: unloading it", model.id, model.ttl_s)
                     await self.unload(model)
+
+    # ---- LoRA adapters added and removed at run time -----------------------------------------------------------
+
+    async def add_adapter(self, model: ServedModel, name: str, folder: str) -> None:
+        """Load a PEFT adapter directory on the model (loaded first if it is not), served as `name` from then on,
+        also after a restart or a reload of its engine; APIError if the name is taken or the adapter refused."""
+        if name in self.by_id:
+            raise APIError(409, f"The model '{name}' already exists.", param="id", code="model_exists")
+        engine = await self.ready(model.id)
+        await self._change_adapter(engine, name, folder)
+        self._respec(model, (*model.spec.config.loras, (name, folder)))
+        logger.info("adapter %r added to %s", name, model.id)
+
+    async def remove_adapter(self, model: ServedModel, name: str) -> None:
+        """Unload the adapter: a 409 while requests use it."""
+        engine = model.engine
+        if engine is not None and engine.is_alive:
+            await self._change_adapter(engine, name, None, busy_status=409)
+        self._respec(model, tuple((n, f) for n, f in model.spec.config.loras if n != name))
+        logger.info("adapter %r removed from %s", name, model.id)
+
+    @staticmethod
+    async def _change_adapter(engine: EngineLike, name: str, folder: str | None, busy_status: int = 400) -> None:
+        from engine import AdapterError
+
+        try:
+            await asyncio.to_thread(engine.change_adapter, name, folder)
+        except AdapterError as exc:
+            code = "model_busy" if folder is None else "invalid_adapter"
+            raise APIError(busy_status, f"{exc}.", param="id" if folder is None else "adapter", code=code) from None
+
+    def _respec(self, model: ServedModel, loras: tuple[tuple[str, str], ...]) -> None:
+        """The model's served description with these adapters: what its ids, its listing and its next engine
+        (a restart, a reload) go by."""
+        spec = dataclasses.replace(model.spec, config=dataclasses.replace(model.spec.config, loras=loras))
+        self.settings.replace_served(model.spec, spec)
+        model.spec = spec
+        if model.supervisor is not None:
+            model.supervisor.config = spec.config
+        self.by_id = {i: m for m in self.models for i in [*m.spec.ids, *m.adapters]}
 
     async def shutdown(self) -> None:
         if self.ttl_watch is not None:

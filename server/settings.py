@@ -32,6 +32,11 @@ class ServedModelSpec:
     ttl_s: float | None = None
 
     @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters loaded on it at start, by the name requests give as their model."""
+        return [name for name, _ in self.config.loras]
+
+    @property
     def id(self) -> str:
         return self.ids[0]
 
@@ -45,6 +50,7 @@ class ModelEntry(BaseModel):
     name: str | None = None
     aliases: list[str] = Field(default_factory=list)
     ttl_s: float | None = None
+    loras: dict[str, str] = Field(default_factory=dict)  # adapter name -> PEFT directory
 
 
 class ModelsFile(BaseModel):
@@ -92,8 +98,18 @@ class Settings(BaseSettings):
     e.g. `base`) or `NAME=SOURCE`; a request's `model` says which one decodes it."""
     models_file: Path | None = None
     """A YAML or JSON file that lists the served models instead of --model / --extra-model: `models:`, each
-    `{model: SOURCE, name: ID, aliases: [...], ttl_s: SECONDS}` (only `model` needed), the first the default
-    (docs/deployment.md: several models)."""
+    `{model: SOURCE, name: ID, aliases: [...], ttl_s: SECONDS, loras: {NAME: PATH}}` (only `model` needed), the
+    first the default (docs/deployment.md: several models)."""
+    lora: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """A LoRA adapter of the default model, repeatable: `NAME=PATH`, PATH a PEFT adapter directory
+    (adapter_config.json and adapter_model.safetensors); a request whose `model` is NAME decodes with it, in the
+    same batches as the model's other requests."""
+    lora_dir: Path | None = None
+    """The folder adapters added at run time come from: `POST /v1/models` (behind the API key) names a PEFT
+    directory inside it. None: no adapter is added at run time."""
+    max_loras: int = Field(default=0, ge=0)
+    """The most adapters each model keeps loaded, those added at run time (POST /v1/models) included; 0: the
+    number given at start, and none can be added."""
     model_ttl_s: float = -1
     """Unload a model once it has been idle this many seconds (nothing queued or decoding), and load it again on
     its next request (which waits for it); its engine then runs in a process of its own, so that unloading gives
@@ -288,7 +304,7 @@ class Settings(BaseSettings):
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
 
-    @field_validator("api_key", "cors_origins", "model_alias", "extra_model", mode="before")
+    @field_validator("api_key", "cors_origins", "model_alias", "extra_model", "lora", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         """`WHISPER_API_KEY=a,b` as well as `--api-key a --api-key b`."""
@@ -310,9 +326,17 @@ class Settings(BaseSettings):
     def _distinct_model_ids(self) -> Settings:
         if self.models_file is not None and (self.extra_model or "model" in self.model_fields_set):
             raise ValueError("--models-file lists every served model: leave out --model and --extra-model")
+        if self.models_file is not None and self.lora:
+            raise ValueError("--models-file lists each model's adapters (loras:): leave out --lora")
+        if self.lora_dir is not None and not self.max_loras:
+            raise ValueError("--lora-dir adds adapters at run time: set --max-loras, the most each model keeps")
+        for entry in self.lora:
+            name, _, path = entry.partition("=")
+            if not name or not path:
+                raise ValueError(f"--lora takes NAME=PATH, got {entry!r}")
         seen: set[str] = set()
         for spec in self.served_models():
-            for model_id in spec.ids:
+            for model_id in [*spec.ids, *spec.adapters]:
                 if not model_id or model_id in seen:
                     raise ValueError(f"two served models answer to {model_id!r}: name them (--extra-model NAME=SOURCE)")
                 seen.add(model_id)
@@ -377,8 +401,8 @@ class Settings(BaseSettings):
     @property
     def model_ids(self) -> list[str]:
         """Every id requests may name: the default model's (model_id, `whisper-1`, the aliases), then each extra
-        model's, in that order."""
-        return [model_id for spec in self.served_models() for model_id in spec.ids]
+        model's, in that order, each model's adapters after its ids."""
+        return [model_id for spec in self.served_models() for model_id in [*spec.ids, *spec.adapters]]
 
     def served_models(self) -> list[ServedModelSpec]:
         """The default model, then the extra ones (or the models file's), each with the ids it answers to, its TTL
@@ -388,12 +412,18 @@ class Settings(BaseSettings):
             self._served = self._served_models()
         return self._served
 
+    def replace_served(self, old: ServedModelSpec, new: ServedModelSpec) -> None:
+        """A served model described anew: its adapters changed at run time (served_models.py)."""
+        served = self.served_models()
+        served[served.index(old)] = new
+
     def _served_models(self) -> list[ServedModelSpec]:
         config = self.engine_config()
         if self.models_file is not None:
             entries = read_models_file(self.models_file)
         else:
-            entries = [{"model": self.model, "name": self.served_model_name}]
+            loras = dict(entry.partition("=")[::2] for entry in self.lora)
+            entries = [{"model": self.model, "name": self.served_model_name, "loras": loras}]
             for entry in self.extra_model:
                 name, _, source = entry.rpartition("=")
                 entries.append({"model": source, "name": name or None})
@@ -407,7 +437,9 @@ class Settings(BaseSettings):
             if i == 0:
                 ids += [WHISPER_1, *self.model_alias]
             ids = list(dict.fromkeys([*ids, *entry.get("aliases", [])]))
-            specs.append(ServedModelSpec(ids, source, dataclasses.replace(config, model=source), entry.get("ttl_s")))
+            loras = tuple((entry.get("loras") or {}).items())
+            model_config = dataclasses.replace(config, model=source, loras=loras)
+            specs.append(ServedModelSpec(ids, source, model_config, entry.get("ttl_s")))
         return specs
 
     def api_keys(self) -> list[str]:

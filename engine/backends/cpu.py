@@ -16,6 +16,7 @@ sequences' attentions do; they read every projection input-major.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.backends.base import DecodeBackend
@@ -24,7 +25,8 @@ from engine.kernels.cpu_kernels import COLS, CpuKernels, QuantizedWeight
 from engine.kernels.cpu_team import TeamSize
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
-from engine.model.layer_ops import linear, norm
+from engine.model.layer_ops import norm
+from engine.model.lora import Adapters
 from engine.model.whisper import TextDecoder, Whisper
 
 VOCAB_CHUNKS = 8  # column blocks of the one-row vocabulary projection
@@ -74,6 +76,8 @@ class CpuNativeBackend(CpuTorchBackend):
         # int8 copies of the products a lone sequence's step reads (KernelOptions.cpu_int8_weights), by weight
         self.int8: dict[int, QuantizedWeight] = {}
         self.vocab_int8: QuantizedWeight | None = None
+        self.adapters: Adapters | None = None  # use_adapters
+        self.adapter_names: dict[int, str | tuple[str, ...]] = {}
         if kernels.cpu_int8_weights:
             # laid out for the integer dot products where the CPU has them (and every product's inputs come in 4s)
             dot = kernels.cpu_int8_dot and native.vnni
@@ -85,12 +89,28 @@ class CpuNativeBackend(CpuTorchBackend):
             columns = -(-embedding.shape[0] // COLS) * COLS
             self.vocab_int8 = QuantizedWeight.of(embedding.t(), columns, interleave=dot and embedding.shape[1] % 4 == 0)
 
+    def use_adapters(self, adapters: Adapters, names: dict[int, str | tuple[str, ...]]) -> None:
+        """Add the rows' LoRA deltas to the products of the native steps too (engine/model/lora.py)."""
+        self.adapters, self.adapter_names = adapters, names
+
     def _linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
         """One row's product with a decoder weight (out, in), from its int8 copy when there is one."""
         q = self.int8.get(id(weight))
         if q is not None:
-            return self.native.linear_q8(x, q, bias, **fused)
-        return self.native.linear(x, weight.t(), bias, **fused)
+            return self._adapted(self.native.linear_q8, x, q, weight, bias, **fused)
+        return self._adapted(self.native.linear, x, weight.t(), weight, bias, **fused)
+
+    def _adapted(self, product, x: Tensor, stored, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
+        """product(x, stored, bias, **fused) plus the rows' adapter deltas, where a row of the pass uses an adapter
+        on this weight: their input is the normalised x where the kernel normalises it, and GELU comes after them."""
+        name = self.adapter_names.get(id(weight)) if self.adapters is not None and self.adapters.active else None
+        if name is None:
+            return product(x, stored, bias, **fused)
+        gelu = fused.pop("gelu", False)
+        y = product(x, stored, bias, **fused)
+        ln = fused.get("norm")
+        y = self.adapters.add_to(y, name, x if ln is None else norm(ln, x))
+        return F.gelu(y) if gelu else y
 
     def projection(self, hidden: Tensor) -> Tensor:
         rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
@@ -151,17 +171,18 @@ class CpuNativeBackend(CpuTorchBackend):
         cross_slots, _ = cache.cross_slots_of(slot_start, b)  # each row's window's cross slot
         x = x.reshape(b, -1)
         if not self.kernels.cpu_decode_rows:
+            ops = self.decoder.ops
             for i, block in enumerate(self.decoder.blocks):
                 attn = block.attn
-                qkv = attn.qkv(norm(block.attn_ln, x))
+                qkv = ops.qkv(attn, norm(block.attn_ln, x))
                 k, v = cache.self_k_layers[i][slots], cache.self_v_layers[i][slots]
-                x = x + linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
+                x = x + ops.linear(attn.out, kernels.attend_rows(qkv, k, v, k.shape[2], positions=pos))
                 cross = block.cross_attn
-                q = linear(cross.query, norm(block.cross_attn_ln, x))
+                q = ops.linear(cross.query, norm(block.cross_attn_ln, x))
                 k, v, _, _ = cache.cross_layer(i, slice(None))
                 o = kernels.attend_rows(q, k, v, k.shape[2], cross_slots=cross_slots, lengths=cache.cross_lengths)
-                x = x + linear(cross.out, o)
-                x = x + block.feed_forward(norm(block.mlp_ln, x))
+                x = x + ops.linear(cross.out, o)
+                x = x + block.feed_forward(norm(block.mlp_ln, x), ops)
             return norm(self.decoder.ln, x).view(b, 1, -1)
         rows = self._linear_rows
         for i, block in enumerate(self.decoder.blocks):
@@ -181,7 +202,7 @@ class CpuNativeBackend(CpuTorchBackend):
 
     def _linear_rows(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
         """Several rows' product with a decoder weight (out, in), each weight read once for all of them."""
-        return self.native.linear_rows(x, self.int8.get(id(weight), weight.t()), bias, **fused)
+        return self._adapted(self.native.linear_rows, x, self.int8.get(id(weight), weight.t()), weight, bias, **fused)
 
 
 def lay_out_for_cpu(decoder: TextDecoder, native: bool, vocab_chunks: int = VOCAB_CHUNKS) -> Tensor:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from engine.kernels.cpu_kernels import quantize_columns
 from engine.model.layer_ops import add_norm
+from engine.model.lora import Adapters
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -49,6 +50,7 @@ class Int8Blocks(nn.Module):
 
     def __init__(self, blocks: nn.ModuleList):
         super().__init__()
+        self.adapters: Adapters | None = None  # LoRA adapters whose deltas its products add (ModelRunner sets them)
         self.products = []
         for block in blocks:
             qkv, out, fc1, fc2 = block.take_products()
@@ -63,11 +65,24 @@ class Int8Blocks(nn.Module):
         b, t, n = x.shape
         heads = blocks[0].attn.n_head
         next_norms = [block.attn_ln for block in blocks[1:]] + [ln_post]
-        for block, (qkv, out, fc1, fc2), next_norm in zip(blocks, self.products, next_norms):
-            q, k, v = qkv(*quantize_rows(h.view(b * t, n))).view(b, t, 3, heads, n // heads).unbind(2)
+        adapters = self.adapters if self.adapters is not None and self.adapters.active else None
+
+        def adapt(y: Tensor, name: str | tuple[str, ...], inputs: Tensor) -> Tensor:
+            """y plus the windows' adapter deltas, computed from the float inputs (windows, time, in)"""
+            if adapters is not None:
+                adapters.add_to(y.view(b, t, -1), name, inputs.view(b, t, -1))
+            return y
+
+        for i, (block, (qkv, out, fc1, fc2), next_norm) in enumerate(zip(blocks, self.products, next_norms)):
+            names = [f"encoder.blocks.{i}.{p}" for p in ("attn.query", "attn.key", "attn.value", "attn.out", "mlp.0",
+                                                           "mlp.2")]  # fmt: skip
+            rows = h.view(b * t, n)
+            y = adapt(qkv(*quantize_rows(rows)), tuple(names[:3]), rows)
+            q, k, v = y.view(b, t, 3, heads, n // heads).unbind(2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             o = o.transpose(1, 2).reshape(b * t, n)
-            x, h = add_norm(x, out(*quantize_rows(o)).view(b, t, n), block.mlp_ln)
-            f = F.gelu(fc1(*quantize_rows(h.view(b * t, n))))
-            x, h = add_norm(x, fc2(*quantize_rows(f)).view(b, t, n), next_norm)
+            x, h = add_norm(x, adapt(out(*quantize_rows(o)), names[3], o).view(b, t, n), block.mlp_ln)
+            rows = h.view(b * t, n)
+            f = F.gelu(adapt(fc1(*quantize_rows(rows)), names[4], rows))
+            x, h = add_norm(x, adapt(fc2(*quantize_rows(f)), names[5], f).view(b, t, n), next_norm)
         return h

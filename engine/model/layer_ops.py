@@ -23,6 +23,7 @@ class LayerOps:
     linear_gelu: Callable[[nn.Linear, Tensor], Tensor]  # gelu(proj(x))
     attention: Callable[[Tensor, Tensor, Tensor], Tensor] = F.scaled_dot_product_attention  # unmasked (q, k, v)
     conv1d: Callable[[nn.Conv1d, Tensor], Tensor] = nn.Conv1d.__call__  # conv(x), x (batch, channels, time)
+    qkv: Callable[[nn.Module, Tensor], Tensor] = lambda attn, x: attn.qkv(x)  # [q | k | v] of a self-attention
 
 
 class Projection(NamedTuple):

@@ -15,7 +15,7 @@ from engine.model.ctranslate2 import load_ct2
 from engine.model.dims import DUMMY_DIMS, ModelDimensions, state_dict_shapes
 from engine.model.sources import ResolvedModel, resolve_model
 
-__all__ = ["Checkpoint", "ResolvedModel", "dummy_state_dict", "load_checkpoint", "resolve_model"]
+__all__ = ["Checkpoint", "ResolvedModel", "dummy_state_dict", "load_checkpoint", "openai_name", "resolve_model"]
 
 _HF_RENAMES = (
     (r"^(encoder|decoder)\.layers\.(\d+)\.", r"\1.blocks.\2."),
@@ -89,6 +89,14 @@ def dummy_state_dict(
     return state_dict
 
 
+def openai_name(hf_name: str) -> str:
+    """A transformers Whisper parameter's name (without its leading `model.`) as openai/whisper names it:
+    decoder.layers.3.self_attn.q_proj.weight -> decoder.blocks.3.attn.query.weight."""
+    for pattern, replacement in _HF_RENAMES:
+        hf_name = re.sub(pattern, replacement, hf_name)
+    return hf_name
+
+
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -112,11 +120,7 @@ def _load_hf(resolved: ResolvedModel) -> Checkpoint:
     tied = config.get("tie_word_embeddings", True)
     if projection is not embedding and not tied and (embedding is None or not torch.equal(projection, embedding)):
         raise ValueError(f"{resolved.config_dir}: proj_out.weight differs from the embeddings; only tied is supported")
-    state_dict = {}
-    for key, tensor in raw.items():
-        for pattern, replacement in _HF_RENAMES:
-            key = re.sub(pattern, replacement, key)
-        state_dict[key] = tensor
+    state_dict = {openai_name(key): tensor for key, tensor in raw.items()}
     heads = generation.get("alignment_heads")
     return Checkpoint(
         dims=ModelDimensions(**{field: config[hf] for field, hf in _HF_DIMS.items()}),

@@ -241,6 +241,8 @@ class TextDecoder(nn.Module):
         self.ln = LayerNorm(dims.n_text_state)
         self.kernels: KernelOptions = DEFAULT_KERNELS  # for its own passes; select_backend sets the engine's
         self.ops = TORCH_OPS  # the layer operations; a backend may set its own
+        # the operations of a pass run as written on every device (word alignment): plain torch, and adapters
+        self.reference_ops = TORCH_OPS
         self.cross_attention = cross_attention  # how its rows read their cross slots; a GPU backend sets its own
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -304,7 +306,7 @@ class TextDecoder(nn.Module):
         for i, (block, next_norm) in enumerate(zip(self.blocks, next_norms)):
             # self-attention: write this step's K/V into the slot, then attend over the slot's prefix
             attn = block.attn
-            qkv = attn.qkv(h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
+            qkv = ops.qkv(attn, h).view(b, -1, 3, attn.n_head, cache.head_dim)  # (b, q, 3, heads, dim)
             if position is not None:
                 cache.self_kv_layers[i][:, slots, :, position] = qkv[:, 0, 1:].transpose(0, 1)
             else:
@@ -342,16 +344,16 @@ class TextDecoder(nn.Module):
         positions = torch.arange(t, device=tokens.device)
         x = self.embed(tokens, positions)
         causal = (positions[:, None] >= positions[None, :])[None, None]
-        qks = []
+        qks, ops = [], self.reference_ops
         for i, block in enumerate(self.blocks):
-            attn, h = block.attn, block.attn_ln(x)
-            q, k, v = attn.qkv(h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
+            attn, h = block.attn, ops.norm(block.attn_ln, x)
+            q, k, v = ops.qkv(attn, h).unflatten(-1, (3, attn.n_head, cache.head_dim)).unbind(2)
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal
             )
-            x = x + attn.out(attn.merge_heads(o))
-            cross, h = block.cross_attn, block.cross_attn_ln(x)
-            q = cross.split_heads(cross.query(h))
+            x = x + ops.linear(attn.out, attn.merge_heads(o))
+            cross, h = block.cross_attn, ops.norm(block.cross_attn_ln, x)
+            q = cross.split_heads(ops.linear(cross.query, h))
             ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(cross_slot, cross_slot + 1))
             p = slice(cache.cross_len[cross_slot])  # a short context: its first positions
             ck, cv = ck[:, :, p], cv[:, :, p]
@@ -361,9 +363,9 @@ class TextDecoder(nn.Module):
             layer_heads = [head for layer, head in heads if layer == i]
             if layer_heads:
                 qks.append((q[0, layer_heads] @ ck[0, layer_heads].transpose(-1, -2)) * cache.head_dim**-0.5)
-            x = x + cross.out(cross.merge_heads(F.scaled_dot_product_attention(q, ck, cv)))
-            x = x + block.mlp(block.mlp_ln(x))
-        return torch.cat(qks), self.ln(x)[0]
+            x = x + ops.linear(cross.out, cross.merge_heads(F.scaled_dot_product_attention(q, ck, cv)))
+            x = x + block.feed_forward(ops.norm(block.mlp_ln, x), ops)
+        return torch.cat(qks), ops.norm(self.ln, x)[0]
 
     def fuse_qkv(self, input_major: bool = False) -> None:
         """One product for each self-attention's q, k and v (MultiHeadAttention.fuse_qkv), which every decode path

@@ -37,6 +37,8 @@ from engine.config import EngineConfig
 from engine.frontend import EngineFront, RequestHandle, check_audio
 from engine.messages import (
     Abort,
+    AdapterChanged,
+    ChangeAdapter,
     Dead,
     Event,
     Failed,
@@ -54,7 +56,8 @@ from engine.request import (
     EngineStats,
     TranscriptionResult,
 )
-from engine.runtime.engine import Engine
+from engine.model.lora import AdapterError
+from engine.runtime.engine import ADAPTER_CHANGE_TIMEOUT_S, Engine
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class EngineProcess(EngineFront):
             self._process.join()
             raise first.error
         self.tokenizer, self.n_text_ctx, self.num_slots = first.tokenizer, first.n_text_ctx, first.num_slots
+        self.adapter_names = first.adapter_names
         self._ids = itertools.count()
         self._tokens = itertools.count()
         self._lock = threading.Lock()
@@ -175,6 +179,21 @@ class EngineProcess(EngineFront):
             stats.num_waiting = len(self._unstarted)  # the parent's count is the one that max_waiting bounds
         return stats
 
+    def change_adapter(self, name: str, folder: str | None) -> None:
+        """Engine.change_adapter in the child: AdapterError says why not."""
+        token = next(self._tokens)
+        done, reply = threading.Event(), []
+        self._stats[token] = (done, reply)
+        self._outbox.put((ChangeAdapter(name, folder, token=token), None))
+        try:
+            if not done.wait(ADAPTER_CHANGE_TIMEOUT_S):
+                raise EngineDeadError("the engine process did not answer the adapter change")
+        finally:
+            self._stats.pop(token, None)
+        if reply[0] is not None:
+            raise AdapterError(reply[0])
+        self.adapter_names = self.adapter_names | {name} if folder is not None else self.adapter_names - {name}
+
     def shutdown(self) -> None:
         self._outbox.put((Shutdown(), None))
         self._process.join(timeout=SHUTDOWN_TIMEOUT_S)
@@ -211,10 +230,10 @@ class EngineProcess(EngineFront):
                 elif isinstance(message, Started):
                     with self._lock:
                         self._unstarted.discard(message.request_id)
-                elif isinstance(message, Stats):
-                    waiter = self._stats.get(message.token)
+                elif isinstance(message, Stats | AdapterChanged):
+                    waiter = self._stats.get(message.token)  # the replies awaited, by token
                     if waiter is not None:
-                        waiter[1].append(message.stats)
+                        waiter[1].append(message.stats if isinstance(message, Stats) else message.error)
                         waiter[0].set()
                 elif isinstance(message, Dead):
                     self._mark_dead(message.reason)
@@ -313,7 +332,7 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     lock = threading.Lock()  # the loop thread (events, STARTED) and this one (replies) both write
 
-    def send(message: Ready | Failed | Started | Event | Stats | Dead) -> None:
+    def send(message: Ready | Failed | Started | Event | Stats | AdapterChanged | Dead) -> None:
         try:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - an unpicklable error still has to reach its request
@@ -343,7 +362,7 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
     # a loaded tiny.en's objects took 150-200 ms on a 2-core CPU, a pause of the loop and every step it launches)
     gc.collect()
     gc.freeze()
-    send(Ready(engine.tokenizer, engine.n_text_ctx, engine.num_slots))
+    send(Ready(engine.tokenizer, engine.n_text_ctx, engine.num_slots, engine.adapter_names))
     reported_dead = False
     while True:
         if not inbox.poll(0.5):
@@ -366,6 +385,13 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
             engine.abort(message.request_id)
         elif isinstance(message, StatsQuery):
             send(Stats(message.token, engine.stats()))  # the parent replaces num_waiting with its own count
+        elif isinstance(message, ChangeAdapter):
+            try:
+                engine.change_adapter(message.name, message.folder)
+            except AdapterError as exc:
+                send(AdapterChanged(message.token, str(exc)))
+            else:
+                send(AdapterChanged(message.token, None))
         elif isinstance(message, Shutdown):
             break
     engine.shutdown()

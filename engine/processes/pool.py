@@ -108,6 +108,15 @@ class EnginePool:
         """Handles abort on their own engine (request ids are each engine's own)."""
         raise NotImplementedError("abort through the request's handle")
 
+    @property
+    def adapter_names(self) -> frozenset[str]:
+        return self._first().adapter_names
+
+    def change_adapter(self, name: str, folder: str | None) -> None:
+        """On every engine of the pool (one that is down loads the config's adapters when it restarts)."""
+        for _, engine in self.live():
+            engine.change_adapter(name, folder)
+
     def stats(self) -> EngineStats:
         """The live engines' stats summed (their totals too); batch-invariant if all of them are."""
         stats = self.total([s for _, s in self.member_stats() if s is not None])

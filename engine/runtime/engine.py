@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from concurrent.futures import Future
 import logging
 import queue
 import threading
@@ -16,13 +17,15 @@ from engine.audio.feature_worker import FeatureWorker
 from engine.config import EngineConfig
 from engine.decoding import BeamGroup
 from engine.frontend import EngineFront, RequestHandle, check_audio
-from engine.messages import AbortRequest, AddRequest
+from engine.messages import AbortRequest, AddRequest, ChangeAdapter
+from engine.model.lora import AdapterError
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
     EngineInternalError,
     EngineOverloadedError,
     EngineStats,
+    InvalidRequestError,
     TranscriptionResult,
 )
 from engine.runtime.model_runner import ModelRunner
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 # windows because the burst was admitted in twice as many encoder batches
 # (`benchmarks/gpu_throughput.py --stepwise-prompt-tokens 8` against 0).
 STEPWISE_MAX_RUNNING = 64
+ADAPTER_CHANGE_TIMEOUT_S = 120.0  # loading an adapter reads its file between two steps
 
 
 @dataclasses.dataclass(slots=True)
@@ -52,7 +56,7 @@ class Launch:
 class Engine(EngineFront):
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.inbox: queue.SimpleQueue[AddRequest | AbortRequest | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[AddRequest | AbortRequest | ChangeAdapter | None] = queue.SimpleQueue()
         self._ids = itertools.count()
         # Submitted, first window not yet in a decode slot: in the inbox, computing features or waiting in the
         # scheduler. max_waiting bounds this set, so what queued requests hold (samples, log-mel) is bounded too.
@@ -72,6 +76,7 @@ class Engine(EngineFront):
         self.tokenizer = self.runner.tokenizer
         self.n_text_ctx = self.runner.n_text_ctx
         self.num_slots = self.runner.num_slots
+        self.adapter_names = self.runner.adapter_names()
         # On a GPU new requests' log-mels are computed beside the loop; on a CPU the loop computes them itself,
         # so that one OpenMP thread team does all the work (a second team would compete for the cores).
         self._features = FeatureWorker(self.runner.log_mel, self.inbox.put) if self.runner.on_gpu else None
@@ -175,6 +180,14 @@ class Engine(EngineFront):
         """Into the loop's inbox, through the feature worker when there is one (it keeps the order)."""
         (self._features.put if self._features is not None else self.inbox.put)(msg)
 
+    def change_adapter(self, name: str, folder: str | None) -> None:
+        """Load the LoRA adapter `name` from a PEFT directory, or remove it (folder None), between two steps of the
+        loop; AdapterError says why not (a bad adapter, the cap reached, one still in use)."""
+        done: Future = Future()
+        self.inbox.put(ChangeAdapter(name, folder, done))
+        done.result(timeout=ADAPTER_CHANGE_TIMEOUT_S)
+        self.adapter_names = self.runner.adapter_names()
+
     def transcribe(self, audio: np.ndarray, options: DecodeOptions | None = None) -> TranscriptionResult:
         """Blocking convenience for scripts and the CLI."""
         self.start()
@@ -260,7 +273,9 @@ class Engine(EngineFront):
             self._mark_started(seq.job.request_id)
         # one encoder pass and one cross slot per window, which a beam search's beams share
         windows = [s for s in new if not s.beam_follower]
-        runner.encode_into_slots([s.job.mel for s in windows], [s.cross_slot for s in windows])
+        runner.encode_into_slots(
+            [s.job.mel for s in windows], [s.cross_slot for s in windows], [s.job.options.adapter for s in windows]
+        )
         short = all(len(s.pending) <= self.stepwise_prompt_tokens for s in new)
         small_batch = len(sched.running) - len(new) < STEPWISE_MAX_RUNNING and not sched.num_waiting
         if short and small_batch and not runner.prompt_graph_fits(new):
@@ -354,9 +369,32 @@ class Engine(EngineFront):
             if msg is None:
                 return
             if isinstance(msg, AddRequest):
-                self.requests.add(msg)
+                adapter = msg.options.adapter
+                if adapter is not None and adapter not in self.runner.adapter_names():  # removed since its submit
+                    self.requests.refuse(msg.handle, InvalidRequestError(f"The adapter {adapter!r} is not loaded",
+                                                                         "model"))  # fmt: skip
+                else:
+                    self.requests.add(msg)
+            elif isinstance(msg, ChangeAdapter):
+                self._change_adapter(msg)
             else:
                 self.requests.abort(msg.request_id)
+
+    def _change_adapter(self, msg: ChangeAdapter) -> None:
+        try:
+            if msg.folder is not None:
+                self.runner.load_adapter(msg.name, msg.folder)
+            elif self.requests.uses_adapter(msg.name):
+                raise AdapterError(f"requests are queued or decoding with the adapter {msg.name!r}")
+            else:
+                self.runner.remove_adapter(msg.name)
+        except Exception as exc:  # noqa: BLE001 - the caller's to raise (an AdapterError, or what loading hit)
+            if not isinstance(exc, AdapterError):  # its message may name local files: the caller gets its kind only
+                log.warning("loading the adapter %s failed: %r", msg.name, exc)
+                exc = AdapterError(f"the adapter {msg.name!r} could not be loaded ({type(exc).__name__})")
+            msg.done.set_exception(exc)
+        else:
+            msg.done.set_result(None)
 
     def _mark_started(self, request_id: str) -> None:
         with self._lock:

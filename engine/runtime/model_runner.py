@@ -12,6 +12,8 @@ from torch import Tensor
 from engine.audio.constants import N_FRAMES
 from engine.audio.features import LogMelBuilder, LogMelSpectrogram, pad_or_trim
 from engine.backends import DecodeBackend, select_backend
+from engine.backends.cpu import CpuNativeBackend
+from engine.backends.cpu_int8_encoder import Int8Blocks
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
 from engine.cpus import available_cpus
@@ -19,6 +21,7 @@ from engine.decoding import BeamSearch, RuleSetup, Sampler, StepContext, logits_
 from engine.kernels import int8_attention
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
+from engine.model.lora import AdapterError, Adapters, product_names, with_adapters
 from engine.model.tokenizer import Tokenizer
 from engine.model.weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
 from engine.model.whisper import Whisper
@@ -115,6 +118,7 @@ class ModelRunner:
         self.backend: DecodeBackend = select_backend(
             self.model, self.device, self.dtype, int8_cross, kernels, config.encoder_precision == "float8"
         )
+        self.adapters = self._adapters(config)
         self.log_mel = LogMelSpectrogram(dims.n_mels, self.device)
 
         self.cache_shape = CacheShape.for_model(dims, config.max_audio_ctx, config.max_text_ctx)
@@ -152,6 +156,52 @@ class ModelRunner:
                 self.multi_step, config.kernels.greedy_pick,
             )
             self.graphs.capture()
+
+    def _adapters(self, config: EngineConfig) -> Adapters | None:
+        """The LoRA adapters' bank where the config allows any, its deltas added to every product path of the
+        backend (engine/model/lora.py); None otherwise, and nothing of it is on any path."""
+        capacity = config.max_loras or len(config.loras)
+        if not capacity:
+            return None
+        if self.on_gpu:
+            raise ValueError(
+                "LoRA adapters run on the CPU backends; the GPU's decode graphs do not apply them yet (serve the "
+                "adapter merged into its model, or run this model on the CPU)"
+            )
+        adapters = Adapters(self.dims, capacity, self.dtype, self.device)
+        names = product_names(self.model)  # after the backend laid the weights out
+        encoder, decoder = self.model.encoder, self.model.decoder
+        encoder.ops = with_adapters(encoder.ops, adapters, names)
+        decoder.ops = with_adapters(decoder.ops, adapters, names)
+        decoder.reference_ops = with_adapters(decoder.reference_ops, adapters, names)
+        if isinstance(encoder.quantized, Int8Blocks):
+            encoder.quantized.adapters = adapters
+        if isinstance(self.backend, CpuNativeBackend):
+            self.backend.use_adapters(adapters, names)
+        self.adapters = adapters
+        for name, folder in config.loras:
+            self.load_adapter(name, folder)
+        return adapters
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        if self.adapters is None:
+            raise AdapterError("this engine takes no adapters (its max_loras is 0)")
+        adapter = self.adapters.add(name, folder)
+        log.info("adapter %s: rank %d on %d products (%.1f MiB)", name, adapter.rank, len(adapter.weights),
+                 adapter.nbytes / 2**20)  # fmt: skip
+
+    def remove_adapter(self, name: str) -> None:
+        if self.adapters is None or name not in self.adapters.indices:
+            raise AdapterError(f"the adapter {name!r} is not loaded")
+        self.adapters.remove(name)
+
+    def adapter_names(self) -> frozenset[str]:
+        return frozenset(self.adapters.indices) if self.adapters is not None else frozenset()
+
+    def use_adapters(self, names: list[str | None]) -> None:
+        """The adapter of each row of the passes that follow, by name (None: the base model)."""
+        if self.adapters is not None:
+            self.adapters.use([self.adapters.index(name) for name in names])
 
     def _load(self, config: EngineConfig) -> Checkpoint:
         if not config.dummy_weights:
@@ -221,10 +271,14 @@ class ModelRunner:
         return LogMelBuilder(self.log_mel, audio, piece_frames=N_FRAMES)
 
     @torch.inference_mode()
-    def encode_into_slots(self, mels: list[Tensor], cross_slots: list[int]) -> None:
+    def encode_into_slots(
+        self, mels: list[Tensor], cross_slots: list[int], adapters: list[str | None] | None = None
+    ) -> None:
         """Run the encoder on a batch of windows and write their cross-attention K/V into their cross slots. A
         window's mel has N_FRAMES frames, or fewer for a short context (DecodeOptions.context_margin_s): those are
-        encoded in passes of one length each where the backend reads short contexts, else padded to full windows."""
+        encoded in passes of one length each where the backend reads short contexts, else padded to full windows.
+        `adapters`: each window's LoRA adapter (None: the base model's)."""
+        adapters = adapters or [None] * len(mels)
         if not self.backend.short_context:
             mels = [pad_or_trim(mel, N_FRAMES) for mel in mels]  # a full window is returned as it is
         by_length: dict[int, list[int]] = {}
@@ -233,6 +287,7 @@ class ModelRunner:
         for frames, group in by_length.items():
             batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
             encode = self.graphs.encode if self.graphs and frames == N_FRAMES else self.backend.encode
+            self.use_adapters([adapters[i] for i in group])
             self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group])
 
     def admissible_encoder_batch(self, n: int) -> int:
@@ -314,6 +369,7 @@ class ModelRunner:
     def map_rows(self, seqs: list[Sequence]) -> None:
         """The launch's rows (seqs[i] in row seqs[0].slot + i) to their windows' cross slots."""
         self.cache.map_rows(seqs[0].slot, [s.cross_slot for s in seqs])
+        self.use_adapters([s.job.options.adapter for s in seqs])
 
     def multi_steps(self, seqs: list[Sequence]) -> int:
         """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence
@@ -377,6 +433,7 @@ class ModelRunner:
         tok = self.tokenizer
         prompt = tok.sot_sequence(language, task)
         tokens = torch.tensor([prompt + [tok.no_timestamps] + text + [tok.eot]], device=self.device)
+        self.use_adapters([seq.job.options.adapter])
         qk, hidden = self.model.decoder.align(tokens, self.cache, seq.cross_slot, self.alignment_heads)
         logits = self.backend.logits(hidden)
         # probability of each text token given the ones before it (rows from <|notimestamps|> on)

@@ -101,6 +101,16 @@ class RequestTable:
         for job in jobs:
             self.scheduler.add(job, continuing=False)
 
+    def uses_adapter(self, name: str) -> bool:
+        """Whether a request in the table decodes with that LoRA adapter."""
+        return any(p.options.adapter == name for p in self.features_pending) or any(
+            t.options.adapter == name for t, _ in self.transcriptions.values()
+        )
+
+    def refuse(self, handle: RequestHandle, exc: EngineError) -> None:
+        """A request refused as it reaches the loop: it ends with `exc`, never having waited for a slot."""
+        self._failed_before_decoding(handle, exc)
+
     def _failed_before_decoding(self, handle: RequestHandle, exc: Exception) -> None:
         self.mark_started(handle.request_id)
         if not isinstance(exc, EngineError):

@@ -316,7 +316,9 @@ class Connection:
         decode is a full window with Whisper's fallback."""
         prompt = " ".join(p for p in (self.session.prompt, self.context) if p) or None
         options = decode_options(Task.TRANSCRIBE, self.session.language, prompt, 0.0, settings=self.settings)
-        options = dataclasses.replace(options, logprobs=self.session.logprobs)
+        options = dataclasses.replace(
+            options, logprobs=self.session.logprobs, adapter=self.models.adapter(self.session.model)
+        )
         if background:
             margin = self.settings.realtime_partial_margin_s if self.settings.realtime_short_partials else None
             options = dataclasses.replace(

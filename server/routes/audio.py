@@ -52,6 +52,7 @@ async def _serve(
     )  # fmt: skip
     if overrides := params.decoding_overrides():
         options = dataclasses.replace(options, **overrides)
+    options = dataclasses.replace(options, adapter=models.adapter(params.model))
 
     drain = request.app.state.drain
     if channels is not None:

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import binascii
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from fastapi import APIRouter, Request
@@ -117,6 +117,7 @@ async def create_chat_completion(request: Request, models: ModelsDep, settings: 
     audio = await decode_upload(await decode_base64(turn), settings.max_audio_seconds, param="messages")
     # the token count (usage, max_tokens) is of text tokens, which the segments' logprobs list one by one
     options = decode_options(task, language, None, chat.temperature or 0.0, settings=settings, logprobs=True)
+    options = replace(options, adapter=models.adapter(chat.model))
     answer = Answer(request.app.state.chat_template, task, turn.instruction, chat.model, len(audio) / SAMPLE_RATE)
     drain = request.app.state.drain
     handle = submit(engine, audio, options, drain)

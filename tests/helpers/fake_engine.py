@@ -13,6 +13,7 @@ import numpy as np
 import openai
 
 from engine.audio.constants import SAMPLE_RATE
+from engine.model.lora import AdapterError
 from engine.request import DecodeOptions, EngineStats, Segment, SegmentEvent, TranscriptionResult
 from server.app import create_app
 from server.settings import Settings
@@ -133,6 +134,9 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(num_waiting=3, num_running=2, num_slots=8)
+
+    def change_adapter(self, name: str, folder: str | None) -> None:
+        raise AdapterError("the fake engine takes no adapters")
 
     def submit(self, audio: np.ndarray, options: DecodeOptions) -> FakeHandle:
         if self.submit_error is not None:

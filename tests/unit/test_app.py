@@ -358,8 +358,9 @@ def test_every_engine_config_field_is_a_setting():
     from engine.config import EngineConfig
     from server.settings import Settings
 
-    # shared_gpu is the server's own conclusion from --data-parallel-gpus (Settings.engine_members), not a knob
-    names = {f.name for f in dataclasses.fields(EngineConfig)} - {"shared_gpu"}
+    # shared_gpu is the server's own conclusion from --data-parallel-gpus (Settings.engine_members), not a knob;
+    # loras is each served model's own (--lora, a models file's loras:)
+    names = {f.name for f in dataclasses.fields(EngineConfig)} - {"shared_gpu", "loras"}
     assert names <= set(Settings.model_fields), names - set(Settings.model_fields)
     members = Settings(device="cuda", data_parallel_size=3, data_parallel_gpus="0,0,1").engine_members()
     assert [(c.gpu_memory_fraction, c.shared_gpu, g) for c, g in members] == [(0.45, True, 0), (0.45, True, 0),

@@ -1,0 +1,263 @@
+"""LoRA adapters in PEFT's format, applied beside the model's products, each row of a pass on its own adapter.
+
+An adapter holds, for some of the model's products (the q/k/v/out projections and fc1/fc2 that PEFT targets in
+Whisper's encoder and decoder), two low-rank matrices A (r, in) and B (out, r): the adapted product is
+W x + s B A x, s = alpha / r (alpha / sqrt(r) under rsLoRA), and B is kept multiplied by s. The rows of one pass
+may each use a different adapter or none (the S-LoRA / Punica idea): the base product runs once over every row,
+exactly as without adapters, and each adapter's two small products run over its own rows only. A pass costs the
+adapters its rows use; a pass whose rows use none costs nothing more.
+
+Before each pass the runner says which adapter each row uses (Adapters.use, 0 for none); the paths that compute a
+product add what the rows' adapters give (Adapters.add_to): the layer operations (with_adapters), the CPU's
+native decode kernels and its int8 encoder products.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.model.dims import ModelDimensions
+from engine.model.layer_ops import LayerOps
+from engine.model.weights import openai_name
+
+MAX_RANK = 64
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+MAX_CONFIG_BYTES = 1 << 20
+_PEFT_PREFIX = "base_model.model."
+_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be used with this model: its files, its configuration or its shapes; the message
+    names what and never the directory."""
+
+
+def products(dims: ModelDimensions) -> dict[str, tuple[int, int]]:
+    """The products an adapter may target, by openai/whisper name: (out features, in features)."""
+    shapes = {}
+    for side, n, layers, cross in (
+        ("encoder", dims.n_audio_state, dims.n_audio_layer, False),
+        ("decoder", dims.n_text_state, dims.n_text_layer, True),
+    ):
+        for i in range(layers):
+            for attn in ("attn", "cross_attn") if cross else ("attn",):
+                for proj in ("query", "key", "value", "out"):
+                    shapes[f"{side}.blocks.{i}.{attn}.{proj}"] = (n, n)
+            shapes[f"{side}.blocks.{i}.mlp.0"] = (4 * n, n)
+            shapes[f"{side}.blocks.{i}.mlp.2"] = (n, 4 * n)
+    return shapes
+
+
+@dataclass(frozen=True)
+class LoraProduct:
+    a: Tensor  # (r, in)
+    b: Tensor  # (out, r), multiplied by the adapter's scale
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    name: str
+    rank: int  # the largest of its products'
+    weights: dict[str, LoraProduct]  # by openai/whisper product name
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.a.nbytes + p.b.nbytes for p in self.weights.values())
+
+    @classmethod
+    def load(cls, name: str, folder: str | Path, dims: ModelDimensions, dtype: torch.dtype, device: torch.device):
+        """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) checked against the model."""
+        from safetensors import SafetensorError, safe_open
+
+        folder = Path(folder)
+        config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+        if not config_path.is_file() or not weights_path.is_file():
+            raise AdapterError(f"adapter {name!r}: a PEFT LoRA directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+        if config_path.stat().st_size > MAX_CONFIG_BYTES:
+            raise AdapterError(f"adapter {name!r}: {CONFIG_FILE} is larger than {MAX_CONFIG_BYTES} bytes")
+        try:
+            config = json.loads(config_path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise AdapterError(f"adapter {name!r}: {CONFIG_FILE} is not JSON ({e})") from None
+        _check_config(name, config)
+        shapes = products(dims)
+        halves: dict[str, dict[str, Tensor]] = {}
+        peft_names: dict[str, str] = {}
+        try:
+            with safe_open(weights_path, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    match = _LORA_KEY.match(key)
+                    if match is None:
+                        raise AdapterError(f"adapter {name!r}: tensor {key!r} is not a LoRA A or B matrix")
+                    module = match["module"].removeprefix(_PEFT_PREFIX).removeprefix("model.")
+                    target = openai_name(module + ".weight").removesuffix(".weight")
+                    if target not in shapes:
+                        raise AdapterError(f"adapter {name!r}: {module!r} is not a product an adapter may change here")
+                    halves.setdefault(target, {})[match["half"]] = f.get_tensor(key)
+                    peft_names[target] = module
+        except (SafetensorError, OSError) as e:  # a truncated or foreign file
+            raise AdapterError(f"adapter {name!r}: {WEIGHTS_FILE} cannot be read ({type(e).__name__})") from None
+        if not halves:
+            raise AdapterError(f"adapter {name!r}: {WEIGHTS_FILE} holds no LoRA matrices")
+        weights = {}
+        for target, pair in halves.items():
+            if set(pair) != {"A", "B"}:
+                raise AdapterError(f"adapter {name!r}: {peft_names[target]!r} lacks its lora_A or lora_B matrix")
+            a, b = pair["A"], pair["B"]
+            out, inp = shapes[target]
+            rank = a.shape[0]
+            if a.ndim != 2 or b.ndim != 2 or a.shape[1] != inp or b.shape != (out, rank):
+                raise AdapterError(
+                    f"adapter {name!r}: {peft_names[target]!r} has A {tuple(a.shape)} and B {tuple(b.shape)}; "
+                    f"this model's product is {out} x {inp} (an adapter of another model size?)"
+                )
+            if not 1 <= rank <= MAX_RANK:
+                raise AdapterError(f"adapter {name!r}: rank {rank} of {peft_names[target]!r}; at most {MAX_RANK}")
+            scale = _scale(config, peft_names[target], rank)
+            weights[target] = LoraProduct(
+                a.to(device=device, dtype=dtype).contiguous(),
+                (b.float() * scale).to(device=device, dtype=dtype).contiguous(),
+            )
+        return cls(name, max(p.a.shape[0] for p in weights.values()), weights)
+
+
+def _check_config(name: str, config: dict) -> None:
+    def refuse(what: str) -> AdapterError:
+        return AdapterError(f"adapter {name!r}: {what}")
+
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise refuse("only PEFT LoRA adapters (peft_type LORA) are supported")
+    if config.get("use_dora"):
+        raise refuse("DoRA adapters (use_dora) are not supported")
+    if config.get("bias", "none") != "none":
+        raise refuse("adapters that train biases (bias other than 'none') are not supported")
+    if config.get("modules_to_save"):
+        raise refuse("adapters with modules_to_save (whole trained copies of modules) are not supported")
+    if config.get("fan_in_fan_out"):
+        raise refuse("fan_in_fan_out is for Conv1D layers, which Whisper has none of")
+    alpha = config.get("lora_alpha", 8)
+    patterns = config.get("alpha_pattern") or {}
+    if not isinstance(alpha, int | float) or not isinstance(patterns, dict):
+        raise refuse("lora_alpha must be a number and alpha_pattern an object")
+
+
+def _scale(config: dict, module: str, rank: int) -> float:
+    """PEFT's scaling of one module: its alpha (alpha_pattern's first match, else lora_alpha) over its rank, or over
+    the rank's square root under rsLoRA."""
+    alpha = config.get("lora_alpha", 8)
+    for pattern, value in (config.get("alpha_pattern") or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            alpha = value
+            break
+    return float(alpha) / (math.sqrt(rank) if config.get("use_rslora") else rank)
+
+
+class Adapters:
+    """A model's resident adapters, by index (1, 2, ...; 0 is none), and the adapter of each row of the pass being
+    run. At most `capacity` stay resident."""
+
+    def __init__(self, dims: ModelDimensions, capacity: int, dtype: torch.dtype, device: torch.device):
+        self.dims, self.capacity, self.dtype, self.device = dims, capacity, dtype, device
+        self.shapes = products(dims)
+        self.indices: dict[str, int] = {}
+        self.loaded: dict[int, LoraAdapter] = {}
+        # the pass's rows: (adapter, its rows as an index, or None when it has every row)
+        self._groups: list[tuple[LoraAdapter, Tensor | None]] = []
+
+    def add(self, name: str, folder: str | Path) -> LoraAdapter:
+        if name in self.indices:
+            raise AdapterError(f"adapter {name!r} is already loaded")
+        if len(self.loaded) >= self.capacity:
+            raise AdapterError(f"{self.capacity} adapters are resident, the most this server keeps; remove one first")
+        adapter = LoraAdapter.load(name, folder, self.dims, self.dtype, self.device)
+        index = next(i for i in range(1, self.capacity + 2) if i not in self.loaded)
+        self.indices[name], self.loaded[index] = index, adapter
+        return adapter
+
+    def remove(self, name: str) -> None:
+        self.loaded.pop(self.indices.pop(name))
+
+    def index(self, name: str | None) -> int:
+        """The adapter's index (0 for None); KeyError for one not resident."""
+        return 0 if name is None else self.indices[name]
+
+    def use(self, rows: list[int]) -> None:
+        """The adapter index of each row of the passes that follow (0: the base model)."""
+        groups: dict[int, list[int]] = {}
+        for row, index in enumerate(rows):
+            if index:
+                groups.setdefault(index, []).append(row)
+        self._groups = [
+            (self.loaded[index], None if len(members) == len(rows) else torch.tensor(members, device=self.device))
+            for index, members in groups.items()
+        ]
+
+    @property
+    def active(self) -> bool:
+        """Whether a row of the pass uses an adapter."""
+        return bool(self._groups)
+
+    def add_to(self, y: Tensor, names: str | tuple[str, ...], x: Tensor) -> Tensor:
+        """y (rows, ..., out) += each row's adapter's product of x (rows, ..., in), in place; `names`: the product, or
+        the products whose outputs y holds side by side (a fused q/k/v). Returns y."""
+        if isinstance(names, str):
+            names = (names,)
+        for adapter, rows in self._groups:
+            column = 0
+            for name in names:
+                w = adapter.weights.get(name)
+                width = self.shapes[name][0]
+                if w is not None:
+                    xs = x if rows is None else x.index_select(0, rows)
+                    delta = F.linear(F.linear(xs, w.a), w.b)
+                    out = y[..., column : column + width]
+                    if rows is None:
+                        out.add_(delta)
+                    else:
+                        out.index_add_(0, rows, delta)
+                column += width
+        return y
+
+
+def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
+    """Each targetable product weight the model's passes read, by id(), to its name: a fused q/k/v weight to its
+    three (in order). Read once the backend has laid the weights out (it may replace them)."""
+    names: dict[int, str | tuple[str, ...]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            names[id(module.weight)] = name
+        qkv = getattr(module, "qkv_weight", None)
+        if qkv is not None:
+            names[id(qkv)] = (f"{name}.query", f"{name}.key", f"{name}.value")
+    return names
+
+
+def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tuple[str, ...]]) -> LayerOps:
+    """`ops` with each product's adapter deltas added for the rows that use one (Adapters.use)."""
+
+    def linear(proj, x: Tensor, pdl: bool = True) -> Tensor:
+        y = ops.linear(proj, x, pdl)
+        name = names.get(id(proj.weight)) if adapters.active else None
+        return y if name is None else adapters.add_to(y, name, x)
+
+    def linear_gelu(proj, x: Tensor) -> Tensor:
+        name = names.get(id(proj.weight)) if adapters.active else None
+        if name is None:
+            return ops.linear_gelu(proj, x)
+        return F.gelu(adapters.add_to(ops.linear(proj, x), name, x))
+
+    def qkv(attn, x: Tensor) -> Tensor:
+        y = ops.qkv(attn, x)
+        name = names.get(id(attn.qkv_weight)) if adapters.active else None
+        return y if name is None else adapters.add_to(y, name, x)
+
+    return replace(ops, linear=linear, linear_gelu=linear_gelu, qkv=qkv)
