@@ -163,15 +163,24 @@ def _scale(config: dict, module: str, rank: int) -> float:
 
 class Adapters:
     """A model's resident adapters, by index (1, 2, ...; 0 is none), and the adapter of each row of the pass being
-    run. At most `capacity` stay resident."""
+    run. At most `capacity` stay resident.
+
+    Their matrices are also kept stacked, by product: A (capacity + 1, R, in) and B (capacity + 1, out, R), R the
+    largest resident rank, zeros where an adapter has a smaller rank or lacks the product and in index 0. A pass
+    whose rows use one adapter runs its two products over those rows; one whose rows use several gathers each row's
+    A and B from the stacks and runs two batched products over every row (rows without an adapter gather zeros and
+    add exactly nothing): two operations per product whatever the number of adapters."""
 
     def __init__(self, dims: ModelDimensions, capacity: int, dtype: torch.dtype, device: torch.device):
         self.dims, self.capacity, self.dtype, self.device = dims, capacity, dtype, device
         self.shapes = products(dims)
         self.indices: dict[str, int] = {}
         self.loaded: dict[int, LoraAdapter] = {}
-        # the pass's rows: (adapter, its rows as an index, or None when it has every row)
-        self._groups: list[tuple[LoraAdapter, Tensor | None]] = []
+        self.stacks: dict[str, tuple[Tensor, Tensor]] = {}
+        # the pass's rows: one adapter's (the adapter, its rows as an index or None for every row), or several's
+        # (each row's index into the stacks)
+        self._group: tuple[LoraAdapter, Tensor | None] | None = None
+        self._rows: Tensor | None = None
 
     def add(self, name: str, folder: str | Path) -> LoraAdapter:
         if name in self.indices:
@@ -181,10 +190,27 @@ class Adapters:
         adapter = LoraAdapter.load(name, folder, self.dims, self.dtype, self.device)
         index = next(i for i in range(1, self.capacity + 2) if i not in self.loaded)
         self.indices[name], self.loaded[index] = index, adapter
+        self._stack()
         return adapter
 
     def remove(self, name: str) -> None:
         self.loaded.pop(self.indices.pop(name))
+        self._stack()
+
+    def _stack(self) -> None:
+        rank = max((a.rank for a in self.loaded.values()), default=0)
+        stacks = {}
+        for name in sorted({name for a in self.loaded.values() for name in a.weights}):
+            out, inp = self.shapes[name]
+            a_stack = torch.zeros(self.capacity + 1, rank, inp, dtype=self.dtype, device=self.device)
+            b_stack = torch.zeros(self.capacity + 1, out, rank, dtype=self.dtype, device=self.device)
+            for index, adapter in self.loaded.items():
+                w = adapter.weights.get(name)
+                if w is not None:
+                    a_stack[index, : w.a.shape[0]] = w.a
+                    b_stack[index, :, : w.b.shape[1]] = w.b
+            stacks[name] = (a_stack, b_stack)
+        self.stacks = stacks
 
     def index(self, name: str | None) -> int:
         """The adapter's index (0 for None); KeyError for one not resident."""
@@ -192,39 +218,50 @@ class Adapters:
 
     def use(self, rows: list[int]) -> None:
         """The adapter index of each row of the passes that follow (0: the base model)."""
-        groups: dict[int, list[int]] = {}
-        for row, index in enumerate(rows):
-            if index:
-                groups.setdefault(index, []).append(row)
-        self._groups = [
-            (self.loaded[index], None if len(members) == len(rows) else torch.tensor(members, device=self.device))
-            for index, members in groups.items()
-        ]
+        used = set(rows) - {0}
+        self._group, self._rows = None, None
+        if len(used) > 1:
+            self._rows = torch.tensor(rows, device=self.device)
+        elif used:
+            index = used.pop()
+            members = [row for row, i in enumerate(rows) if i == index]
+            every = len(members) == len(rows)
+            self._group = (self.loaded[index], None if every else torch.tensor(members, device=self.device))
 
     @property
     def active(self) -> bool:
         """Whether a row of the pass uses an adapter."""
-        return bool(self._groups)
+        return self._group is not None or self._rows is not None
 
     def add_to(self, y: Tensor, names: str | tuple[str, ...], x: Tensor) -> Tensor:
         """y (rows, ..., out) += each row's adapter's product of x (rows, ..., in), in place; `names`: the product, or
         the products whose outputs y holds side by side (a fused q/k/v). Returns y."""
+        if not self.active:
+            return y
         if isinstance(names, str):
             names = (names,)
-        for adapter, rows in self._groups:
-            column = 0
-            for name in names:
-                w = adapter.weights.get(name)
-                width = self.shapes[name][0]
-                if w is not None:
-                    xs = x if rows is None else x.index_select(0, rows)
-                    delta = F.linear(F.linear(xs, w.a), w.b)
-                    out = y[..., column : column + width]
-                    if rows is None:
-                        out.add_(delta)
-                    else:
-                        out.index_add_(0, rows, delta)
-                column += width
+        column = 0
+        for name in names:
+            width = self.shapes[name][0]
+            out = y[..., column : column + width]
+            column += width
+            if self._rows is not None:
+                stacked = self.stacks.get(name)
+                if stacked is not None:
+                    a, b = stacked[0][self._rows], stacked[1][self._rows]  # each row's: (rows, R, in), (rows, out, R)
+                    xs = x.reshape(x.shape[0], -1, x.shape[-1])
+                    out.add_(torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2)).view(out.shape))
+                continue
+            adapter, rows = self._group
+            w = adapter.weights.get(name)
+            if w is None:
+                continue
+            xs = x if rows is None else x.index_select(0, rows)
+            delta = F.linear(F.linear(xs, w.a), w.b)
+            if rows is None:
+                out.add_(delta)
+            else:
+                out.index_add_(0, rows, delta)
         return y
 
 

@@ -8,6 +8,8 @@
   wav_bytes() (unit tests only).
 - hostile_media: uploads that point FFmpeg beyond their own bytes (SDP, HLS, DASH, ffconcat), a TCP listener for
   them to point at, and the UDP sockets a process holds.
+- lora: real PEFT LoRA adapters made with peft (trained_adapter, random_adapter) and the model with one merged into
+  its weights (merged_model), cached under $WHISPER_TEST_CACHE.
 - realtime: a clip as a realtime client streams it (24 kHz PCM, 100 ms base64 chunks) and as a WAV for HTTP
   (also benchmarks/realtime_sessions.py).
 - server: RemoteServer, a real `python -m server serve` on 127.0.0.1 (args, env, port, /health wait, log, stop;

@@ -1,0 +1,151 @@
+"""engine/model/lora.py: PEFT adapter files read and checked against a model's shapes, PEFT's scaling, and the
+deltas each row of a pass gets from its own adapter (one adapter's rows, or several adapters' gathered from the
+stacks), against the plain per-row formula. Adapters made by peft itself are the end-to-end tests' (test_lora.py
+in tests/e2e); here the files are written directly, to test each refusal."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.model.dims import DUMMY_DIMS
+from engine.model.lora import AdapterError, Adapters, LoraAdapter
+
+DIMS = DUMMY_DIMS["tiny.en"]  # 384 wide, 4 layers each side
+D = DIMS.n_text_state
+PREFIX = "base_model.model.model."
+TARGETS = {  # PEFT's module name -> openai/whisper's
+    "decoder.layers.0.self_attn.q_proj": "decoder.blocks.0.attn.query",
+    "decoder.layers.0.self_attn.v_proj": "decoder.blocks.0.attn.value",
+    "decoder.layers.1.encoder_attn.out_proj": "decoder.blocks.1.cross_attn.out",
+    "decoder.layers.2.fc1": "decoder.blocks.2.mlp.0",
+    "encoder.layers.3.fc2": "encoder.blocks.3.mlp.2",
+}
+
+
+def shape(module: str) -> tuple[int, int]:
+    return {"fc1": (4 * D, D), "fc2": (D, 4 * D)}.get(module.rsplit(".", 1)[-1], (D, D))
+
+
+def write_adapter(folder, rank=4, alpha=8, seed=0, config=None, tensors=None, modules=TARGETS):
+    torch.manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    if tensors is None:
+        tensors = {}
+        for module in modules:
+            out, inp = shape(module)
+            tensors[f"{PREFIX}{module}.lora_A.weight"] = torch.randn(rank, inp) * 0.1
+            tensors[f"{PREFIX}{module}.lora_B.weight"] = torch.randn(out, rank) * 0.1
+    save_file(tensors, folder / "adapter_model.safetensors")
+    base = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "bias": "none", "target_modules": ["q_proj"]}
+    (folder / "adapter_config.json").write_text(json.dumps({**base, **(config or {})}))
+    return folder, tensors
+
+
+def load(folder, name="a"):
+    return LoraAdapter.load(name, folder, DIMS, torch.float32, torch.device("cpu"))
+
+
+def test_a_peft_directory_maps_onto_the_models_products_with_peft_scaling(tmp_path):
+    folder, tensors = write_adapter(tmp_path / "a", rank=4, alpha=8)
+    adapter = load(folder)
+    assert set(adapter.weights) == set(TARGETS.values()) and adapter.rank == 4
+    product = adapter.weights["decoder.blocks.2.mlp.0"]
+    assert torch.equal(product.a, tensors[f"{PREFIX}decoder.layers.2.fc1.lora_A.weight"])
+    assert torch.allclose(product.b, tensors[f"{PREFIX}decoder.layers.2.fc1.lora_B.weight"] * 2.0)  # alpha / r
+    rs, _ = write_adapter(tmp_path / "rs", rank=4, alpha=8, config={"use_rslora": True})
+    assert torch.allclose(load(rs).weights["decoder.blocks.2.mlp.0"].b, product.b / 2.0 * 8 / math.sqrt(4))
+    pattern, _ = write_adapter(tmp_path / "p", rank=4, alpha=8, config={"alpha_pattern": {"fc1": 4}})
+    scaled = load(pattern).weights
+    assert torch.allclose(scaled["decoder.blocks.2.mlp.0"].b, product.b / 2.0)  # alpha 4 there
+    assert torch.allclose(scaled["decoder.blocks.0.attn.query"].b, adapter.weights["decoder.blocks.0.attn.query"].b)
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"config": {"use_dora": True}}, "DoRA"),
+        ({"config": {"peft_type": "IA3"}}, "LORA"),
+        ({"config": {"bias": "all"}}, "biases"),
+        ({"config": {"modules_to_save": ["proj_out"]}}, "modules_to_save"),
+        ({"rank": 65}, "at most 64"),
+        ({"modules": {"decoder.layers.9.fc1": None}}, "not a product"),
+        ({"modules": {"decoder.embed_tokens": None}}, "not a product"),
+        ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.lora_A.weight": torch.zeros(4, D)}}, "lacks"),
+        ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.weight": torch.zeros(4, D)}}, "not a LoRA"),
+        ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.lora_A.weight": torch.zeros(4, 512),
+                      f"{PREFIX}decoder.layers.0.fc1.lora_B.weight": torch.zeros(4 * D, 4)}}, "another model size"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_used_is_refused_without_naming_the_folder(tmp_path, change, says):
+    folder, _ = write_adapter(tmp_path / "secret-folder", **change)
+    with pytest.raises(AdapterError, match=says) as refused:
+        load(folder)
+    assert "secret-folder" not in str(refused.value) and str(tmp_path) not in str(refused.value)
+
+
+def test_missing_or_unreadable_files_are_refused(tmp_path):
+    with pytest.raises(AdapterError, match="adapter_config.json"):
+        load(tmp_path)
+    folder, _ = write_adapter(tmp_path / "a")
+    (folder / "adapter_config.json").write_text("{not json")
+    with pytest.raises(AdapterError, match="not JSON"):
+        load(folder)
+    folder, _ = write_adapter(tmp_path / "b")
+    (folder / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(AdapterError, match="cannot be read"):
+        load(folder)
+
+
+def reference(x, adapters_of_rows, product):
+    """Each row's delta by the formula: x_r A^T B^T (B already scaled), zeros for rows without an adapter."""
+    rows = []
+    for r, adapter in enumerate(adapters_of_rows):
+        w = None if adapter is None else adapter.weights.get(product)
+        rows.append(torch.zeros(x.shape[1], shape_of(product)[0]) if w is None else x[r] @ w.a.T @ w.b.T)
+    return torch.stack(rows)
+
+
+def shape_of(product: str) -> tuple[int, int]:
+    return {"0": (4 * D, D), "2": (D, 4 * D)}.get(product.rsplit(".", 1)[-1], (D, D))
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 0, 1], [1, 1], [2, 0, 1, 3, 2, 0], [0, 0]])
+def test_each_row_gets_its_own_adapters_delta(tmp_path, rows):
+    bank = Adapters(DIMS, capacity=3, dtype=torch.float32, device=torch.device("cpu"))
+    folders = [write_adapter(tmp_path / f"a{i}", rank=rank, seed=i)[0] for i, rank in enumerate((4, 8, 2))]
+    loaded = [bank.add(f"a{i}", f) for i, f in enumerate(folders)]
+    by_index = {bank.index(a.name): a for a in loaded}
+    bank.use(rows)
+    assert bank.active == any(rows)
+    of_rows = [by_index.get(i) for i in rows]
+    torch.manual_seed(5)
+    for product in ("decoder.blocks.2.mlp.0", "decoder.blocks.1.cross_attn.out", "decoder.blocks.3.mlp.2"):
+        out, inp = shape_of(product)
+        x, y = torch.randn(len(rows), 3, inp), torch.randn(len(rows), 3, out)
+        got = bank.add_to(y.clone(), product, x)
+        assert torch.allclose(got, y + reference(x, of_rows, product), atol=1e-5), product
+    # a fused q/k/v: the outputs side by side, k untouched (no adapter targets it here)
+    x, y = torch.randn(len(rows), 1, D), torch.randn(len(rows), 1, 3 * D)
+    names = ("decoder.blocks.0.attn.query", "decoder.blocks.0.attn.key", "decoder.blocks.0.attn.value")
+    got = bank.add_to(y.clone(), names, x)
+    want = torch.cat([y[..., i * D : (i + 1) * D] + reference(x, of_rows, n) for i, n in enumerate(names)], dim=-1)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(got[..., D : 2 * D], y[..., D : 2 * D])
+
+
+def test_the_bank_holds_at_most_its_capacity_and_frees_an_index_on_removal(tmp_path):
+    bank = Adapters(DIMS, capacity=2, dtype=torch.float32, device=torch.device("cpu"))
+    for i in range(2):
+        bank.add(f"a{i}", write_adapter(tmp_path / f"a{i}", seed=i)[0])
+    with pytest.raises(AdapterError, match="2 adapters are resident"):
+        bank.add("a2", write_adapter(tmp_path / "a2")[0])
+    with pytest.raises(AdapterError, match="already loaded"):
+        bank.add("a0", tmp_path / "a0")
+    bank.remove("a0")
+    bank.add("a2", tmp_path / "a2")
+    assert sorted(bank.indices.values()) == [1, 2] and bank.stacks["decoder.blocks.2.mlp.0"][0].shape == (3, 4, D)
