@@ -2,7 +2,8 @@
 (tests/helpers/lora.py): a request that names the adapter decodes with it, in the same batches as the model's
 other requests, and gives exactly the tokens of the model with the adapter merged into its weights (served by the
 same server as a model of its own); adapters are added from --lora-dir and removed at run time (POST /v1/models,
-DELETE /v1/models/{id}), within --max-loras, and a bad or foreign adapter is refused with OpenAI's error shape."""
+DELETE /v1/models/{id}), within --max-loras, and a bad or foreign adapter is refused with OpenAI's error shape; a
+realtime session whose transcription.model is the adapter transcribes its turns with it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.realtime import chunks, pcm24k, wav_bytes
 from tests.helpers.server import RemoteServer
 from tests.helpers.transcripts import JFK, words
 
@@ -86,6 +88,22 @@ def test_adapter_requests_decode_beside_the_models_own_as_the_merged_model_does(
             "data": base64.b64encode((data_dir / JFK).read_bytes()).decode(), "format": "flac"}}]}],
     )  # fmt: skip
     assert "community" in chat.choices[0].message.content
+
+
+def test_a_realtime_session_on_the_adapter_transcribes_its_turns_with_it(server, data_dir):
+    pcm = pcm24k(data_dir / JFK)
+    client = server.client()
+    http = client.audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="community").text
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "turn_detection": None, "transcription": {"model": "community"}}}})  # fmt: skip
+        assert conn.recv().session.audio.input.transcription.model == "community"
+        for piece in chunks(pcm, 48):
+            conn.input_audio_buffer.append(audio=piece)
+        conn.input_audio_buffer.commit()
+        completed = next(ev for ev in conn if ev.type == "conversation.item.input_audio_transcription.completed")
+    assert completed.transcript == http and "community" in http
 
 
 def test_adapters_are_added_and_removed_at_run_time(server, data_dir):
