@@ -93,6 +93,7 @@ async def _data_parallel(app: FastAPI, settings: Settings) -> AsyncIterator[None
         if failed:  # after all have finished loading, so that the finally below stops every one that started
             raise failed[0]
         app.state.models.default.engine = pool
+        app.state.models.default.members = supervisors
         logger.info(
             "serving %r (and 'whisper-1') with %d engines: %s", settings.model_id, len(engines),
             ", ".join(f"process {e.pid}" + (f" on GPU {g}" if g is not None else "") for e, (_, g) in zip(engines, members)),

@@ -41,6 +41,7 @@ class ServedModel:
     unloading: bool = False  # its engine is stopping (a process exiting): unloaded once it has
     unloaded: bool = False  # loads on demand (a --model-ttl-s model before its first request, or after an unload)
     last_used: float = field(default_factory=time.monotonic)
+    members: list[EngineSupervisor] = field(default_factory=list)  # data parallel engines' supervisors (app.py)
 
     @property
     def id(self) -> str:
@@ -244,8 +245,9 @@ class ServedModels:
         spec = dataclasses.replace(model.spec, config=dataclasses.replace(model.spec.config, loras=loras))
         self.settings.replace_served(model.spec, spec)
         model.spec = spec
-        if model.supervisor is not None:
-            model.supervisor.config = spec.config
+        for supervisor in [model.supervisor, *model.members]:  # a restarted engine loads the adapters as they are
+            if supervisor is not None:
+                supervisor.config = dataclasses.replace(supervisor.config, loras=loras)
         self.by_id = {i: m for m in self.models for i in [*m.spec.ids, *m.adapters]}
 
     async def shutdown(self) -> None:

@@ -101,9 +101,11 @@ class Settings(BaseSettings):
     `{model: SOURCE, name: ID, aliases: [...], ttl_s: SECONDS, loras: {NAME: PATH}}` (only `model` needed), the
     first the default (docs/deployment.md: several models)."""
     lora: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """A LoRA adapter of the default model, repeatable: `NAME=PATH`, PATH a PEFT adapter directory
-    (adapter_config.json and adapter_model.safetensors); a request whose `model` is NAME decodes with it, in the
-    same batches as the model's other requests."""
+    """A LoRA adapter, repeatable: `NAME=PATH`, PATH a PEFT adapter directory (adapter_config.json and
+    adapter_model.safetensors) of the default model, or of --lora-base's; a request whose `model` is NAME decodes
+    with it, in the same batches as the model's other requests."""
+    lora_base: str | None = None
+    """The served model (its id) that the --lora adapters adapt; None: the default model."""
     lora_dir: Path | None = None
     """The folder adapters added at run time come from: `POST /v1/models` (behind the API key) names a PEFT
     directory inside it. None: no adapter is added at run time."""
@@ -326,8 +328,8 @@ class Settings(BaseSettings):
     def _distinct_model_ids(self) -> Settings:
         if self.models_file is not None and (self.extra_model or "model" in self.model_fields_set):
             raise ValueError("--models-file lists every served model: leave out --model and --extra-model")
-        if self.models_file is not None and self.lora:
-            raise ValueError("--models-file lists each model's adapters (loras:): leave out --lora")
+        if self.models_file is not None and (self.lora or self.lora_base):
+            raise ValueError("--models-file lists each model's adapters (loras:): leave out --lora and --lora-base")
         if self.lora_dir is not None and not self.max_loras:
             raise ValueError("--lora-dir adds adapters at run time: set --max-loras, the most each model keeps")
         for entry in self.lora:
@@ -422,11 +424,16 @@ class Settings(BaseSettings):
         if self.models_file is not None:
             entries = read_models_file(self.models_file)
         else:
-            loras = dict(entry.partition("=")[::2] for entry in self.lora)
-            entries = [{"model": self.model, "name": self.served_model_name, "loras": loras}]
+            entries = [{"model": self.model, "name": self.served_model_name}]
             for entry in self.extra_model:
                 name, _, source = entry.rpartition("=")
                 entries.append({"model": source, "name": name or None})
+            ids = [e["name"] or public_model_name(e["model"]) for e in entries]
+            if self.lora_base is not None and self.lora_base not in ids:
+                raise ValueError(f"--lora-base {self.lora_base!r} is none of the served models ({', '.join(ids)})")
+            entries[ids.index(self.lora_base) if self.lora_base else 0]["loras"] = dict(
+                entry.partition("=")[::2] for entry in self.lora
+            )
         if len(entries) > 1:
             config = dataclasses.replace(config, gpu_memory_fraction=config.gpu_memory_fraction / len(entries),
                                          shared_gpu=True)  # fmt: skip
@@ -479,7 +486,7 @@ class Settings(BaseSettings):
         between its engines), on a CPU an equal share of the cores this process may use."""
         from engine import resolve_device  # imports torch: only when engines start
 
-        config, size = self.engine_config(), self.data_parallel_size
+        config, size = self.served_models()[0].config, self.data_parallel_size  # one model: its adapters too
         device = resolve_device("auto").type if config.device == "auto" else config.device  # named: no check here
         if device == "cuda":
             gpus = self.data_parallel_gpus or list(range(size))
