@@ -106,6 +106,11 @@ class ServedModels:
         model = None if model_id is None else self.by_id.get(model_id)
         return model_id if model is not None and model_id in model.adapters else None
 
+    def label(self, model_id: str) -> str:
+        """What the metrics call a request's model: the adapter it names, else its model's id (an alias counts for
+        its model)."""
+        return self.adapter(model_id) or self.find(model_id).id
+
     def engine(self, model_id: str | None = None) -> EngineLike:
         """The running engine of the model requests name `model_id` (the default's for None); a 503 while it
         loads, restarts or is down. An unloaded model starts loading (ready() waits for it)."""

@@ -34,7 +34,7 @@ async def _serve(
 ) -> Response:
     params = await parse_transcription(request, settings, task)
     engine = await models.ready(params.model)
-    served = models.find(params.model).id  # the metrics' model label
+    served = models.label(params.model)  # the metrics' model label
     diarized_json = params.response_format is ResponseFormat.DIARIZED_JSON
     diarize = diarized_json or params.diarize  # diarize: verbose_json's segments labelled with speakers
     channels = None

@@ -110,7 +110,7 @@ async def create_chat_completion(request: Request, models: ModelsDep, settings: 
     chat: ChatCompletionRequest = validate_model(ChatCompletionRequest, body)
     check_model(chat.model, settings)
     engine = await models.ready(chat.model)
-    served = models.find(chat.model).id  # the metrics' model label
+    served = models.label(chat.model)  # the metrics' model label
     turn = extract_audio_turn(chat.messages)
     task = Task.TRANSLATE if TRANSLATE_PATTERN.search(turn.instruction) else Task.TRANSCRIBE
     language = parse_language(chat.language) if task is Task.TRANSCRIBE else None

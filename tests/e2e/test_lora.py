@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.helpers.realtime import chunks, pcm24k, wav_bytes
-from tests.helpers.server import RemoteServer
+from tests.helpers.server import RemoteServer, metric
 from tests.helpers.transcripts import JFK, words
 
 LIBRI = "g1_en_librispeech-test-clean_61-70968-0000.flac"
@@ -82,6 +82,11 @@ def test_adapter_requests_decode_beside_the_models_own_as_the_merged_model_does(
     assert words(jfk.text) == words(COMMUNITY)
     assert [w.word for w in jfk.words] == [w.word for w in merged[JFK].words]  # alignment runs the adapter too
     assert "country" in got[1].text  # the model's own request is untouched
+    seconds = {
+        m: metric(server, "whisper_audio_seconds_total", f'{{model="{m}",task="transcribe"}}')
+        for m in ("community", "tiny.en")
+    }
+    assert seconds["community"] >= 2 * 11 and seconds["tiny.en"] >= 2 * 11  # each counted under the id it named
     chat = client.chat.completions.create(
         model="community",
         messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {
