@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from concurrent.futures import Future
 import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import torch

@@ -119,6 +119,8 @@ class ModelRunner:
             self.model, self.device, self.dtype, int8_cross, kernels, config.encoder_precision == "float8"
         )
         self.adapters = self._adapters(config)
+        for name, folder in config.loras:
+            self.load_adapter(name, folder)
         self.log_mel = LogMelSpectrogram(dims.n_mels, self.device)
 
         self.cache_shape = CacheShape.for_model(dims, config.max_audio_ctx, config.max_text_ctx)
@@ -178,9 +180,6 @@ class ModelRunner:
             encoder.quantized.adapters = adapters
         if isinstance(self.backend, CpuNativeBackend):
             self.backend.use_adapters(adapters, names)
-        self.adapters = adapters
-        for name, folder in config.loras:
-            self.load_adapter(name, folder)
         return adapters
 
     def load_adapter(self, name: str, folder: str) -> None:
