@@ -36,7 +36,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "InvalidRequestError", "RequestAbortedError", "Segment", "SegmentEvent", "Task", "TokenLogprob",
         "TranscriptionResult", "Word",
     ),
-    "engine.model.sources": ("ModelNotFoundError", "check_model", "known_names"),
+    "engine.model.sources": ("ModelNotFoundError", "check_model", "known_names", "resolve_adapter"),
     "engine.model.lora": ("AdapterError",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

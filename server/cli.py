@@ -204,11 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem := unreadable_audio(args.audio):
             return usage_error(args.command, problem)
     settings = settings_from_args(parser, args)
-    from engine import ModelNotFoundError, check_model
+    from engine import ModelNotFoundError, check_model, resolve_adapter
 
     try:
         for spec in settings.served_models():
             check_model(spec.source, settings.dummy_weights)
+            for _, source in spec.config.loras:  # a hub adapter is fetched here, where its engine then finds it
+                resolve_adapter(source)
     except (ModelNotFoundError, ValueError) as exc:
         return usage_error(args.command, str(exc))
     if args.command == "serve":

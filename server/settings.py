@@ -102,8 +102,9 @@ class Settings(BaseSettings):
     first the default (docs/deployment.md: several models)."""
     lora: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """A LoRA adapter, repeatable: `NAME=PATH`, PATH a PEFT adapter directory (adapter_config.json and
-    adapter_model.safetensors) of the default model, or of --lora-base's; a request whose `model` is NAME decodes
-    with it, in the same batches as the model's other requests."""
+    adapter_model.safetensors) or a hub id (owner/name, fetched as models are) of the default model, or of
+    --lora-base's; a request whose `model` is NAME decodes with it, in the same batches as the model's other
+    requests."""
     lora_base: str | None = None
     """The served model (its id) that the --lora adapters adapt; None: the default model."""
     lora_dir: Path | None = None

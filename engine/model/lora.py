@@ -26,11 +26,11 @@ from torch import Tensor, nn
 
 from engine.model.dims import ModelDimensions
 from engine.model.layer_ops import LayerOps
+from engine.model.sources import ADAPTER_FILES, resolve_adapter
 from engine.model.weights import openai_name
 
 MAX_RANK = 64
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE, WEIGHTS_FILE = ADAPTER_FILES
 MAX_CONFIG_BYTES = 1 << 20
 _PEFT_PREFIX = "base_model.model."
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
@@ -75,10 +75,11 @@ class LoraAdapter:
 
     @classmethod
     def load(cls, name: str, folder: str | Path, dims: ModelDimensions, dtype: torch.dtype, device: torch.device):
-        """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) checked against the model."""
+        """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors), or a hub id fetched into the
+        Hugging Face cache, checked against the model."""
         from safetensors import SafetensorError, safe_open
 
-        folder = Path(folder)
+        folder = resolve_adapter(str(folder))
         config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
         if not config_path.is_file() or not weights_path.is_file():
             raise AdapterError(f"adapter {name!r}: a PEFT LoRA directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")

@@ -33,6 +33,7 @@ HUB_FILES = (
     "model.bin", "model.bin.part*", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
 )
 HUB_FALLBACK_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin", "*.pt")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # a PEFT LoRA adapter's (engine/model/lora.py)
 
 
 
@@ -216,6 +217,37 @@ def resolve_model(name: str, *, allow_download: bool = True) -> ResolvedModel:
     if "/" not in name:  # no Whisper checkpoint is a hub repository without an owner
         raise _unknown(name)
     return _resolve_hub(name, allow_download)
+
+
+def resolve_adapter(source: str, *, allow_download: bool = True) -> Path:
+    """A LoRA adapter's directory: a local path, or a hub id (owner/name) whose PEFT files are fetched into the
+    Hugging Face cache (the cache first, as for models)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or _looks_like_path(source) or not _HUB_ID.match(source):
+        raise ModelNotFoundError(
+            f"adapter '{source}': no such directory; pass a PEFT adapter directory or a hub id (owner/name)"
+        )
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    offline = not allow_download or _hub_offline()
+    error: Exception | None = None
+    for local_only in (True, False)[: 1 if offline else 2]:
+        try:
+            return Path(snapshot_download(source, allow_patterns=list(ADAPTER_FILES), local_files_only=local_only))
+        except HFValidationError:
+            break
+        except OSError as e:  # the hub's errors subclass OSError
+            error = e
+    if offline:
+        raise ModelNotFoundError(
+            f"adapter '{source}' is no local directory, not in the local Hugging Face cache, and the hub is "
+            "unreachable (HF_HUB_OFFLINE is set, or downloads are disabled)"
+        )
+    raise ModelNotFoundError(f"adapter '{source}' is no local directory, and the Hugging Face hub gave none "
+                             f"({_first_line(error)}); check the id and the network")  # fmt: skip
 
 
 def check_model(name: str, dummy_weights: bool = False) -> None:

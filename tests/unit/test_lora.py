@@ -149,3 +149,24 @@ def test_the_bank_holds_at_most_its_capacity_and_frees_an_index_on_removal(tmp_p
     bank.remove("a0")
     bank.add("a2", tmp_path / "a2")
     assert sorted(bank.indices.values()) == [1, 2] and bank.stacks["decoder.blocks.2.mlp.0"][0].shape == (3, 4, D)
+
+
+def test_a_hub_adapter_is_read_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    """`--lora NAME=owner/repo`: the cache first, as for models (here offline: the cache alone)."""
+    from huggingface_hub import constants
+
+    from engine.model.sources import ModelNotFoundError, resolve_adapter
+
+    repo = tmp_path / "hub" / "models--someone--whisper-tiny.en-accents"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    write_adapter(snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_adapter("someone/whisper-tiny.en-accents") == snapshot
+    assert set(load("someone/whisper-tiny.en-accents").weights) == set(TARGETS.values())
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
+        resolve_adapter("someone/not-cached")
+    with pytest.raises(ModelNotFoundError, match="no such directory"):
+        resolve_adapter(str(tmp_path / "missing"))
