@@ -103,6 +103,17 @@ class LoraAdapter:
                     target = openai_name(module + ".weight").removesuffix(".weight")
                     if target not in shapes:
                         raise AdapterError(f"adapter {name!r}: {module!r} is not a product an adapter may change here")
+                    # its shape from the header, before its bytes are read: A (r, in), B (out, r), r <= MAX_RANK
+                    shape, (out, inp) = tuple(f.get_slice(key).get_shape()), shapes[target]
+                    rank = (shape[0] if match["half"] == "A" else shape[1]) if len(shape) == 2 else 0
+                    expected = (rank, inp) if match["half"] == "A" else (out, rank)
+                    if shape != expected:
+                        raise AdapterError(
+                            f"adapter {name!r}: {module!r} has lora_{match['half']} {shape}; this model's product "
+                            f"is {out} x {inp} (an adapter of another model size?)"
+                        )
+                    if not 1 <= rank <= MAX_RANK:
+                        raise AdapterError(f"adapter {name!r}: rank {rank} of {module!r}; at most {MAX_RANK}")
                     halves.setdefault(target, {})[match["half"]] = f.get_tensor(key)
                     peft_names[target] = module
         except (SafetensorError, OSError) as e:  # a truncated or foreign file
@@ -114,15 +125,10 @@ class LoraAdapter:
             if set(pair) != {"A", "B"}:
                 raise AdapterError(f"adapter {name!r}: {peft_names[target]!r} lacks its lora_A or lora_B matrix")
             a, b = pair["A"], pair["B"]
-            out, inp = shapes[target]
             rank = a.shape[0]
-            if a.ndim != 2 or b.ndim != 2 or a.shape[1] != inp or b.shape != (out, rank):
-                raise AdapterError(
-                    f"adapter {name!r}: {peft_names[target]!r} has A {tuple(a.shape)} and B {tuple(b.shape)}; "
-                    f"this model's product is {out} x {inp} (an adapter of another model size?)"
-                )
-            if not 1 <= rank <= MAX_RANK:
-                raise AdapterError(f"adapter {name!r}: rank {rank} of {peft_names[target]!r}; at most {MAX_RANK}")
+            if b.shape[1] != rank:
+                raise AdapterError(f"adapter {name!r}: {peft_names[target]!r} has lora_A of rank {rank} and lora_B "
+                                   f"of rank {b.shape[1]}")  # fmt: skip
             scale = _scale(config, peft_names[target], rank)
             weights[target] = LoraProduct(
                 a.to(device=device, dtype=dtype).contiguous(),

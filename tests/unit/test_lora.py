@@ -77,6 +77,7 @@ def test_a_peft_directory_maps_onto_the_models_products_with_peft_scaling(tmp_pa
         ({"modules": {"decoder.embed_tokens": None}}, "not a product"),
         ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.lora_A.weight": torch.zeros(4, D)}}, "lacks"),
         ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.weight": torch.zeros(4, D)}}, "not a LoRA"),
+        ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.lora_A.weight": torch.zeros(())}}, "another model size"),
         ({"tensors": {f"{PREFIX}decoder.layers.0.fc1.lora_A.weight": torch.zeros(4, 512),
                       f"{PREFIX}decoder.layers.0.fc1.lora_B.weight": torch.zeros(4 * D, 4)}}, "another model size"),
     ],
