@@ -90,8 +90,12 @@ class ServedModels:
             ttl_s = settings.model_ttl_s if spec.ttl_s is None else spec.ttl_s
             self.models.append(ServedModel(spec, ttl_s, unloaded=ttl_s >= 0))
         self.models[0].engine = engine
-        self.by_id = {model_id: model for model in self.models for model_id in [*model.spec.ids, *model.adapters]}
+        self.by_id = self._by_id()
         self.ttl_watch: asyncio.Task | None = None
+
+    def _by_id(self) -> dict[str, ServedModel]:
+        """Every id a request may name (a model's ids, its adapters) to its model."""
+        return {model_id: model for model in self.models for model_id in [*model.spec.ids, *model.adapters]}
 
     @property
     def default(self) -> ServedModel:
@@ -253,7 +257,7 @@ class ServedModels:
         for supervisor in [model.supervisor, *model.members]:  # a restarted engine loads the adapters as they are
             if supervisor is not None:
                 supervisor.config = dataclasses.replace(supervisor.config, loras=loras)
-        self.by_id = {i: m for m in self.models for i in [*m.spec.ids, *m.adapters]}
+        self.by_id = self._by_id()
 
     async def shutdown(self) -> None:
         if self.ttl_watch is not None:

@@ -52,6 +52,9 @@ class Int8Blocks(nn.Module):
         super().__init__()
         self.adapters: Adapters | None = None  # LoRA adapters whose deltas its products add (ModelRunner sets them)
         self.products = []
+        # each block's products by name, as adapters name them: q, k, v, out, fc1, fc2
+        self.names = [tuple(f"encoder.blocks.{i}.{p}" for p in ("attn.query", "attn.key", "attn.value", "attn.out",
+                                                                 "mlp.0", "mlp.2")) for i in range(len(blocks))]  # fmt: skip
         for block in blocks:
             qkv, out, fc1, fc2 = block.take_products()
             self.products.append((
@@ -73,11 +76,9 @@ class Int8Blocks(nn.Module):
                 adapters.add_to(y.view(b, t, -1), name, inputs.view(b, t, -1))
             return y
 
-        for i, (block, (qkv, out, fc1, fc2), next_norm) in enumerate(zip(blocks, self.products, next_norms)):
-            names = [f"encoder.blocks.{i}.{p}" for p in ("attn.query", "attn.key", "attn.value", "attn.out", "mlp.0",
-                                                           "mlp.2")]  # fmt: skip
+        for block, (qkv, out, fc1, fc2), names, next_norm in zip(blocks, self.products, self.names, next_norms):
             rows = h.view(b * t, n)
-            y = adapt(qkv(*quantize_rows(rows)), tuple(names[:3]), rows)
+            y = adapt(qkv(*quantize_rows(rows)), names[:3], rows)
             q, k, v = y.view(b, t, 3, heads, n // heads).unbind(2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             o = o.transpose(1, 2).reshape(b * t, n)

@@ -49,6 +49,7 @@ from engine.messages import (
     StatsQuery,
     Submit,
 )
+from engine.model.lora import AdapterError
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
@@ -56,7 +57,6 @@ from engine.request import (
     EngineStats,
     TranscriptionResult,
 )
-from engine.model.lora import AdapterError
 from engine.runtime.engine import ADAPTER_CHANGE_TIMEOUT_S, Engine
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class EngineProcess(EngineFront):
         self._handles: dict[str, RequestHandle] = {}
         self._windows: dict[str, int] = {}  # the 30 s windows of each request in flight (EnginePool's load)
         self._unstarted: set[str] = set()  # sent, first window not yet in a slot: bounded by max_waiting
-        self._stats: dict[int, tuple[threading.Event, list]] = {}
+        self._replies: dict[int, tuple[threading.Event, list]] = {}  # awaited replies, by token (_ask)
         self._dead: str | None = None
         self._pipe_broken = False  # a send failed: the child is gone, though not yet reaped
         self._started = False
@@ -165,34 +165,31 @@ class EngineProcess(EngineFront):
             return sum(self._windows.values())
 
     def stats(self) -> EngineStats:
-        token = next(self._tokens)
-        done, reply = threading.Event(), []
-        self._stats[token] = (done, reply)
-        self._outbox.put((StatsQuery(token), None))
-        try:
-            if not done.wait(STATS_TIMEOUT_S):
-                raise EngineDeadError("the engine process did not answer for its stats")
-        finally:
-            self._stats.pop(token, None)
-        stats: EngineStats = reply[0]
+        stats: EngineStats = self._ask(StatsQuery, STATS_TIMEOUT_S, "for its stats")
         with self._lock:
             stats.num_waiting = len(self._unstarted)  # the parent's count is the one that max_waiting bounds
         return stats
 
     def change_adapter(self, name: str, folder: str | None) -> None:
         """Engine.change_adapter in the child: AdapterError says why not."""
+        error = self._ask(lambda token: ChangeAdapter(name, folder, token=token), ADAPTER_CHANGE_TIMEOUT_S,
+                          "the adapter change")  # fmt: skip
+        if error is not None:
+            raise AdapterError(error)
+        self.adapter_names = self.adapter_names | {name} if folder is not None else self.adapter_names - {name}
+
+    def _ask(self, message, timeout_s: float, what: str):
+        """Send the child message(token) and wait for its reply of that token (Stats, AdapterChanged)."""
         token = next(self._tokens)
         done, reply = threading.Event(), []
-        self._stats[token] = (done, reply)
-        self._outbox.put((ChangeAdapter(name, folder, token=token), None))
+        self._replies[token] = (done, reply)
+        self._outbox.put((message(token), None))
         try:
-            if not done.wait(ADAPTER_CHANGE_TIMEOUT_S):
-                raise EngineDeadError("the engine process did not answer the adapter change")
+            if not done.wait(timeout_s):
+                raise EngineDeadError(f"the engine process did not answer {what}")
         finally:
-            self._stats.pop(token, None)
-        if reply[0] is not None:
-            raise AdapterError(reply[0])
-        self.adapter_names = self.adapter_names | {name} if folder is not None else self.adapter_names - {name}
+            self._replies.pop(token, None)
+        return reply[0]
 
     def shutdown(self) -> None:
         self._outbox.put((Shutdown(), None))
@@ -231,7 +228,7 @@ class EngineProcess(EngineFront):
                     with self._lock:
                         self._unstarted.discard(message.request_id)
                 elif isinstance(message, Stats | AdapterChanged):
-                    waiter = self._stats.get(message.token)  # the replies awaited, by token
+                    waiter = self._replies.get(message.token)
                     if waiter is not None:
                         waiter[1].append(message.stats if isinstance(message, Stats) else message.error)
                         waiter[0].set()

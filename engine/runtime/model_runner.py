@@ -368,7 +368,8 @@ class ModelRunner:
     def map_rows(self, seqs: list[Sequence]) -> None:
         """The launch's rows (seqs[i] in row seqs[0].slot + i) to their windows' cross slots."""
         self.cache.map_rows(seqs[0].slot, [s.cross_slot for s in seqs])
-        self.use_adapters([s.job.options.adapter for s in seqs])
+        if self.adapters is not None:
+            self.use_adapters([s.job.options.adapter for s in seqs])
 
     def multi_steps(self, seqs: list[Sequence]) -> int:
         """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence

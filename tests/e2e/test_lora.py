@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.realtime import chunks, pcm24k, wav_bytes
+from tests.helpers.realtime import one_turn, pcm24k, wav_bytes
 from tests.helpers.server import RemoteServer, metric
 from tests.helpers.transcripts import JFK, words
 
@@ -99,16 +99,7 @@ def test_a_realtime_session_on_the_adapter_transcribes_its_turns_with_it(server,
     pcm = pcm24k(data_dir / JFK)
     client = server.client()
     http = client.audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="community").text
-    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
-        assert conn.recv().type == "session.created"
-        conn.session.update(session={"type": "transcription", "audio": {"input": {
-            "turn_detection": None, "transcription": {"model": "community"}}}})  # fmt: skip
-        assert conn.recv().session.audio.input.transcription.model == "community"
-        for piece in chunks(pcm, 48):
-            conn.input_audio_buffer.append(audio=piece)
-        conn.input_audio_buffer.commit()
-        completed = next(ev for ev in conn if ev.type == "conversation.item.input_audio_transcription.completed")
-    assert completed.transcript == http and "community" in http
+    assert one_turn(client, pcm, "community") == http and "community" in http
 
 
 def test_adapters_are_added_and_removed_at_run_time(server, data_dir):

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.realtime import chunks, pcm24k, wav_bytes
+from tests.helpers.realtime import chunks, one_turn, pcm24k, wav_bytes
 from tests.helpers.server import RemoteServer, metric, tree_rss_mib
 from tests.helpers.transcripts import JFK, JFK_WORDS, contains_words
 
@@ -79,16 +79,7 @@ def test_a_realtime_session_transcribes_with_its_sessions_model(two_models, data
     pcm = pcm24k(data_dir / JFK)
     client = two_models.client()
     http = client.audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="base").text
-    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
-        assert conn.recv().type == "session.created"
-        conn.session.update(session={"type": "transcription", "audio": {"input": {
-            "turn_detection": None, "transcription": {"model": "base"}}}})  # fmt: skip
-        assert conn.recv().session.audio.input.transcription.model == "base"
-        for piece in chunks(pcm, 48):
-            conn.input_audio_buffer.append(audio=piece)
-        conn.input_audio_buffer.commit()
-        completed = next(ev for ev in conn if ev.type == "conversation.item.input_audio_transcription.completed")
-    assert completed.transcript == http  # base's transcript, exactly as HTTP gives it
+    assert one_turn(client, pcm, "base") == http  # base's transcript, exactly as HTTP gives it
 
 
 def test_a_crash_of_one_models_engine_leaves_the_other_serving(two_models, data_dir):

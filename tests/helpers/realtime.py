@@ -45,3 +45,18 @@ def chunks(data: bytes, bytes_per_ms: int) -> list[str]:
     """The stream as `input_audio_buffer.append` payloads of CHUNK_MS each."""
     step = CHUNK_MS * bytes_per_ms
     return [base64.b64encode(data[i : i + step]).decode() for i in range(0, len(data), step)]
+
+
+def one_turn(client, pcm: bytes, model: str) -> str:
+    """A realtime transcription session on `model` (the openai SDK), 24 kHz PCM appended and committed by hand: the
+    turn's completed transcript. Asserts that the session took the model."""
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "turn_detection": None, "transcription": {"model": model}}}})  # fmt: skip
+        assert conn.recv().session.audio.input.transcription.model == model
+        for piece in chunks(pcm, 48):
+            conn.input_audio_buffer.append(audio=piece)
+        conn.input_audio_buffer.commit()
+        completed = next(ev for ev in conn if ev.type == "conversation.item.input_audio_transcription.completed")
+    return completed.transcript
