@@ -2,9 +2,12 @@
 same model with no adapter support at all, in one run.
 
     python benchmarks/lora_cost.py [--model tiny.en] [--windows 1 8 32] [--adapters 0 1 4 16] [--ranks 16 64]
+    python benchmarks/lora_cost.py --device cuda --dummy-weights --model large-v3 --tokenizer TOKENIZER \
+        --windows 1 8 64 256
 
-Adapters are random PEFT adapters made with peft (tests/helpers/lora.py random_adapter: q/k/v/out, fc1 and fc2 of
-the encoder and the decoder, every layer), loaded with --max-loras 16. Each configuration submits N copies of one
+Adapters are random PEFT adapters on q/k/v/out, fc1 and fc2 of the encoder and the decoder, every layer: made with
+peft for real weights (tests/helpers/lora.py random_adapter), written directly in PEFT's layout for dummy weights
+(random_peft_files), loaded with --max-loras 16. Each configuration submits N copies of one
 11 s clip (one window each, so every window starts together) decoding exactly --tokens tokens (fixed_decode_tokens:
 the same work whatever the adapters make the model say), round-robin over the adapters (0: the model itself, on
 the engine that has adapters loaded; a count above the number of windows is skipped); the baseline is an engine with no adapters configured. Prints the median
@@ -15,10 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,6 +50,36 @@ def run(engine: Engine, audio, adapters: list[str | None], windows: int, tokens:
     return asyncio.run(go())
 
 
+def random_peft_files(dims, rank: int, seed: int, out: Path) -> Path:
+    """A PEFT LoRA directory of random A and B of `rank` for a model of `dims`, written without peft (dummy weights
+    have no Hugging Face model for peft to wrap): only the cost is measured, and fixed_decode_tokens makes the
+    work the same whatever the outputs."""
+    from safetensors.torch import save_file
+
+    from engine.model.lora import products
+    from tests.helpers.weights_export import to_hf_names
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, (n_out, n_in) in products(dims).items():
+        hf = next(iter(to_hf_names({name + ".weight": torch.empty(0)}))).removesuffix(".weight")
+        tensors[f"base_model.model.{hf}.lora_A.weight"] = (torch.randn(rank, n_in, generator=g) / n_in**0.5).half()
+        tensors[f"base_model.model.{hf}.lora_B.weight"] = (torch.randn(n_out, rank, generator=g) * 1e-3).half()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "k_proj",
+              "v_proj", "out_proj", "fc1", "fc2"], "bias": "none"}  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+
+
+def free_memory() -> None:
+    """What a shut-down engine held, given back before the next one plans its caches."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny.en")
@@ -51,37 +89,57 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dummy-weights", action="store_true", help="--model is a size name (large-v3, ...)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json for dummy multilingual models")
     args = parser.parse_args()
-    from tests.helpers.lora import random_adapter
 
     audio = decode_audio(CLIP)
     most = max(args.adapters)
-    common = {"model": args.model, "device": "cpu", "dtype": args.dtype, "max_num_seqs": max(args.windows)}
+    common = {"model": args.model, "device": args.device, "dtype": args.dtype, "max_num_seqs": max(args.windows),
+              "dummy_weights": args.dummy_weights, "tokenizer": args.tokenizer}  # fmt: skip
+    # one engine at a time: on a GPU each plans its caches into the memory the one before it gave back
     baseline = Engine(EngineConfig(**common))
     baseline.start()
+    dims = baseline.runner.dims
+    run(baseline, audio, [None], 1, 4)  # warm-up
+    base_s = {w: statistics.median(run(baseline, audio, [None], w, args.tokens) for _ in range(args.repeats))
+              for w in args.windows}  # fmt: skip
+    baseline.shutdown()
+    del baseline
+    free_memory()
+    scratch = Path(tempfile.mkdtemp(prefix="lora-cost-"))
     rows = []
     for rank in args.ranks:
-        loras = tuple((f"r{rank}-{i}", str(random_adapter(args.model, rank=rank, seed=i))) for i in range(most))
-        engine = Engine(EngineConfig(**common, loras=loras, max_loras=max(most, 1)))
+        if args.dummy_weights:
+            folders = [random_peft_files(dims, rank, i, scratch / f"r{rank}-{i}") for i in range(most)]
+        else:
+            from tests.helpers.lora import random_adapter
+
+            folders = [random_adapter(args.model, rank=rank, seed=i) for i in range(most)]
+        loras = tuple((f"r{rank}-{i}", str(folder)) for i, folder in enumerate(folders))
+        engine = Engine(EngineConfig(**common, loras=loras, max_loras=max(most, 1), max_lora_rank=rank))
         engine.start()
         run(engine, audio, [None], 1, 4)  # warm-up
         for windows in args.windows:
-            base_s = statistics.median(run(baseline, audio, [None], windows, args.tokens) for _ in range(args.repeats))
             for count in args.adapters:
                 if count > windows:  # the rows could not use that many
                     continue
                 names = [name for name, _ in loras[:count]] or [None]
                 took = statistics.median(run(engine, audio, names, windows, args.tokens) for _ in range(args.repeats))
-                rows.append((rank, windows, count, base_s, took))
-                print(f"rank {rank}, {windows} windows, {count} adapters: {took:.3f} s (model alone {base_s:.3f} s)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                rows.append((rank, windows, count, base_s[windows], took))
+                print(f"rank {rank}, {windows} windows, {count} adapters: {took:.3f} s (model alone "
+                      f"{base_s[windows]:.3f} s)", file=sys.stderr, flush=True)  # fmt: skip
         engine.shutdown()
-    baseline.shutdown()
-    print(f"\n{args.model}, {args.tokens} tokens a window, dtype {args.dtype}; throughput relative to the model alone")
+        del engine
+        free_memory()
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"\n{args.model}{' (dummy weights)' if args.dummy_weights else ''} on {where}, {args.tokens} tokens a "
+          f"window, dtype {args.dtype}; throughput relative to the model alone")  # fmt: skip
     print("| rank | windows | adapters in the batch | s | model alone, s | relative throughput |")
     print("|---|---|---|---|---|---|")
-    for rank, windows, count, base_s, took in rows:
-        print(f"| {rank} | {windows} | {count} | {took:.3f} | {base_s:.3f} | {base_s / took:.2f}x |")
+    for rank, windows, count, alone, took in rows:
+        print(f"| {rank} | {windows} | {count} | {took:.3f} | {alone:.3f} | {alone / took:.2f}x |")
 
 
 if __name__ == "__main__":

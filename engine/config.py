@@ -71,6 +71,9 @@ class EngineConfig:
     # The most adapters resident at once, those above included (adapters added at run time count); 0: as many
     # as `loras` holds
     max_loras: int = 0
+    # The largest rank an adapter may have on a GPU, where every resident adapter's matrices are laid out at this
+    # rank for the decode graphs (memory: about 2 x rank x the model's product widths per adapter); at most 64
+    max_lora_rank: int = 64
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -101,5 +104,7 @@ class EngineConfig:
             raise ValueError(
                 f"max_loras must be >= 0 and hold the {len(self.loras)} adapters given, got {self.max_loras}"
             )
+        if not 1 <= self.max_lora_rank <= 64:
+            raise ValueError(f"max_lora_rank must be in [1, 64], got {self.max_lora_rank}")
         if len({name for name, _ in self.loras}) != len(self.loras):
             raise ValueError("each adapter needs a name of its own")

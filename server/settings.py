@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     max_loras: int = Field(default=0, ge=0)
     """The most adapters each model keeps loaded, those added at run time (POST /v1/models) included; 0: the
     number given at start, and none can be added."""
+    max_lora_rank: int = Field(default=64, ge=1, le=64)
+    """On a GPU, the largest rank an adapter may have: every resident adapter's matrices are laid out at this rank
+    (the log prints their memory at start-up); lower it to save GPU memory when the adapters have smaller ranks."""
     model_ttl_s: float = -1
     """Unload a model once it has been idle this many seconds (nothing queued or decoding), and load it again on
     its next request (which waits for it); its engine then runs in a process of its own, so that unloading gives

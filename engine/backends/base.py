@@ -13,6 +13,7 @@ from torch import Tensor
 
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
+from engine.model.lora import Adapters
 from engine.model.whisper import Whisper
 
 KV_BUCKET = 64  # a masked step attends over a multiple of this many positions: few shapes, so kernels are reused
@@ -36,6 +37,18 @@ class DecodeBackend:
         self.model = model
         self.decoder = model.decoder
         self.kernels = kernels
+        self.adapters: Adapters | None = None  # use_adapters
+        self.adapter_names: dict[int, str | tuple[str, ...]] = {}
+
+    def use_adapters(self, adapters: Adapters, names: dict[int, str | tuple[str, ...]]) -> None:
+        """The LoRA adapters whose deltas the backend's own step paths add, beside the layer operations the model's
+        passes go through (engine/model/lora.py); `names`: each product weight's adapter name, by id()."""
+        self.adapters, self.adapter_names = adapters, names
+
+    @property
+    def adapted(self) -> bool:
+        """Whether a row of the pass being run uses a LoRA adapter."""
+        return self.adapters is not None and self.adapters.active
 
     def encode(self, mel: Tensor) -> Tensor:
         """mel (batch, n_mels, 3000) -> audio features (batch, n_audio_ctx, n_audio_state)"""

@@ -26,7 +26,6 @@ from engine.kernels.cpu_team import TeamSize
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
 from engine.model.layer_ops import norm
-from engine.model.lora import Adapters
 from engine.model.whisper import TextDecoder, Whisper
 
 VOCAB_CHUNKS = 8  # column blocks of the one-row vocabulary projection
@@ -76,8 +75,6 @@ class CpuNativeBackend(CpuTorchBackend):
         # int8 copies of the products a lone sequence's step reads (KernelOptions.cpu_int8_weights), by weight
         self.int8: dict[int, QuantizedWeight] = {}
         self.vocab_int8: QuantizedWeight | None = None
-        self.adapters: Adapters | None = None  # use_adapters
-        self.adapter_names: dict[int, str | tuple[str, ...]] = {}
         if kernels.cpu_int8_weights:
             # laid out for the integer dot products where the CPU has them (and every product's inputs come in 4s)
             dot = kernels.cpu_int8_dot and native.vnni
@@ -89,10 +86,6 @@ class CpuNativeBackend(CpuTorchBackend):
             columns = -(-embedding.shape[0] // COLS) * COLS
             self.vocab_int8 = QuantizedWeight.of(embedding.t(), columns, interleave=dot and embedding.shape[1] % 4 == 0)
 
-    def use_adapters(self, adapters: Adapters, names: dict[int, str | tuple[str, ...]]) -> None:
-        """Add the rows' LoRA deltas to the products of the native steps too (engine/model/lora.py)."""
-        self.adapters, self.adapter_names = adapters, names
-
     def _linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
         """One row's product with a decoder weight (out, in), from its int8 copy when there is one."""
         q = self.int8.get(id(weight))
@@ -103,7 +96,7 @@ class CpuNativeBackend(CpuTorchBackend):
     def _adapted(self, product, x: Tensor, stored, weight: Tensor, bias: Tensor | None, **fused) -> Tensor:
         """product(x, stored, bias, **fused) plus the rows' adapter deltas, where a row of the pass uses an adapter
         on this weight: their input is the normalised x where the kernel normalises it, and GELU comes after them."""
-        name = self.adapter_names.get(id(weight)) if self.adapters is not None and self.adapters.active else None
+        name = self.adapter_names.get(id(weight)) if self.adapted else None
         if name is None:
             return product(x, stored, bias, **fused)
         gelu = fused.pop("gelu", False)

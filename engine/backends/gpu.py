@@ -27,6 +27,7 @@ from engine.kernels.fp8 import MODEL_DTYPE_BLOCKS, Fp8Blocks
 from engine.kernels.fused_ops import (
     add_norm,
     add_norm_linear,
+    gelu,
     linear,
     linear_gelu,
     norm,
@@ -54,7 +55,7 @@ def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
 
 # The model's layer operations on a GPU: a residual add and its layer norm in one kernel, GELU in the product's
 # epilogue, a lone row's products in one-row kernels (each falls back to torch where its kernel does not apply)
-FUSED_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu)
+FUSED_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu, gelu=gelu)
 
 
 class GpuBackend(DecodeBackend):
@@ -94,7 +95,7 @@ class GpuBackend(DecodeBackend):
         self, tokens: Tensor, positions: Tensor, cache: KVCache, kv_len: int, slot_start: int = 0
     ) -> Tensor:
         x = self.decoder.embed(tokens, positions)
-        if tokens.shape[0] == 1 and self.fused_lone_row:
+        if tokens.shape[0] == 1 and self.fused_lone_row and not self.adapted:  # its kernels apply no adapter
             return self._lone_row_step(x, cache, positions, slot_start)
         return self._rows_step(x, cache, positions, kv_len, slot_start)
 
@@ -106,6 +107,7 @@ class GpuBackend(DecodeBackend):
     def _rows_step(self, x: Tensor, cache: KVCache, positions: Tensor, kv_len: int, slot_start: int = 0) -> Tensor:
         """x (b, 1, n_state) of rows in slots slot_start.. at `positions` (b, 1) -> hidden (b, 1, n_state)."""
         dec, pdl, b = self.decoder, self.kernels.pdl, x.shape[0]
+        ops = dec.ops  # FUSED_OPS, with the rows' LoRA deltas where the engine has adapters
         slots = slice(slot_start, slot_start + b)
         mask = rows = None
         if not self.reads_own_prefix:
@@ -118,21 +120,21 @@ class GpuBackend(DecodeBackend):
             attn = block.attn
             if self.reads_own_prefix:
                 o = decode_attention.self_attention_step(
-                    attn.qkv(h), cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start, pdl
+                    ops.qkv(attn, h), cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start, pdl
                 )
             else:
-                qkv = attn.qkv(h).view(b, 1, 3, attn.n_head, cache.head_dim)
+                qkv = ops.qkv(attn, h).view(b, 1, 3, attn.n_head, cache.head_dim)
                 cache.self_kv_layers[i][:, rows, :, positions] = qkv[:, :, 1:]
                 k = cache.self_k_layers[i][slots, :, :kv_len]
                 v = cache.self_v_layers[i][slots, :, :kv_len]
                 o = attn.merge_heads(decode_self_attention(qkv[:, :, 0].transpose(1, 2), k, v, mask))
-            x, h = add_norm(x, linear(attn.out, o, pdl), block.cross_attn_ln)
+            x, h = add_norm(x, ops.linear(attn.out, o, pdl), block.cross_attn_ln)
             cross = block.cross_attn
             o = indexed_cross_attention(
-                cross.split_heads(linear(cross.query, h, pdl)), cache, i, slot_start, self.kernels
+                cross.split_heads(ops.linear(cross.query, h, pdl)), cache, i, slot_start, self.kernels
             )
-            x, h = add_norm(x, linear(cross.out, cross.merge_heads(o), pdl), block.mlp_ln)
-            x, h = add_norm(x, block.feed_forward(h, FUSED_OPS, pdl), next_norm)
+            x, h = add_norm(x, ops.linear(cross.out, cross.merge_heads(o), pdl), block.mlp_ln)
+            x, h = add_norm(x, block.feed_forward(h, ops, pdl), next_norm)
         return h
 
     def _lone_row_step(self, x: Tensor, cache: KVCache, positions: Tensor, slot: int = 0) -> Tensor:

@@ -27,6 +27,7 @@ too; those serve both backends.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from engine.backends.gpu import GpuBackend
@@ -47,11 +48,16 @@ def wide_linear_gelu(proj, x: Tensor) -> Tensor:
     return invariant_ops.linear(x, proj.weight, proj.bias, gelu=True, wide=True)
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU's tanh form, which the invariant products' epilogue computes."""
+    return F.gelu(x, approximate="tanh")
+
+
 # The model's own passes over whole windows (the encoder, the cross K/V): every operation
 # computes a row, a window or a (window, head) alone, the same way whatever else is in the batch
 INVARIANT_OPS = LayerOps(
     add_norm=add_norm, norm=norm_rows, linear=wide_linear, linear_gelu=wide_linear_gelu,
-    attention=invariant_ops.attention, conv1d=invariant_ops.conv1d,
+    attention=invariant_ops.attention, conv1d=invariant_ops.conv1d, gelu=gelu_tanh,
 )  # fmt: skip
 
 
@@ -120,8 +126,15 @@ class BatchInvariantGpuBackend(GpuBackend):
         # (the products asking for their weights meanwhile); the same arithmetic, only started earlier
         pdl = kernels.pdl and rows <= invariant_ops.DEPENDENT_MAX_ROWS
 
-        def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
-            return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
+        adapters = self.adapters if self.adapted else None
+
+        def linear(h: Tensor, proj, gelu: bool = False, weight=None, bias=None) -> Tensor:
+            weight, bias = (proj.weight, proj.bias) if proj is not None else (weight, bias)
+            name = adapters and self.adapter_names.get(id(weight))
+            if not name:
+                return invariant_ops.linear(h, weight, bias, gelu=gelu, pdl=pdl)
+            y = adapters.add_to(invariant_ops.linear(h, weight, bias, pdl=pdl), name, h)  # a row's delta is its own
+            return gelu_tanh(y) if gelu else y
 
         slots = slice(slot_start, slot_start + rows // per_slot)
         cross_rows = cache.cross_slots_of(slot_start, rows // per_slot)  # each slot's row reads its window's
@@ -129,7 +142,7 @@ class BatchInvariantGpuBackend(GpuBackend):
         next_norms = [block.attn_ln for block in list(dec.blocks)[1:]] + [dec.ln]
         for i, (block, next_norm) in enumerate(zip(dec.blocks, next_norms)):
             attn, cross, fc1, fc2 = block.attn, block.cross_attn, block.mlp[0], block.mlp[2]
-            qkv = invariant_ops.linear(h, attn.qkv_weight, attn.qkv_bias, pdl=pdl)
+            qkv = linear(h, None, weight=attn.qkv_weight, bias=attn.qkv_bias)
             if per_slot > 1:  # every token's K/V in place before any token attends
                 kv = qkv.view(rows // per_slot, per_slot, 3, attn.n_head, cache.head_dim)[:, :, 1:]
                 cache.self_kv_layers[i][:, slots, :, :per_slot] = kv.permute(2, 0, 3, 1, 4)

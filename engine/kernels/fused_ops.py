@@ -268,6 +268,11 @@ def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
     return _linear_gelu(x, proj.weight, proj.bias)
 
 
+def gelu(x: Tensor) -> Tensor:
+    """GELU in the form linear_gelu computes it: its tanh form where cuBLASLt's epilogue computes it."""
+    return F.gelu(x, approximate="tanh") if x.is_cuda and x.dtype in HALF_DTYPES else F.gelu(x)
+
+
 def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if x.is_cuda and x.dtype in HALF_DTYPES and bias is not None:
         rows = x.reshape(-1, x.shape[-1])

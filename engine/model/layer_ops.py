@@ -24,6 +24,7 @@ class LayerOps:
     attention: Callable[[Tensor, Tensor, Tensor], Tensor] = F.scaled_dot_product_attention  # unmasked (q, k, v)
     conv1d: Callable[[nn.Conv1d, Tensor], Tensor] = nn.Conv1d.__call__  # conv(x), x (batch, channels, time)
     qkv: Callable[[nn.Module, Tensor], Tensor] = lambda attn, x: attn.qkv(x)  # [q | k | v] of a self-attention
+    gelu: Callable[[Tensor], Tensor] = F.gelu  # GELU as linear_gelu computes it, for a product finished apart
 
 
 class Projection(NamedTuple):

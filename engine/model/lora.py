@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.kernels import lora as lora_kernels
 from engine.model.dims import ModelDimensions
 from engine.model.layer_ops import LayerOps
 from engine.model.sources import ADAPTER_FILES, resolve_adapter
@@ -172,22 +175,57 @@ class Adapters:
     """A model's resident adapters, by index (1, 2, ...; 0 is none), and the adapter of each row of the pass being
     run. At most `capacity` stay resident.
 
-    Their matrices are also kept stacked, by product: A (capacity + 1, R, in) and B (capacity + 1, out, R), R the
-    largest resident rank, zeros where an adapter has a smaller rank or lacks the product and in index 0. A pass
-    whose rows use one adapter runs its two products over those rows; one whose rows use several gathers each row's
-    A and B from the stacks and runs two batched products over every row (rows without an adapter gather zeros and
-    add exactly nothing): two operations per product whatever the number of adapters."""
+    Their matrices are also kept stacked, by product as the model's weights hold them (a fused q/k/v is one product
+    of three slices): A (capacity + 1, slices, R, in) and B (capacity + 1, slices, out, R), zeros where an adapter
+    has a smaller rank or lacks the product and in index 0. On a CPU, R is the largest resident rank and only the
+    products some adapter targets are stacked. A pass whose rows use one adapter runs its two products over those
+    rows; one whose rows use several gathers each row's A and B from the stacks and runs two batched products over
+    every row (rows without an adapter gather zeros and add exactly nothing).
 
-    def __init__(self, dims: ModelDimensions, capacity: int, dtype: torch.dtype, device: torch.device):
+    On a GPU the stacks hold every product at `max_rank` from the start, so their addresses never change and the
+    decode graphs captured over them serve any adapters loaded later. A step's rows (one token each) then go through
+    engine/kernels/lora.py: the rows sorted by adapter in a table on the device that use() fills, one kernel per
+    product whatever the mix. Passes of many positions per row (the encoder, prompts, alignment) take the torch
+    paths above."""
+
+    def __init__(
+        self, dims: ModelDimensions, capacity: int, dtype: torch.dtype, device: torch.device,
+        groups: list[tuple[str, ...]] | None = None, max_rank: int = MAX_RANK,
+    ):  # fmt: skip
         self.dims, self.capacity, self.dtype, self.device = dims, capacity, dtype, device
         self.shapes = products(dims)
+        # the products as the model's weights hold them (a fused q/k/v together, its parts not again), every other
+        # one alone
+        fused = [group for group in groups or [] if len(group) > 1]
+        grouped = {name for group in fused for name in group}
+        self.groups = sorted({*fused, *((name,) for name in self.shapes if name not in grouped)})
+        self.max_rank = max_rank
         self.indices: dict[str, int] = {}
         self.loaded: dict[int, LoraAdapter] = {}
-        self.stacks: dict[str, tuple[Tensor, Tensor]] = {}
-        # the pass's rows: one adapter's (the adapter, its rows as an index or None for every row), or several's
-        # (each row's index into the stacks)
-        self._group: tuple[LoraAdapter, Tensor | None] | None = None
-        self._rows: Tensor | None = None
+        self.group_stacks: dict[tuple[str, ...], tuple[Tensor, Tensor]] = {}
+        self.stacks: dict[str, tuple[Tensor, Tensor]] = {}  # each product's slice of its group's stacks
+        self.static = device.type == "cuda" and lora_kernels.triton is not None
+        self.ranks: Tensor | None = None  # (capacity + 1,) int32 on the GPU: each index's rank
+        self.table: Tensor | None = None  # the step's rows by adapter, on the GPU (reserve_rows)
+        self.max_rows = self.table_segments = 0
+        if self.static:
+            self.ranks = torch.zeros(capacity + 1, dtype=torch.int32, device=device)
+            self._allocate(max_rank, self.groups)
+        # the pass's rows (use), and what the torch paths need of them, made when first needed
+        self._row_list: list[int] = []
+        self._active = False
+        self._kernel_rows = 0  # rows of one token each that the kernel serves this pass (0: none)
+        self._torch_state: tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.group_stacks.values())
+
+    def reserve_rows(self, rows: int) -> None:
+        """The device table for steps of up to `rows` rows (the GPU's decode slots)."""
+        if self.static:
+            self.max_rows, self.table_segments = rows, lora_kernels.max_segments(rows, self.capacity)
+            self.table = torch.zeros(rows + 3 * self.table_segments, dtype=torch.int32, device=self.device)
 
     def add(self, name: str, folder: str | Path) -> LoraAdapter:
         if name in self.indices:
@@ -195,6 +233,9 @@ class Adapters:
         if len(self.loaded) >= self.capacity:
             raise AdapterError(f"{self.capacity} adapters are resident, the most this server keeps; remove one first")
         adapter = LoraAdapter.load(name, folder, self.dims, self.dtype, self.device)
+        if self.static and adapter.rank > self.max_rank:
+            raise AdapterError(f"adapter {name!r} has rank {adapter.rank}; this engine's adapters have at most "
+                               f"{self.max_rank} (max_lora_rank)")  # fmt: skip
         index = next(i for i in range(1, self.capacity + 2) if i not in self.loaded)
         self.indices[name], self.loaded[index] = index, adapter
         self._stack()
@@ -204,20 +245,34 @@ class Adapters:
         self.loaded.pop(self.indices.pop(name))
         self._stack()
 
+    def _allocate(self, rank: int, groups: list[tuple[str, ...]]) -> None:
+        self.group_stacks, self.stacks = {}, {}
+        for group in groups:
+            out, inp = self.shapes[group[0]]
+            a = torch.zeros(self.capacity + 1, len(group), rank, inp, dtype=self.dtype, device=self.device)
+            b = torch.zeros(self.capacity + 1, len(group), out, rank, dtype=self.dtype, device=self.device)
+            self.group_stacks[group] = (a, b)
+            for j, name in enumerate(group):
+                self.stacks[name] = (a[:, j], b[:, j])
+
     def _stack(self) -> None:
-        rank = max((a.rank for a in self.loaded.values()), default=0)
-        stacks = {}
-        for name in sorted({name for a in self.loaded.values() for name in a.weights}):
-            out, inp = self.shapes[name]
-            a_stack = torch.zeros(self.capacity + 1, rank, inp, dtype=self.dtype, device=self.device)
-            b_stack = torch.zeros(self.capacity + 1, out, rank, dtype=self.dtype, device=self.device)
+        if self.static:  # in place: captured graphs read these addresses
+            for a, b in self.group_stacks.values():
+                a.zero_()
+                b.zero_()
+            ranks = [0] * (self.capacity + 1)
             for index, adapter in self.loaded.items():
-                w = adapter.weights.get(name)
-                if w is not None:
-                    a_stack[index, : w.a.shape[0]] = w.a
-                    b_stack[index, :, : w.b.shape[1]] = w.b
-            stacks[name] = (a_stack, b_stack)
-        self.stacks = stacks
+                ranks[index] = adapter.rank
+            self.ranks.copy_(torch.tensor(ranks, dtype=torch.int32))
+        else:
+            rank = max((a.rank for a in self.loaded.values()), default=0)
+            targeted = {name for a in self.loaded.values() for name in a.weights}
+            self._allocate(rank, [g for g in self.groups if targeted.intersection(g)])
+        for index, adapter in self.loaded.items():
+            for name, w in adapter.weights.items():
+                a, b = self.stacks[name]
+                a[index, : w.a.shape[0]] = w.a
+                b[index, :, : w.b.shape[1]] = w.b
 
     def index(self, name: str | None) -> int:
         """The adapter's index (0 for None); KeyError for one not resident."""
@@ -225,51 +280,83 @@ class Adapters:
 
     def use(self, rows: list[int]) -> None:
         """The adapter index of each row of the passes that follow (0: the base model)."""
-        used = set(rows) - {0}
-        self._group, self._rows = None, None
-        if len(used) > 1:
-            self._rows = torch.tensor(rows, device=self.device)
-        elif used:
-            index = used.pop()
-            members = [row for row, i in enumerate(rows) if i == index]
-            every = len(members) == len(rows)
-            self._group = (self.loaded[index], None if every else torch.tensor(members, device=self.device))
+        self._row_list, self._active, self._torch_state, self._kernel_rows = rows, any(rows), None, 0
+        if self._active and self.table is not None and len(rows) <= self.max_rows:
+            table = lora_kernels.segments(np.asarray(rows, dtype=np.int32), self.max_rows, self.table_segments)
+            # from pinned memory the copy is queued behind the step in flight instead of waiting for it
+            self.table.copy_(torch.from_numpy(table).pin_memory(), non_blocking=True)
+            self._kernel_rows = len(rows)
+
+    @contextmanager
+    def capturing(self, rows: int):
+        """Passes of `rows` one-token rows that launch the kernel for whatever use() puts in the table later (a
+        graph's capture)."""
+        self._row_list, self._active, self._torch_state, self._kernel_rows = [], True, None, rows
+        try:
+            yield
+        finally:
+            self.use([])
 
     @property
     def active(self) -> bool:
         """Whether a row of the pass uses an adapter."""
-        return self._group is not None or self._rows is not None
+        return self._active
 
     def add_to(self, y: Tensor, names: str | tuple[str, ...], x: Tensor) -> Tensor:
         """y (rows, ..., out) += each row's adapter's product of x (rows, ..., in), in place; `names`: the product, or
         the products whose outputs y holds side by side (a fused q/k/v). Returns y."""
-        if not self.active:
+        if not self._active:
             return y
         if isinstance(names, str):
             names = (names,)
+        if self._kernel_rows and x.shape[0] == self._kernel_rows and x.numel() == x.shape[0] * x.shape[-1]:
+            stacked = self.group_stacks.get(names)
+            if stacked is None and len(names) == 1 and names[0] in self.stacks:  # one part of a fused product
+                stacked = tuple(m.unsqueeze(1) for m in self.stacks[names[0]])
+            if stacked is not None:
+                lora_kernels.add_lora(y, x, self.table, self.max_rows, self.table_segments, *stacked, self.ranks,
+                                      self.capacity)  # fmt: skip
+            return y
+        group, rows = self._torch_paths()
         column = 0
         for name in names:
             width = self.shapes[name][0]
             out = y[..., column : column + width]
             column += width
-            if self._rows is not None:
+            if rows is not None:
                 stacked = self.stacks.get(name)
                 if stacked is not None:
-                    a, b = stacked[0][self._rows], stacked[1][self._rows]  # each row's: (rows, R, in), (rows, out, R)
+                    a, b = stacked[0][rows], stacked[1][rows]  # each row's: (rows, R, in), (rows, out, R)
                     xs = x.reshape(x.shape[0], -1, x.shape[-1])
                     out.add_(torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2)).view(out.shape))
                 continue
-            adapter, rows = self._group
+            adapter, members = group
             w = adapter.weights.get(name)
             if w is None:
                 continue
-            xs = x if rows is None else x.index_select(0, rows)
+            xs = x if members is None else x.index_select(0, members)
             delta = F.linear(F.linear(xs, w.a), w.b)
-            if rows is None:
+            if members is None:
                 out.add_(delta)
             else:
-                out.index_add_(0, rows, delta)
+                out.index_add_(0, members, delta)
         return y
+
+    def _torch_paths(self) -> tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None]:
+        """The pass's rows for the torch paths: one adapter's (the adapter, its rows as an index or None for every
+        row), or several's (each row's index into the stacks)."""
+        if self._torch_state is None:
+            rows = self._row_list
+            used = set(rows) - {0}
+            if len(used) > 1:
+                self._torch_state = (None, torch.tensor(rows, device=self.device))
+            else:
+                index = used.pop()
+                members = [row for row, i in enumerate(rows) if i == index]
+                every = len(members) == len(rows)
+                group = (self.loaded[index], None if every else torch.tensor(members, device=self.device))
+                self._torch_state = (group, None)
+        return self._torch_state
 
 
 def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
@@ -297,7 +384,7 @@ def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tupl
         name = names.get(id(proj.weight)) if adapters.active else None
         if name is None:
             return ops.linear_gelu(proj, x)
-        return F.gelu(adapters.add_to(ops.linear(proj, x), name, x))
+        return ops.gelu(adapters.add_to(ops.linear(proj, x), name, x))
 
     def qkv(attn, x: Tensor) -> Tensor:
         y = ops.qkv(attn, x)

@@ -14,6 +14,7 @@ from engine.audio.constants import N_FRAMES
 from engine.backends import KV_BUCKET, DecodeBackend
 from engine.decoding import LogitsProcessor, Sampler
 from engine.model.kv_cache import KVCache
+from engine.model.lora import Adapters
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,12 @@ class GraphRunner:
     def __init__(
         self, backend: DecodeBackend, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype,
         processor: LogitsProcessor | None = None, multi_steps: int = 1, greedy_kernel: bool = True,
+        adapters: Adapters | None = None,
     ):  # fmt: skip
         self.backend = backend
+        # With LoRA adapters the decoder's graphs are captured twice: as they are, and with the adapters' kernels
+        # (engine/kernels/lora.py), which a step replays when one of its rows uses an adapter.
+        self.adapters = adapters
         self.model = model = backend.model
         self.processor = processor
         self.cache = cache
@@ -118,6 +123,8 @@ class GraphRunner:
         self.decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.multi_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (batch, with timestamps)
+        self.adapted_decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.adapted_multi_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stats = GraphStats()
 
@@ -150,6 +157,10 @@ class GraphRunner:
             if timestamps:
                 state.copy_(self.processor.next_state(state, tokens))
 
+    def _adapted(self, capture, bs: int, *args) -> None:
+        with self.adapters.capturing(bs):
+            capture(bs, *args)
+
     def _encode(self, bs: int) -> None:
         self.enc.features[:bs] = self.backend.encode(self.enc.mel[:bs])
 
@@ -170,14 +181,26 @@ class GraphRunner:
         for bs in reversed(self.multi_sizes):
             for ts in (False, True):
                 self.multi_graphs[(bs, ts)] = self._capture_one(lambda: self._multi_step(bs, ts), pool, stream)
+        if self.adapters is not None:
+            for kv in reversed(self.kv_sizes):
+                for bs in reversed(self.decode_sizes):
+                    self.adapted_decoder_graphs[(bs, kv)] = self._capture_one(
+                        lambda: self._adapted(self._decode_step, bs, kv), pool, stream
+                    )
+            for bs in reversed(self.multi_sizes):
+                for ts in (False, True):
+                    self.adapted_multi_graphs[(bs, ts)] = self._capture_one(
+                        lambda: self._adapted(self._multi_step, bs, ts), pool, stream
+                    )
         torch.cuda.synchronize(self.device)
         used = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         log.info(
             "captured %d encoder graphs (batch %s), %d decoder graphs (batch %s x context %s), %d prompt graphs "
-            "(batch %s x tokens %s) and %d graphs of %d steps (batch %s, with and without timestamps); pool %.0f MiB",
+            "(batch %s x tokens %s) and %d graphs of %d steps (batch %s, with and without timestamps)%s; pool %.0f MiB",
             len(self.encoder_graphs), self.encoder_sizes, len(self.decoder_graphs), self.decode_sizes, self.kv_sizes,
             len(self.prefill_graphs), self.prefill_sizes, self.prefill_tokens, len(self.multi_graphs),
-            self.multi_steps, self.multi_sizes, used,
+            self.multi_steps, self.multi_sizes, ", each decoder one again with LoRA adapters" if self.adapters else "",
+            used,
         )  # fmt: skip
 
     def _capture_one(self, fn, pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
@@ -191,6 +214,10 @@ class GraphRunner:
         return graph
 
     # ---- replay -----------------------------------------------------------------------------------
+
+    def _adapters_used(self) -> bool:
+        """Whether a row of the step uses a LoRA adapter (the runner said which before the replay)."""
+        return self.adapters is not None and self.adapters.active
 
     def encoder_size_for(self, n: int) -> int | None:
         """The captured batch size to pad n windows to, or None (run eagerly) when padding would waste too much."""
@@ -236,7 +263,8 @@ class GraphRunner:
             # Padding rows decode into free slots (running sequences always occupy slots 0..n-1).
             self.dec.tokens[n:bs].zero_()
             self.dec.positions[n:bs].zero_()
-        self.decoder_graphs[(bs, kv)].replay()
+        graphs = self.adapted_decoder_graphs if self._adapters_used() else self.decoder_graphs
+        graphs[(bs, kv)].replay()
         self.stats.decoder_replays += 1
         return self.dec.logits[:n]
 
@@ -285,7 +313,8 @@ class GraphRunner:
             self.dec.positions[n:bs].zero_()
             self.dec.no_eot[n:bs].zero_()
             self.dec.multi_state[n:bs].zero_()
-        self.multi_graphs[(bs, state is not None)].replay()
+        graphs = self.adapted_multi_graphs if self._adapters_used() else self.multi_graphs
+        graphs[(bs, state is not None)].replay()
         self.stats.multi_step_replays += 1
         out_state = None if state is None else self.dec.multi_state[:n]
         return self.dec.multi_tokens[:, :n], self.dec.multi_logprobs[:, :n], out_state

@@ -12,7 +12,6 @@ from torch import Tensor
 from engine.audio.constants import N_FRAMES
 from engine.audio.features import LogMelBuilder, LogMelSpectrogram, pad_or_trim
 from engine.backends import DecodeBackend, select_backend
-from engine.backends.cpu import CpuNativeBackend
 from engine.backends.cpu_int8_encoder import Int8Blocks
 from engine.backends.cpu_memory import keep_freed_memory
 from engine.config import EngineConfig
@@ -135,6 +134,8 @@ class ModelRunner:
         self.cache = KVCache(
             self.cache_shape, self.num_slots, self.dtype, self.device, int8_cross, self.num_cross_slots
         )
+        if self.adapters is not None:
+            self.adapters.reserve_rows(self.num_slots)
         self.max_encoder_batch = min(self.num_slots, config.max_encoder_batch or (32 if self.on_gpu else 4))
         tok = self.tokenizer
         self.logits_processor = logits_processor(
@@ -155,8 +156,8 @@ class ModelRunner:
         if self.on_gpu and not config.enforce_eager:
             self.graphs = GraphRunner(
                 self.backend, self.cache, self.num_slots, self.max_encoder_batch, self.dtype, self.logits_processor,
-                self.multi_step, config.kernels.greedy_pick,
-            )
+                self.multi_step, config.kernels.greedy_pick, self.adapters,
+            )  # fmt: skip
             self.graphs.capture()
 
     def _adapters(self, config: EngineConfig) -> Adapters | None:
@@ -165,21 +166,22 @@ class ModelRunner:
         capacity = config.max_loras or len(config.loras)
         if not capacity:
             return None
-        if self.on_gpu:
-            raise ValueError(
-                "LoRA adapters run on the CPU backends; the GPU's decode graphs do not apply them yet (serve the "
-                "adapter merged into its model, or run this model on the CPU)"
-            )
-        adapters = Adapters(self.dims, capacity, self.dtype, self.device)
+        if self.on_gpu and (config.encoder_precision == "float8" or self.dtype == torch.float32):
+            raise ValueError("LoRA adapters on a GPU need the model in float16 or bfloat16 and the encoder in the "
+                             "model's precision (encoder_precision model)")  # fmt: skip
         names = product_names(self.model)  # after the backend laid the weights out
+        groups = [n if isinstance(n, tuple) else (n,) for n in names.values()]
+        adapters = Adapters(self.dims, capacity, self.dtype, self.device, groups, config.max_lora_rank)
+        if adapters.static:
+            log.info("adapters: %d resident at most, rank %d at most: %.0f MiB of stacks", capacity,
+                     config.max_lora_rank, adapters.nbytes / 2**20)  # fmt: skip
         encoder, decoder = self.model.encoder, self.model.decoder
         encoder.ops = with_adapters(encoder.ops, adapters, names)
         decoder.ops = with_adapters(decoder.ops, adapters, names)
         decoder.reference_ops = with_adapters(decoder.reference_ops, adapters, names)
         if isinstance(encoder.quantized, Int8Blocks):
             encoder.quantized.adapters = adapters
-        if isinstance(self.backend, CpuNativeBackend):
-            self.backend.use_adapters(adapters, names)
+        self.backend.use_adapters(adapters, names)
         return adapters
 
     def load_adapter(self, name: str, folder: str) -> None:
@@ -285,8 +287,9 @@ class ModelRunner:
             by_length.setdefault(mel.shape[-1], []).append(i)
         for frames, group in by_length.items():
             batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
-            encode = self.graphs.encode if self.graphs and frames == N_FRAMES else self.backend.encode
             self.use_adapters([adapters[i] for i in group])
+            graph = self.graphs and frames == N_FRAMES and not (self.adapters is not None and self.adapters.active)
+            encode = self.graphs.encode if graph else self.backend.encode
             self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group])
 
     def admissible_encoder_batch(self, n: int) -> int:
@@ -305,8 +308,9 @@ class ModelRunner:
         """Whether prefill(seqs) replays a graph: new sequences in slots 0..n-1 (nothing else running), prompts of
         one captured length, each starting with <|startoftranscript|> (its logits give the no-speech probability)."""
         width = len(seqs[0].pending)
+        adapted = self.adapters is not None and any(s.job.options.adapter for s in seqs)
         return (
-            self.graphs is not None and seqs[0].slot == 0 and all(len(s.pending) == width for s in seqs)
+            self.graphs is not None and not adapted and seqs[0].slot == 0 and all(len(s.pending) == width for s in seqs)
             and all(s.pending[0] == self.tokenizer.sot for s in seqs)
             and self.graphs.prefill_size_for(len(seqs), width) is not None
         )  # fmt: skip

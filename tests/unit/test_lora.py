@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -171,3 +172,20 @@ def test_a_hub_adapter_is_read_from_the_hugging_face_cache(tmp_path, monkeypatch
         resolve_adapter("someone/not-cached")
     with pytest.raises(ModelNotFoundError, match="no such directory"):
         resolve_adapter(str(tmp_path / "missing"))
+
+
+def test_the_kernels_segments_group_each_adapters_rows_and_skip_the_base_models():
+    from engine.kernels.lora import SEGMENT_ROWS, max_segments, segments
+
+    rows = np.array([0, 3, 1, 3, 0] + [2] * (SEGMENT_ROWS + 1), dtype=np.int32)
+    n_segments = max_segments(40, 3)
+    table = segments(rows, 40, n_segments)
+    order, starts = table[:40], table[40 : 40 + n_segments]
+    lengths, owners = table[40 + n_segments : 40 + 2 * n_segments], table[40 + 2 * n_segments :]
+    used = lengths > 0
+    assert owners[used].tolist() == [1, 2, 2, 3] and lengths[used].tolist() == [1, SEGMENT_ROWS, 1, 2]
+    for start, length, owner in zip(starts[used], lengths[used], owners[used]):
+        assert all(rows[order[start + i]] == owner for i in range(length))
+    covered = sorted(order[s + i] for s, n in zip(starts[used], lengths[used]) for i in range(n))
+    assert covered == [i for i, a in enumerate(rows) if a]  # every adapter row once, no base-model row
+    assert max_segments(len(rows), 3) >= used.sum()

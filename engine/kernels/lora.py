@@ -1,0 +1,138 @@
+"""LoRA deltas of a decode step on a GPU, each row on its own adapter, in one Triton kernel per product.
+
+y[row] += B[a] (A[a] x[row]) for the adapter a of each row (engine/model/lora.py), with A and B read from stacks
+that hold every resident adapter: A (adapters, slices, R, in) and B (adapters, slices, out, R), a fused q/k/v being
+three slices of one product. The rows are taken in segments of at most SEGMENT_ROWS rows of one adapter (the host
+sorts a step's rows by adapter: segments()), so that an adapter's matrices are read once per segment, not per row,
+and both small products run on tensor cores (the S-LoRA / Punica "segmented" product). A program computes one
+segment's A x once and then B times it over a chunk of the output columns; rows of the base model are in no segment
+and cost nothing. The segments live in a device buffer the host fills before each step, so a captured graph
+serves any mix of adapters: its grid covers the most segments its batch can have, and the programs past the
+step's segments return at once.
+
+Each row's delta depends on that row and its adapter only (its segment's other rows are other rows of the same
+tensor-core tile, which do not enter its sums), so the kernel keeps the batch-invariant backend invariant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+SEGMENT_ROWS = 16  # rows of one adapter per program: the smallest tensor-core tile
+CHUNK_N = 512  # output columns per program (A x is computed once per chunk)
+BLOCK_N = 64
+BLOCK_K = 64
+
+
+def max_segments(rows: int, adapters: int) -> int:
+    """The most segments `rows` rows can fall into when `adapters` adapters are resident."""
+    return -(-rows // SEGMENT_ROWS) + min(adapters, rows)
+
+
+def segments(row_adapters: np.ndarray, max_rows: int, n_segments: int) -> np.ndarray:
+    """The kernel's int32 table for a step whose row i uses adapter row_adapters[i] (0: none), laid out for at most
+    max_rows rows and n_segments segments whatever the step's rows (a graph reads it where it was captured): the
+    rows with an adapter sorted by it (max_rows entries, the first ones used), then each segment's start in that
+    order, its length and its adapter (n_segments entries each; unused ones have length 0)."""
+    n = len(row_adapters)
+    order = np.argsort(row_adapters, kind="stable").astype(np.int32)
+    sorted_adapters = row_adapters[order]
+    first = int(np.searchsorted(sorted_adapters, 1))  # rows without an adapter sort first and are skipped
+    starts, lengths, owners = [], [], []
+    at = first
+    while at < n:
+        adapter = sorted_adapters[at]
+        end = int(np.searchsorted(sorted_adapters, adapter, side="right"))
+        for s in range(at, end, SEGMENT_ROWS):
+            starts.append(s)
+            lengths.append(min(SEGMENT_ROWS, end - s))
+            owners.append(adapter)
+        at = end
+    if len(starts) > n_segments:
+        raise ValueError(f"{len(starts)} segments for a table of {n_segments}")
+    table = np.zeros(max_rows + 3 * n_segments, dtype=np.int32)
+    table[:n] = order
+    k, at = len(starts), max_rows
+    table[at : at + k] = starts
+    table[at + n_segments : at + n_segments + k] = lengths
+    table[at + 2 * n_segments : at + 2 * n_segments + k] = owners
+    return table
+
+
+def applies(x: Tensor) -> bool:
+    return triton is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+
+
+def add_lora(
+    y: Tensor, x: Tensor, table: Tensor, max_rows: int, n_segments: int, a: Tensor, b: Tensor, ranks: Tensor,
+    capacity: int,
+) -> None:  # fmt: skip
+    """y (rows, 1, slices * out) += each row's adapter's B A x, in place, for x (rows, 1, in); `table` on the
+    device as segments() lays it out (max_rows, n_segments); a (adapters, slices, R, in) and b (adapters, slices,
+    out, R) the stacks, `ranks` (adapters,) int32 each adapter's rank (the columns of R read), `capacity` how many
+    adapters may be resident (bounds the segments)."""
+    rows = x.shape[0]
+    x2 = x.reshape(rows, x.shape[-1])
+    y2 = y.view(rows, y.shape[-1])
+    slices, out, rank = b.shape[1], b.shape[2], b.shape[3]
+    block_r = max(16, triton.next_power_of_2(rank))
+    grid = (max_segments(rows, capacity), triton.cdiv(out, CHUNK_N), slices)
+    _segment_lora[grid](
+        x2, y2, table, table[max_rows:], a, b, ranks,
+        x2.shape[1], out, n_segments, x2.stride(0), y2.stride(0),
+        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+        SEGMENT=SEGMENT_ROWS, CHUNK=CHUNK_N, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_R=block_r,
+    )  # fmt: skip
+
+
+if triton is not None:
+
+    @triton.jit
+    def _segment_lora(
+        x_ptr, y_ptr, order_ptr, seg_ptr, a_ptr, b_ptr, rank_ptr,
+        K, N, n_segments, stride_x, stride_y,
+        stride_aa, stride_as, stride_ar, stride_ba, stride_bs, stride_bn,
+        SEGMENT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+    ):  # fmt: skip
+        seg = tl.program_id(0)
+        chunk = tl.program_id(1)
+        part = tl.program_id(2)
+        length = tl.load(seg_ptr + n_segments + seg)
+        if length == 0:
+            return
+        start = tl.load(seg_ptr + seg)
+        adapter = tl.load(seg_ptr + 2 * n_segments + seg)
+        rank = tl.load(rank_ptr + adapter)
+        m = tl.arange(0, SEGMENT)
+        m_ok = m < length
+        rows = tl.load(order_ptr + start + m, mask=m_ok, other=0).to(tl.int64)
+        r = tl.arange(0, BLOCK_R)
+        r_ok = r < rank
+        a_base = a_ptr + adapter.to(tl.int64) * stride_aa + part * stride_as
+        t = tl.zeros((SEGMENT, BLOCK_R), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            xs = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(a_base + r[None, :] * stride_ar + k[:, None], mask=r_ok[None, :] & k_ok[:, None], other=0.0)
+            t += tl.dot(xs, a)
+        t = t.to(x_ptr.dtype.element_ty)  # rounded as the product A x would be stored
+        b_base = b_ptr + adapter.to(tl.int64) * stride_ba + part * stride_bs
+        y_base = y_ptr + rows[:, None] * stride_y + part * N
+        for n0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, N), BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+            delta = tl.dot(t, b)
+            mask = m_ok[:, None] & n_ok[None, :]
+            y = tl.load(y_base + n[None, :], mask=mask, other=0.0)
+            tl.store(y_base + n[None, :], (y.to(tl.float32) + delta).to(y.dtype), mask=mask)

