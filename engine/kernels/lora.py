@@ -81,6 +81,8 @@ def add_lora(
     adapters may be resident (bounds the segments)."""
     rows = x.shape[0]
     x2 = x.reshape(rows, x.shape[-1])
+    if x2.stride(1) != 1:  # the kernel reads a row's inputs as one run
+        x2 = x2.contiguous()
     y2 = y.view(rows, y.shape[-1])
     slices, out, rank = b.shape[1], b.shape[2], b.shape[3]
     block_r = max(16, triton.next_power_of_2(rank))
