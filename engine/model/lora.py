@@ -207,6 +207,7 @@ class Adapters:
         self.static = device.type == "cuda" and lora_kernels.triton is not None
         self.ranks: Tensor | None = None  # (capacity + 1,) int32 on the GPU: each index's rank
         self.table: Tensor | None = None  # the step's rows by adapter, on the GPU (reserve_rows)
+        self.partial: Tensor | None = None  # the kernel's parts of A x
         self.max_rows = self.table_segments = 0
         if self.static:
             self.ranks = torch.zeros(capacity + 1, dtype=torch.int32, device=device)
@@ -226,6 +227,9 @@ class Adapters:
         if self.static:
             self.max_rows, self.table_segments = rows, lora_kernels.max_segments(rows, self.capacity)
             self.table = torch.zeros(rows + 3 * self.table_segments, dtype=torch.int32, device=self.device)
+            slices = max(len(group) for group in self.groups)
+            elements = lora_kernels.partial_elements(self.table_segments, slices, self.max_rank)
+            self.partial = torch.empty(elements, dtype=torch.float32, device=self.device)
 
     def add(self, name: str, folder: str | Path) -> LoraAdapter:
         if name in self.indices:
@@ -315,7 +319,7 @@ class Adapters:
                 stacked = tuple(m.unsqueeze(1) for m in self.stacks[names[0]])
             if stacked is not None:
                 lora_kernels.add_lora(y, x, self.table, self.max_rows, self.table_segments, *stacked, self.ranks,
-                                      self.capacity)  # fmt: skip
+                                      self.capacity, self.partial)  # fmt: skip
             return y
         group, rows = self._torch_paths()
         column = 0
