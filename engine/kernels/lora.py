@@ -17,7 +17,6 @@ tensor-core tile, which do not enter its sums), so the kernel keeps the batch-in
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import Tensor
 
 try:
@@ -65,10 +64,6 @@ def segments(row_adapters: np.ndarray, max_rows: int, n_segments: int) -> np.nda
     table[at + n_segments : at + n_segments + k] = lengths
     table[at + 2 * n_segments : at + 2 * n_segments + k] = owners
     return table
-
-
-def applies(x: Tensor) -> bool:
-    return triton is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
 
 
 def split_length(k: int) -> int:
@@ -146,7 +141,7 @@ if triton is not None:
             k_ok = k < K
             xs = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             a = tl.load(a_base + r[None, :] * stride_ar + k[:, None], mask=r_ok[None, :] & k_ok[:, None], other=0.0)
-            t += tl.dot(xs, a)
+            t += tl.dot(xs, a, input_precision="ieee")  # float32 inputs: no TF32 rounding
         # parts laid out (slice, segment, split, row, rank)
         out = part_ptr + (((part * n_segments + seg) * SPLITS + split) * SEGMENT + m[:, None]) * BLOCK_R + r[None, :]
         tl.store(out, t)
@@ -179,7 +174,7 @@ if triton is not None:
         n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < N
         b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
-        delta = tl.dot(t.to(b.dtype), b)  # A x rounded as a stored product would be
+        delta = tl.dot(t.to(b.dtype), b, input_precision="ieee")  # A x rounded as a stored product would be
         mask = m_ok[:, None] & n_ok[None, :]
         y_at = y_ptr + rows[:, None] * stride_y + part * N + n[None, :]
         y = tl.load(y_at, mask=mask, other=0.0)

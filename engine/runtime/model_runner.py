@@ -166,9 +166,8 @@ class ModelRunner:
         capacity = config.max_loras or len(config.loras)
         if not capacity:
             return None
-        if self.on_gpu and (config.encoder_precision == "float8" or self.dtype == torch.float32):
-            raise ValueError("LoRA adapters on a GPU need the model in float16 or bfloat16 and the encoder in the "
-                             "model's precision (encoder_precision model)")  # fmt: skip
+        if config.encoder_precision == "float8":
+            raise ValueError("LoRA adapters need the encoder in the model's precision (encoder_precision model)")
         names = product_names(self.model)  # after the backend laid the weights out
         groups = [n if isinstance(n, tuple) else (n,) for n in names.values()]
         adapters = Adapters(self.dims, capacity, self.dtype, self.device, groups, config.max_lora_rank)
