@@ -127,6 +127,8 @@ class BatchInvariantGpuBackend(GpuBackend):
         pdl = kernels.pdl and rows <= invariant_ops.DEPENDENT_MAX_ROWS
 
         adapters = self.adapters if self.adapted else None
+        if adapters is not None and per_slot > 1:  # the rows' adapters, one per token of each prompt
+            adapters.repeat_rows(per_slot)
 
         def linear(h: Tensor, proj, gelu: bool = False, weight=None, bias=None) -> Tensor:
             weight, bias = (proj.weight, proj.bias) if proj is not None else (weight, bias)

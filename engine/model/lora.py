@@ -291,6 +291,10 @@ class Adapters:
             self.table.copy_(torch.from_numpy(table).pin_memory(), non_blocking=True)
             self._kernel_rows = len(rows)
 
+    def repeat_rows(self, times: int) -> None:
+        """Each row of the pass as `times` consecutive rows (a prompt's tokens run as rows of a step)."""
+        self.use([index for index in self._row_list for _ in range(times)])
+
     @contextmanager
     def capturing(self, rows: int):
         """Passes of `rows` one-token rows that launch the kernel for whatever use() puts in the table later (a
