@@ -189,3 +189,22 @@ def test_the_kernels_segments_group_each_adapters_rows_and_skip_the_base_models(
     covered = sorted(order[s + i] for s, n in zip(starts[used], lengths[used]) for i in range(n))
     assert covered == [i for i, a in enumerate(rows) if a]  # every adapter row once, no base-model row
     assert max_segments(len(rows), 3) >= used.sum()
+
+
+def test_a_fused_products_stack_serves_its_parts_and_a_prompts_tokens_take_their_rows_adapter(tmp_path):
+    names = ("decoder.blocks.0.attn.query", "decoder.blocks.0.attn.key", "decoder.blocks.0.attn.value")
+    bank = Adapters(DIMS, capacity=2, dtype=torch.float32, device=torch.device("cpu"), groups=[names, names[:1]])
+    loaded = [bank.add(f"a{i}", write_adapter(tmp_path / f"a{i}", seed=i)[0]) for i in range(2)]
+    assert names in bank.group_stacks and (names[0],) not in bank.group_stacks  # a fused product's part: its slice
+    by_index = {bank.index(a.name): a for a in loaded}
+    rows, tokens = [2, 0, 1], 3
+    bank.use(rows)
+    bank.repeat_rows(tokens)  # each row's prompt run as `tokens` rows of a step
+    of_rows = [by_index.get(i) for i in rows for _ in range(tokens)]
+    torch.manual_seed(6)
+    x, y = torch.randn(len(of_rows), 1, D), torch.randn(len(of_rows), 1, 3 * D)
+    got = bank.add_to(y.clone(), names, x)
+    want = torch.cat([y[..., i * D : (i + 1) * D] + reference(x, of_rows, n) for i, n in enumerate(names)], dim=-1)
+    assert torch.allclose(got, want, atol=1e-5)
+    got = bank.add_to(y[..., :D].clone(), names[0], x)  # the query alone reads its slice of the fused stack
+    assert torch.allclose(got, want[..., :D], atol=1e-5)
