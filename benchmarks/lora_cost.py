@@ -57,12 +57,12 @@ def random_peft_files(dims, rank: int, seed: int, out: Path) -> Path:
     from safetensors.torch import save_file
 
     from engine.model.lora import products
-    from tests.helpers.weights_export import to_hf_names
+    from tests.helpers.weights_export import hf_name
 
     g = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, (n_out, n_in) in products(dims).items():
-        hf = next(iter(to_hf_names({name + ".weight": torch.empty(0)}))).removesuffix(".weight")
+        hf = hf_name(name + ".weight").removesuffix(".weight")
         tensors[f"base_model.model.{hf}.lora_A.weight"] = (torch.randn(rank, n_in, generator=g) / n_in**0.5).half()
         tensors[f"base_model.model.{hf}.lora_B.weight"] = (torch.randn(n_out, rank, generator=g) * 1e-3).half()
     out.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from engine.kernels.fused_ops import add_norm, norm_rows
 from engine.kernels.int8_attention import fixed_split_attention
 from engine.kernels.options import KernelOptions
 from engine.model.kv_cache import KVCache
-from engine.model.layer_ops import LayerOps
+from engine.model.layer_ops import LayerOps, Projection
 from engine.model.whisper import Whisper
 
 
@@ -130,12 +130,11 @@ class BatchInvariantGpuBackend(GpuBackend):
         if adapters is not None and per_slot > 1:  # the rows' adapters, one per token of each prompt
             adapters.repeat_rows(per_slot)
 
-        def linear(h: Tensor, proj, gelu: bool = False, weight=None, bias=None) -> Tensor:
-            weight, bias = (proj.weight, proj.bias) if proj is not None else (weight, bias)
-            name = adapters and self.adapter_names.get(id(weight))
+        def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
+            name = adapters and self.adapter_names.get(id(proj.weight))
             if not name:
-                return invariant_ops.linear(h, weight, bias, gelu=gelu, pdl=pdl)
-            y = adapters.add_to(invariant_ops.linear(h, weight, bias, pdl=pdl), name, h)  # a row's delta is its own
+                return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
+            y = adapters.add_to(invariant_ops.linear(h, proj.weight, proj.bias, pdl=pdl), name, h)  # a row's own
             return gelu_tanh(y) if gelu else y
 
         slots = slice(slot_start, slot_start + rows // per_slot)
@@ -144,7 +143,7 @@ class BatchInvariantGpuBackend(GpuBackend):
         next_norms = [block.attn_ln for block in list(dec.blocks)[1:]] + [dec.ln]
         for i, (block, next_norm) in enumerate(zip(dec.blocks, next_norms)):
             attn, cross, fc1, fc2 = block.attn, block.cross_attn, block.mlp[0], block.mlp[2]
-            qkv = linear(h, None, weight=attn.qkv_weight, bias=attn.qkv_bias)
+            qkv = linear(h, Projection(attn.qkv_weight, attn.qkv_bias))
             if per_slot > 1:  # every token's K/V in place before any token attends
                 kv = qkv.view(rows // per_slot, per_slot, 3, attn.n_head, cache.head_dim)[:, :, 1:]
                 cache.self_kv_layers[i][:, slots, :, :per_slot] = kv.permute(2, 0, 3, 1, 4)

@@ -1,4 +1,4 @@
-"""LoRA deltas of a decode step on a GPU, each row on its own adapter, in one Triton kernel per product.
+"""LoRA deltas of a decode step on a GPU, each row on its own adapter, in two Triton kernels per product.
 
 y[row] += B[a] (A[a] x[row]) for the adapter a of each row (engine/model/lora.py), with A and B read from stacks
 that hold every resident adapter: A (adapters, slices, R, in) and B (adapters, slices, out, R), a fused q/k/v being
@@ -6,9 +6,9 @@ three slices of one product. The rows are taken in segments of at most SEGMENT_R
 sorts a step's rows by adapter: segments()), so that an adapter's matrices are read once per segment, not per row,
 and both small products run on tensor cores (the S-LoRA / Punica "segmented" product): one kernel sums A x over
 parts of the inputs, a program per (segment, part), the next adds the parts in order and multiplies by B, a
-program per (segment, output columns). Rows of the base model are in no segment and cost nothing. The segments live in a device buffer the host fills before each step, so a captured graph
-serves any mix of adapters: its grid covers the most segments its batch can have, and the programs past the
-step's segments return at once.
+program per (segment, output columns). Rows of the base model are in no segment and cost nothing. The segments
+live in a device buffer the host fills before each step, so a captured graph serves any mix of adapters: its grid
+covers the most segments its batch can have, and the programs past the step's segments return at once.
 
 Each row's delta depends on that row and its adapter only (its segment's other rows are other rows of the same
 tensor-core tile, which do not enter its sums), so the kernel keeps the batch-invariant backend invariant.
@@ -72,9 +72,14 @@ def split_length(k: int) -> int:
     return -(-per_split // BLOCK_K) * BLOCK_K
 
 
+def block_rank(rank: int) -> int:
+    """The kernels' tile over an adapter's rank: a power of two, at least a tensor-core tile's 16."""
+    return max(16, 1 << (rank - 1).bit_length())
+
+
 def partial_elements(n_segments: int, max_slices: int, rank: int) -> int:
     """Elements of the float32 buffer the parts of A x go through, for a table of `n_segments` segments."""
-    return max_slices * n_segments * MAX_SPLITS * SEGMENT_ROWS * max(16, 1 << (rank - 1).bit_length())
+    return max_slices * n_segments * MAX_SPLITS * SEGMENT_ROWS * block_rank(rank)
 
 
 def add_lora(
@@ -96,7 +101,7 @@ def add_lora(
     y2 = y.view(rows, y.shape[-1])
     k = x2.shape[1]
     slices, out, rank = b.shape[1], b.shape[2], b.shape[3]
-    block_r = max(16, triton.next_power_of_2(rank))
+    block_r = block_rank(rank)
     length = split_length(k)
     splits = triton.cdiv(k, length)
     segs = max_segments(rows, capacity)
@@ -115,6 +120,18 @@ def add_lora(
 if triton is not None:
 
     @triton.jit
+    def _segment(seg_ptr, order_ptr, rank_ptr, n_segments, seg, length, SEGMENT: tl.constexpr, BLOCK_R: tl.constexpr):
+        """A segment's rows (their index in the segment, which are real, their row of x and y), its adapter and the
+        ranks it reads (their index, which are the adapter's)."""
+        start = tl.load(seg_ptr + seg)
+        adapter = tl.load(seg_ptr + 2 * n_segments + seg)
+        m = tl.arange(0, SEGMENT)
+        m_ok = m < length
+        rows = tl.load(order_ptr + start + m, mask=m_ok, other=0).to(tl.int64)
+        r = tl.arange(0, BLOCK_R)
+        return m, m_ok, rows, adapter, r, r < tl.load(rank_ptr + adapter)
+
+    @triton.jit
     def _lora_shrink(
         x_ptr, order_ptr, seg_ptr, a_ptr, rank_ptr, part_ptr,
         K, n_segments, stride_x, stride_aa, stride_as, stride_ar, LENGTH,
@@ -124,16 +141,11 @@ if triton is not None:
         split = tl.program_id(1)
         part = tl.program_id(2)
         length = tl.load(seg_ptr + n_segments + seg)
-        if length == 0:
+        if length == 0:  # past the step's segments
             return
-        start = tl.load(seg_ptr + seg)
-        adapter = tl.load(seg_ptr + 2 * n_segments + seg)
-        rank = tl.load(rank_ptr + adapter)
-        m = tl.arange(0, SEGMENT)
-        m_ok = m < length
-        rows = tl.load(order_ptr + start + m, mask=m_ok, other=0).to(tl.int64)
-        r = tl.arange(0, BLOCK_R)
-        r_ok = r < rank
+        m, m_ok, rows, adapter, r, r_ok = _segment(
+            seg_ptr, order_ptr, rank_ptr, n_segments, seg, length, SEGMENT, BLOCK_R
+        )
         a_base = a_ptr + adapter.to(tl.int64) * stride_aa + part * stride_as
         t = tl.zeros((SEGMENT, BLOCK_R), dtype=tl.float32)
         for k0 in range(split * LENGTH, tl.minimum(split * LENGTH + LENGTH, K), BLOCK_K):
@@ -156,16 +168,11 @@ if triton is not None:
         tile = tl.program_id(1)
         part = tl.program_id(2)
         length = tl.load(seg_ptr + n_segments + seg)
-        if length == 0:
+        if length == 0:  # past the step's segments
             return
-        start = tl.load(seg_ptr + seg)
-        adapter = tl.load(seg_ptr + 2 * n_segments + seg)
-        rank = tl.load(rank_ptr + adapter)
-        m = tl.arange(0, SEGMENT)
-        m_ok = m < length
-        rows = tl.load(order_ptr + start + m, mask=m_ok, other=0).to(tl.int64)
-        r = tl.arange(0, BLOCK_R)
-        r_ok = r < rank
+        m, m_ok, rows, adapter, r, r_ok = _segment(
+            seg_ptr, order_ptr, rank_ptr, n_segments, seg, length, SEGMENT, BLOCK_R
+        )
         parts = part_ptr + ((part * n_segments + seg) * SPLITS * SEGMENT + m[:, None]) * BLOCK_R + r[None, :]
         t = tl.zeros((SEGMENT, BLOCK_R), dtype=tl.float32)
         for split in range(n_splits):  # in order: a row's sum is the same whatever else the step holds

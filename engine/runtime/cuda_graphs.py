@@ -14,7 +14,6 @@ from engine.audio.constants import N_FRAMES
 from engine.backends import KV_BUCKET, DecodeBackend
 from engine.decoding import LogitsProcessor, Sampler
 from engine.model.kv_cache import KVCache
-from engine.model.lora import Adapters
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +73,11 @@ class GraphRunner:
     def __init__(
         self, backend: DecodeBackend, cache: KVCache, num_slots: int, max_encoder_batch: int, dtype: torch.dtype,
         processor: LogitsProcessor | None = None, multi_steps: int = 1, greedy_kernel: bool = True,
-        adapters: Adapters | None = None,
     ):  # fmt: skip
         self.backend = backend
         # With LoRA adapters the decoder's graphs are captured twice: as they are, and with the adapters' kernels
         # (engine/kernels/lora.py), which a step replays when one of its rows uses an adapter.
-        self.adapters = adapters
+        self.adapters = backend.adapters
         self.model = model = backend.model
         self.processor = processor
         self.cache = cache
@@ -215,9 +213,6 @@ class GraphRunner:
 
     # ---- replay -----------------------------------------------------------------------------------
 
-    def _adapters_used(self) -> bool:
-        """Whether a row of the step uses a LoRA adapter (the runner said which before the replay)."""
-        return self.adapters is not None and self.adapters.active
 
     def encoder_size_for(self, n: int) -> int | None:
         """The captured batch size to pad n windows to, or None (run eagerly) when padding would waste too much."""
@@ -263,7 +258,7 @@ class GraphRunner:
             # Padding rows decode into free slots (running sequences always occupy slots 0..n-1).
             self.dec.tokens[n:bs].zero_()
             self.dec.positions[n:bs].zero_()
-        graphs = self.adapted_decoder_graphs if self._adapters_used() else self.decoder_graphs
+        graphs = self.adapted_decoder_graphs if self.backend.adapted else self.decoder_graphs
         graphs[(bs, kv)].replay()
         self.stats.decoder_replays += 1
         return self.dec.logits[:n]
@@ -313,7 +308,7 @@ class GraphRunner:
             self.dec.positions[n:bs].zero_()
             self.dec.no_eot[n:bs].zero_()
             self.dec.multi_state[n:bs].zero_()
-        graphs = self.adapted_multi_graphs if self._adapters_used() else self.multi_graphs
+        graphs = self.adapted_multi_graphs if self.backend.adapted else self.multi_graphs
         graphs[(bs, state is not None)].replay()
         self.stats.multi_step_replays += 1
         out_state = None if state is None else self.dec.multi_state[:n]

@@ -156,7 +156,7 @@ class ModelRunner:
         if self.on_gpu and not config.enforce_eager:
             self.graphs = GraphRunner(
                 self.backend, self.cache, self.num_slots, self.max_encoder_batch, self.dtype, self.logits_processor,
-                self.multi_step, config.kernels.greedy_pick, self.adapters,
+                self.multi_step, config.kernels.greedy_pick,
             )  # fmt: skip
             self.graphs.capture()
 
@@ -287,7 +287,7 @@ class ModelRunner:
         for frames, group in by_length.items():
             batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
             self.use_adapters([adapters[i] for i in group])
-            graph = self.graphs and frames == N_FRAMES and not (self.adapters is not None and self.adapters.active)
+            graph = self.graphs and frames == N_FRAMES and not self.backend.adapted  # captured without adapters
             encode = self.graphs.encode if graph else self.backend.encode
             self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group])
 

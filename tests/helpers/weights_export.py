@@ -36,14 +36,16 @@ _TO_HF = [
 ]
 
 
+def hf_name(name: str) -> str:
+    """An openai/whisper parameter or module name -> its WhisperForConditionalGeneration name."""
+    for pattern, replacement in _TO_HF:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
 def to_hf_names(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """openai/whisper names -> WhisperForConditionalGeneration names (proj_out is tied, so not written)."""
-    out = {}
-    for name, tensor in state_dict.items():
-        for pattern, replacement in _TO_HF:
-            name = re.sub(pattern, replacement, name)
-        out[name] = tensor.contiguous()
-    return out
+    return {hf_name(name): tensor.contiguous() for name, tensor in state_dict.items()}
 
 
 def special_token_ids(checkpoint: Checkpoint) -> dict[str, int]:
