@@ -6,7 +6,7 @@ Dummy weights, float16, random 30 s windows, exactly --tokens tokens per window.
 and RTFx of one run, then a profiled run whose CUDA kernels are grouped (GEMM, attention, copies, ...) with their
 share of the wall time (--top N: also the N kernels with the most time); with --host, the wall time of each
 engine-loop phase for --host-concurrency windows (default one: encoder, prompt, graph replay, logit rules, sampling
-and the wait for the step's tokens); with --gaps, the GPU's idle time in a run of the largest concurrency (no
+and the wait for the step's tokens); with --loras N, the windows take N random adapters round-robin; with --gaps, the GPU's idle time in a run of the largest concurrency (no
 kernel or copy running on any stream), split by the engine-loop phase the host was in meanwhile: what starves it.
 """
 
@@ -59,23 +59,32 @@ def main() -> None:
     ap.add_argument("--gaps", action="store_true", help="also split the GPU's idle time by the host's engine phase")
     ap.add_argument("--encoder-precision", default="model", choices=["model", "float8"])
     ap.add_argument("--batch-invariant", action="store_true", help="the batch-invariant kernels (KernelOptions)")
+    ap.add_argument("--loras", type=int, default=0, help="random LoRA adapters the windows take round-robin")
+    ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--switch-interval-ms", type=float, default=0.5,
                     help="Python's thread switch interval, as `serve` and the engine process set it (its default: 5)")
     args = ap.parse_args()
     sys.setswitchinterval(args.switch_interval_ms / 1000)
 
-    engine = Engine(EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
-                                 tokenizer=args.tokenizer, encoder_precision=args.encoder_precision,
-                                 max_waiting=max(256, *args.concurrency),
-                                 kernels=KernelOptions(batch_invariant=args.batch_invariant)))
+    config = EngineConfig(model=args.model, dummy_weights=True, device="cuda", dtype="float16",
+                          tokenizer=args.tokenizer, encoder_precision=args.encoder_precision,
+                          max_waiting=max(256, *args.concurrency),
+                          kernels=KernelOptions(batch_invariant=args.batch_invariant))
+    if args.loras:
+        config = with_random_loras(config, args.loras, args.lora_rank)
+    engine = Engine(config)
     engine.start()
-    options = DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=args.tokens,
-                            no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None)
+    options = [
+        DecodeOptions(language="en", without_timestamps=True, temperatures=(0.0,), fixed_decode_tokens=args.tokens,
+                      no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None,
+                      adapter=name)
+        for name in [name for name, _ in config.loras] or [None]
+    ]  # fmt: skip
     audio = (np.random.default_rng(0).standard_normal(480_000) * 0.1).astype(np.float32)
 
     def run(n: int) -> float:
         start = time.perf_counter()
-        for handle in [engine.submit(audio, options) for _ in range(n)]:
+        for handle in [engine.submit(audio, options[i % len(options)]) for i in range(n)]:
             handle.wait(timeout=600)
         return time.perf_counter() - start
 
@@ -115,6 +124,21 @@ def main() -> None:
         n = args.host_concurrency
         print_engine_phases(engine, lambda: run(n), f"{args.model}, {n} window(s)")
     engine.shutdown()
+
+
+def with_random_loras(config: EngineConfig, count: int, rank: int) -> EngineConfig:
+    """`config` serving `count` random adapters of `rank` (lora_cost.random_peft_files) on every product."""
+    import dataclasses
+    import tempfile
+
+    from lora_cost import random_peft_files
+
+    from engine.model.dims import DUMMY_DIMS
+
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-profile-lora-"))
+    dims = DUMMY_DIMS[config.model]
+    loras = tuple((f"r{rank}-{i}", str(random_peft_files(dims, rank, i, scratch / str(i)))) for i in range(count))
+    return dataclasses.replace(config, loras=loras, max_loras=count, max_lora_rank=rank)
 
 
 def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -29,6 +29,7 @@ SEGMENT_ROWS = 16  # rows of one adapter per program: the smallest tensor-core t
 MAX_SPLITS = 8  # A x is summed over at most this many parts of the inputs, each by its own program
 BLOCK_K = 64
 BLOCK_N = 64
+EXPAND_COLUMNS = 64  # outputs per program of the second kernel, in tiles of BLOCK_N: each program sums its parts once
 
 
 def max_segments(rows: int, adapters: int) -> int:
@@ -66,9 +67,9 @@ def segments(row_adapters: np.ndarray, max_rows: int, n_segments: int) -> np.nda
     return table
 
 
-def split_length(k: int) -> int:
-    """Inputs per part of A x: a multiple of BLOCK_K that makes at most MAX_SPLITS parts."""
-    per_split = -(-k // MAX_SPLITS)
+def split_length(k: int, max_splits: int = MAX_SPLITS) -> int:
+    """Inputs per part of A x: a multiple of BLOCK_K that makes at most `max_splits` parts."""
+    per_split = -(-k // max_splits)
     return -(-per_split // BLOCK_K) * BLOCK_K
 
 
@@ -84,7 +85,7 @@ def partial_elements(n_segments: int, max_slices: int, rank: int) -> int:
 
 def add_lora(
     y: Tensor, x: Tensor, table: Tensor, max_rows: int, n_segments: int, a: Tensor, b: Tensor, ranks: Tensor,
-    capacity: int, partial: Tensor,
+    capacity: int, partial: Tensor, max_splits: int = MAX_SPLITS, columns: int = EXPAND_COLUMNS,
 ) -> None:  # fmt: skip
     """y (rows, 1, slices * out) += each row's adapter's B A x, in place, for x (rows, 1, in); `table` on the
     device as segments() lays it out (max_rows, n_segments); a (adapters, slices, R, in) and b (adapters, slices,
@@ -93,7 +94,9 @@ def add_lora(
 
     Two kernels: the first sums A x over parts of the inputs, one program per (segment, part), so a few rows are
     not one program's long loop; the second adds the parts in order (the same sum whatever the batch) and
-    multiplies by B, one program per (segment, BLOCK_N outputs)."""
+    multiplies by B, one program per (segment, `columns` outputs). `max_splits` (at most MAX_SPLITS) and `columns` (a
+    multiple of BLOCK_N) change the programs, not a row's sums, as long as max_splits stays the same (the parts are
+    summed in order)."""
     rows = x.shape[0]
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(1) != 1:  # the kernel reads a row's inputs as one run
@@ -102,7 +105,7 @@ def add_lora(
     k = x2.shape[1]
     slices, out, rank = b.shape[1], b.shape[2], b.shape[3]
     block_r = block_rank(rank)
-    length = split_length(k)
+    length = split_length(k, max_splits)
     splits = triton.cdiv(k, length)
     segs = max_segments(rows, capacity)
     _lora_shrink[(segs, splits, slices)](
@@ -110,10 +113,10 @@ def add_lora(
         k, n_segments, x2.stride(0), a.stride(0), a.stride(1), a.stride(2), length,
         SEGMENT=SEGMENT_ROWS, BLOCK_K=BLOCK_K, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
     )  # fmt: skip
-    _lora_expand[(segs, triton.cdiv(out, BLOCK_N), slices)](
+    _lora_expand[(segs, triton.cdiv(out, columns), slices)](
         y2, table, table[max_rows:], b, ranks, partial,
         out, n_segments, splits, y2.stride(0), b.stride(0), b.stride(1), b.stride(2),
-        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
+        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, COLUMNS=columns, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
     )  # fmt: skip
 
 
@@ -162,7 +165,8 @@ if triton is not None:
     def _lora_expand(
         y_ptr, order_ptr, seg_ptr, b_ptr, rank_ptr, part_ptr,
         N, n_segments, n_splits, stride_y, stride_ba, stride_bs, stride_bn,
-        SEGMENT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr,
+        SEGMENT: tl.constexpr, BLOCK_N: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_R: tl.constexpr,
+        SPLITS: tl.constexpr,
     ):  # fmt: skip
         seg = tl.program_id(0)
         tile = tl.program_id(1)
@@ -178,11 +182,13 @@ if triton is not None:
         for split in range(n_splits):  # in order: a row's sum is the same whatever else the step holds
             t += tl.load(parts + split * SEGMENT * BLOCK_R)
         b_base = b_ptr + adapter.to(tl.int64) * stride_ba + part * stride_bs
-        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < N
-        b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
-        delta = tl.dot(t.to(b.dtype), b, input_precision="ieee")  # A x rounded as a stored product would be
-        mask = m_ok[:, None] & n_ok[None, :]
-        y_at = y_ptr + rows[:, None] * stride_y + part * N + n[None, :]
-        y = tl.load(y_at, mask=mask, other=0.0)
-        tl.store(y_at, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
+        t = t.to(b_ptr.dtype.element_ty)  # A x rounded as a stored product would be
+        for n0 in tl.static_range(0, COLUMNS, BLOCK_N):
+            n = tile * COLUMNS + n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+            delta = tl.dot(t, b, input_precision="ieee")
+            mask = m_ok[:, None] & n_ok[None, :]
+            y_at = y_ptr + rows[:, None] * stride_y + part * N + n[None, :]
+            y = tl.load(y_at, mask=mask, other=0.0)
+            tl.store(y_at, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
