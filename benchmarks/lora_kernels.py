@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--splits", type=int, nargs="+", default=[lora.MAX_SPLITS])
     ap.add_argument("--columns", type=int, nargs="+", default=[lora.EXPAND_COLUMNS])
+    ap.add_argument("--pdl", type=int, nargs="+", default=[0, 1], help="0: plain launches, 1: dependent launches")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     dims = DUMMY_DIMS[args.model]
@@ -87,10 +88,10 @@ def main() -> None:
     g = torch.Generator(device=device).manual_seed(0)
     shapes = layer_products(dims.n_text_state)
     weights = [torch.randn(s * o, i, device=device, dtype=dtype, generator=g) * i**-0.5 for s, i, o in shapes]
-    settings = [(s, c) for s in args.splits for c in args.columns]
+    settings = [(s, c, p) for s in args.splits for c in args.columns for p in args.pdl]
     print(f"{args.model} decoder layer ({dims.n_text_layer} a step), {torch.cuda.get_device_name()}; us per layer: "
-          f"the products alone, then added by the LoRA kernels (parts of A x, outputs per program)")  # fmt: skip
-    print("| rank | rows | adapters | products us | " + " | ".join(f"+us {s} parts, {c} outputs" for s, c in settings)
+          f"the products alone, then added by the LoRA kernels (parts of A x, outputs per program, launch)")  # fmt: skip
+    print("| rank | rows | adapters | products us | " + " | ".join(f"+us {s} parts, {c} outputs{', PDL' if p else ''}" for s, c, p in settings)
           + " | step +ms (best) |")  # fmt: skip
     print("|---|---|---|---|" + "---|" * (len(settings) + 1))
     for rank in args.ranks:
@@ -115,8 +116,8 @@ def main() -> None:
                 kernel_args = (table, rows, n_segments, ranks, partial)
                 added = [
                     graph_us(functools.partial(run_adapted, xs, weights, ys, stacks, kernel_args, max_splits=splits,
-                                               columns=columns), args.repeats) - base
-                    for splits, columns in settings
+                                               columns=columns, pdl=bool(pdl)), args.repeats) - base
+                    for splits, columns, pdl in settings
                 ]  # fmt: skip
                 cells = " | ".join(f"{us:.1f}" for us in added)
                 step_ms = min(added) * dims.n_text_layer / 1000

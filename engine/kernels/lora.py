@@ -22,6 +22,8 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
+
+    from engine.kernels.fused_ops import dependent_launch, let_next_launch, wait_for_previous
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -30,6 +32,9 @@ MAX_SPLITS = 8  # A x is summed over at most this many parts of the inputs, each
 BLOCK_K = 64
 BLOCK_N = 64
 EXPAND_COLUMNS = 64  # outputs per program of the second kernel, in tiles of BLOCK_N: each program sums its parts once
+# Steps of at most this many rows launch the kernels as programmatic dependents (add_lora's pdl), as the one-row
+# products around them are; with many rows the waiting programs would hold the GPU's slots
+DEPENDENT_MAX_ROWS = 16
 
 
 def max_segments(rows: int, adapters: int) -> int:
@@ -85,7 +90,7 @@ def partial_elements(n_segments: int, max_slices: int, rank: int) -> int:
 
 def add_lora(
     y: Tensor, x: Tensor, table: Tensor, max_rows: int, n_segments: int, a: Tensor, b: Tensor, ranks: Tensor,
-    capacity: int, partial: Tensor, max_splits: int = MAX_SPLITS, columns: int = EXPAND_COLUMNS,
+    capacity: int, partial: Tensor, max_splits: int = MAX_SPLITS, columns: int = EXPAND_COLUMNS, pdl: bool = False,
 ) -> None:  # fmt: skip
     """y (rows, 1, slices * out) += each row's adapter's B A x, in place, for x (rows, 1, in); `table` on the
     device as segments() lays it out (max_rows, n_segments); a (adapters, slices, R, in) and b (adapters, slices,
@@ -96,7 +101,8 @@ def add_lora(
     not one program's long loop; the second adds the parts in order (the same sum whatever the batch) and
     multiplies by B, one program per (segment, `columns` outputs). `max_splits` (at most MAX_SPLITS) and `columns` (a
     multiple of BLOCK_N) change the programs, not a row's sums, as long as max_splits stays the same (the parts are
-    summed in order)."""
+    summed in order). `pdl`: both launched as programmatic dependents where the device allows (the one-row products
+    around them are: engine/kernels/fused_ops.py), each reading its segment's table and B before it waits."""
     rows = x.shape[0]
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(1) != 1:  # the kernel reads a row's inputs as one run
@@ -108,15 +114,16 @@ def add_lora(
     length = split_length(k, max_splits)
     splits = triton.cdiv(k, length)
     segs = max_segments(rows, capacity)
+    launch = dependent_launch(x.device, pdl)
     _lora_shrink[(segs, splits, slices)](
         x2, table, table[max_rows:], a, ranks, partial,
         k, n_segments, x2.stride(0), a.stride(0), a.stride(1), a.stride(2), length,
-        SEGMENT=SEGMENT_ROWS, BLOCK_K=BLOCK_K, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
+        SEGMENT=SEGMENT_ROWS, BLOCK_K=BLOCK_K, BLOCK_R=block_r, SPLITS=MAX_SPLITS, **launch,
     )  # fmt: skip
     _lora_expand[(segs, triton.cdiv(out, columns), slices)](
         y2, table, table[max_rows:], b, ranks, partial,
         out, n_segments, splits, y2.stride(0), b.stride(0), b.stride(1), b.stride(2),
-        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, COLUMNS=columns, BLOCK_R=block_r, SPLITS=MAX_SPLITS,
+        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, COLUMNS=columns, BLOCK_R=block_r, SPLITS=MAX_SPLITS, **launch,
     )  # fmt: skip
 
 
@@ -132,18 +139,23 @@ if triton is not None:
         m_ok = m < length
         rows = tl.load(order_ptr + start + m, mask=m_ok, other=0).to(tl.int64)
         r = tl.arange(0, BLOCK_R)
-        return m, m_ok, rows, adapter, r, r < tl.load(rank_ptr + adapter)
+        rank = tl.where(length > 0, tl.load(rank_ptr + adapter), 0)  # none for a program past the segments
+        return m, m_ok, rows, adapter, r, r < rank
 
     @triton.jit
     def _lora_shrink(
         x_ptr, order_ptr, seg_ptr, a_ptr, rank_ptr, part_ptr,
         K, n_segments, stride_x, stride_aa, stride_as, stride_ar, LENGTH,
         SEGMENT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
+        let_next_launch(PDL)
         seg = tl.program_id(0)
         split = tl.program_id(1)
         part = tl.program_id(2)
-        length = tl.load(seg_ptr + n_segments + seg)
+        length = tl.load(seg_ptr + n_segments + seg)  # the table is written before the step, not by a kernel
+        # every program waits, those past the step's segments too: the kernel ends after the one before it
+        wait_for_previous(PDL)
         if length == 0:  # past the step's segments
             return
         m, m_ok, rows, adapter, r, r_ok = _segment(
@@ -166,27 +178,33 @@ if triton is not None:
         y_ptr, order_ptr, seg_ptr, b_ptr, rank_ptr, part_ptr,
         N, n_segments, n_splits, stride_y, stride_ba, stride_bs, stride_bn,
         SEGMENT: tl.constexpr, BLOCK_N: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_R: tl.constexpr,
-        SPLITS: tl.constexpr,
+        SPLITS: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        let_next_launch(PDL)
         seg = tl.program_id(0)
         tile = tl.program_id(1)
         part = tl.program_id(2)
         length = tl.load(seg_ptr + n_segments + seg)
-        if length == 0:  # past the step's segments
-            return
         m, m_ok, rows, adapter, r, r_ok = _segment(
             seg_ptr, order_ptr, rank_ptr, n_segments, seg, length, SEGMENT, BLOCK_R
         )
+        b_base = b_ptr + adapter.to(tl.int64) * stride_ba + part * stride_bs
+        # the first tile of B does not depend on the kernels before: read while they finish
+        n = tile * COLUMNS + tl.arange(0, BLOCK_N)
+        b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & (n < N)[None, :], other=0.0)
+        wait_for_previous(PDL)  # every program, as in _lora_shrink
+        if length == 0:  # past the step's segments
+            return
         parts = part_ptr + ((part * n_segments + seg) * SPLITS * SEGMENT + m[:, None]) * BLOCK_R + r[None, :]
         t = tl.zeros((SEGMENT, BLOCK_R), dtype=tl.float32)
         for split in range(n_splits):  # in order: a row's sum is the same whatever else the step holds
             t += tl.load(parts + split * SEGMENT * BLOCK_R)
-        b_base = b_ptr + adapter.to(tl.int64) * stride_ba + part * stride_bs
         t = t.to(b_ptr.dtype.element_ty)  # A x rounded as a stored product would be
         for n0 in tl.static_range(0, COLUMNS, BLOCK_N):
             n = tile * COLUMNS + n0 + tl.arange(0, BLOCK_N)
             n_ok = n < N
-            b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+            if n0 > 0:
+                b = tl.load(b_base + n[None, :] * stride_bn + r[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
             delta = tl.dot(t, b, input_precision="ieee")
             mask = m_ok[:, None] & n_ok[None, :]
             y_at = y_ptr + rows[:, None] * stride_y + part * N + n[None, :]

@@ -170,7 +170,9 @@ class ModelRunner:
             raise ValueError("LoRA adapters need the encoder in the model's precision (encoder_precision model)")
         names = product_names(self.model)  # after the backend laid the weights out
         groups = [n if isinstance(n, tuple) else (n,) for n in names.values()]
-        adapters = Adapters(self.dims, capacity, self.dtype, self.device, groups, config.max_lora_rank)
+        adapters = Adapters(
+            self.dims, capacity, self.dtype, self.device, groups, config.max_lora_rank, pdl=self.backend.kernels.pdl
+        )
         if adapters.static:
             log.info("adapters: %d resident at most, rank %d at most: %.0f MiB of stacks", capacity,
                      config.max_lora_rank, adapters.nbytes / 2**20)  # fmt: skip
