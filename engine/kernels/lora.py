@@ -32,9 +32,6 @@ MAX_SPLITS = 8  # A x is summed over at most this many parts of the inputs, each
 BLOCK_K = 64
 BLOCK_N = 64
 EXPAND_COLUMNS = 64  # outputs per program of the second kernel, in tiles of BLOCK_N: each program sums its parts once
-# Steps of at most this many rows launch the kernels as programmatic dependents (add_lora's pdl), as the one-row
-# products around them are; with many rows the waiting programs would hold the GPU's slots
-DEPENDENT_MAX_ROWS = 16
 
 
 def max_segments(rows: int, adapters: int) -> int:

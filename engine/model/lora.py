@@ -193,7 +193,9 @@ class Adapters:
         groups: list[tuple[str, ...]] | None = None, max_rank: int = MAX_RANK, pdl: bool = False,
     ):  # fmt: skip
         self.dims, self.capacity, self.dtype, self.device = dims, capacity, dtype, device
-        self.pdl = pdl  # the kernels launched as programmatic dependents for a few rows (KernelOptions.pdl)
+        # the kernels launched as programmatic dependents (KernelOptions.pdl) at any row count: each one's start
+        # overlaps the kernel before it, and a layer runs 12 of them (benchmarks/lora_kernels.py --pdl 0 1)
+        self.pdl = pdl
         self.shapes = products(dims)
         # the products as the model's weights hold them (a fused q/k/v together, its parts not again), every other
         # one alone
@@ -323,9 +325,8 @@ class Adapters:
             if stacked is None and len(names) == 1 and names[0] in self.stacks:  # one part of a fused product
                 stacked = tuple(m.unsqueeze(1) for m in self.stacks[names[0]])
             if stacked is not None:
-                pdl = self.pdl and x.shape[0] <= lora_kernels.DEPENDENT_MAX_ROWS
                 lora_kernels.add_lora(y, x, self.table, self.max_rows, self.table_segments, *stacked, self.ranks,
-                                      self.capacity, self.partial, pdl=pdl)  # fmt: skip
+                                      self.capacity, self.partial, pdl=self.pdl)  # fmt: skip
             return y
         group, rows = self._torch_paths()
         column = 0
