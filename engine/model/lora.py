@@ -339,18 +339,19 @@ class Adapters:
                 if stacked is not None:
                     a, b = stacked[0][rows], stacked[1][rows]  # each row's: (rows, R, in), (rows, out, R)
                     xs = x.reshape(x.shape[0], -1, x.shape[-1])
-                    out.add_(torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2)).view(out.shape))
+                    t = torch.bmm(xs, a.transpose(1, 2))
+                    outs = out.view(x.shape[0], -1, width) if out.dim() != 3 else out
+                    outs.baddbmm_(t, b.transpose(1, 2))  # the sum in the product's epilogue: no pass of its own
                 continue
             adapter, members = group
             w = adapter.weights.get(name)
             if w is None:
                 continue
-            xs = x if members is None else x.index_select(0, members)
-            delta = F.linear(F.linear(xs, w.a), w.b)
             if members is None:
-                out.add_(delta)
+                out2 = out.view(-1, width)  # rows of a fused q/k/v's slice too: a column slice keeps its row stride
+                out2.addmm_(F.linear(x.reshape(-1, x.shape[-1]), w.a), w.b.t())
             else:
-                out.index_add_(0, members, delta)
+                out.index_add_(0, members, F.linear(F.linear(x.index_select(0, members), w.a), w.b))
         return y
 
     def _torch_paths(self) -> tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None]:
@@ -360,14 +361,21 @@ class Adapters:
             rows = self._row_list
             used = set(rows) - {0}
             if len(used) > 1:
-                self._torch_state = (None, torch.tensor(rows, device=self.device))
+                self._torch_state = (None, self._indices(rows))
             else:
                 index = used.pop()
                 members = [row for row, i in enumerate(rows) if i == index]
                 every = len(members) == len(rows)
-                group = (self.loaded[index], None if every else torch.tensor(members, device=self.device))
-                self._torch_state = (group, None)
+                self._torch_state = ((self.loaded[index], None if every else self._indices(members)), None)
         return self._torch_state
+
+    def _indices(self, values: list[int]) -> Tensor:
+        """values as an index tensor on the device; on a GPU copied from pinned memory, queued behind the work in
+        flight (a copy from pageable memory would wait for the GPU to finish it first)."""
+        indices = torch.tensor(values, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return indices
+        return indices.pin_memory().to(self.device, non_blocking=True)
 
 
 def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
