@@ -48,6 +48,19 @@ def run_adapted(xs: list, weights: list, ys: list, stacks: list, kernel_args: tu
         lora.add_lora(y, x, table, rows, n_segments, a, b, ranks, CAPACITY, partial, **setting)
 
 
+def run_overlapped(xs: list, weights: list, ys: list, stacks: list, kernel_args: tuple, side, pdl: bool) -> None:
+    """Each product's A x on a second stream while the product itself runs (both read only x), then B's part."""
+    table, rows, n_segments, ranks, partial = kernel_args
+    main = torch.cuda.current_stream()
+    for x, w, y, (a, b) in zip(xs, weights, ys, stacks, strict=True):
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            splits = lora.shrink(x, table, rows, n_segments, a, ranks, CAPACITY, partial, pdl=pdl)
+        torch.matmul(x, w.t(), out=y)
+        main.wait_stream(side)
+        lora.expand(y, table, rows, n_segments, b, ranks, CAPACITY, partial, splits, pdl=pdl)
+
+
 def graph_us(fn, repeats: int) -> float:
     """Median us per replay of a CUDA graph of fn()."""
     stream = torch.cuda.Stream()
@@ -81,6 +94,7 @@ def main() -> None:
     ap.add_argument("--splits", type=int, nargs="+", default=[lora.MAX_SPLITS])
     ap.add_argument("--columns", type=int, nargs="+", default=[lora.EXPAND_COLUMNS])
     ap.add_argument("--pdl", type=int, nargs="+", default=[0, 1], help="0: plain launches, 1: dependent launches")
+    ap.add_argument("--overlap", action="store_true", help="also A x on a second stream beside each product (PDL)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     dims = DUMMY_DIMS[args.model]
@@ -91,9 +105,14 @@ def main() -> None:
     settings = [(s, c, p) for s in args.splits for c in args.columns for p in args.pdl]
     print(f"{args.model} decoder layer ({dims.n_text_layer} a step), {torch.cuda.get_device_name()}; us per layer: "
           f"the products alone, then added by the LoRA kernels (parts of A x, outputs per program, launch)")  # fmt: skip
-    print("| rank | rows | adapters | products us | " + " | ".join(f"+us {s} parts, {c} outputs{', PDL' if p else ''}" for s, c, p in settings)
-          + " | step +ms (best) |")  # fmt: skip
-    print("|---|---|---|---|" + "---|" * (len(settings) + 1))
+    header = "| rank | rows | adapters | products us | " + " | ".join(
+        f"+us {s} parts, {c} outputs{', PDL' if p else ''}" for s, c, p in settings
+    )
+    if args.overlap:
+        header += " | +us A x beside the product, PDL"
+    print(header + " | step +ms (best) |")
+    print("|---|---|---|---|" + "---|" * (len(settings) + 1 + args.overlap))
+    side = torch.cuda.Stream() if args.overlap else None
     for rank in args.ranks:
         stacks = []
         for s, i, o in shapes:
@@ -119,6 +138,9 @@ def main() -> None:
                                                columns=columns, pdl=bool(pdl)), args.repeats) - base
                     for splits, columns, pdl in settings
                 ]  # fmt: skip
+                if args.overlap:
+                    overlapped = functools.partial(run_overlapped, xs, weights, ys, stacks, kernel_args, side, True)
+                    added.append(graph_us(overlapped, args.repeats) - base)
                 cells = " | ".join(f"{us:.1f}" for us in added)
                 step_ms = min(added) * dims.n_text_layer / 1000
                 print(f"| {rank} | {rows} | {count} | {base:.1f} | {cells} | {step_ms:.2f} |", flush=True)

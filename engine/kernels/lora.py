@@ -100,27 +100,44 @@ def add_lora(
     multiple of BLOCK_N) change the programs, not a row's sums, as long as max_splits stays the same (the parts are
     summed in order). `pdl`: both launched as programmatic dependents where the device allows (the one-row products
     around them are: engine/kernels/fused_ops.py), each reading its segment's table and B before it waits."""
+    splits = shrink(x, table, max_rows, n_segments, a, ranks, capacity, partial, max_splits, pdl)
+    expand(y, table, max_rows, n_segments, b, ranks, capacity, partial, splits, columns, pdl)
+
+
+def shrink(
+    x: Tensor, table: Tensor, max_rows: int, n_segments: int, a: Tensor, ranks: Tensor, capacity: int,
+    partial: Tensor, max_splits: int = MAX_SPLITS, pdl: bool = False,
+) -> int:  # fmt: skip
+    """add_lora's first kernel: the parts of A x into `partial`; returns how many parts (expand's `splits`)."""
     rows = x.shape[0]
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(1) != 1:  # the kernel reads a row's inputs as one run
         x2 = x2.contiguous()
-    y2 = y.view(rows, y.shape[-1])
     k = x2.shape[1]
-    slices, out, rank = b.shape[1], b.shape[2], b.shape[3]
-    block_r = block_rank(rank)
     length = split_length(k, max_splits)
     splits = triton.cdiv(k, length)
-    segs = max_segments(rows, capacity)
-    launch = dependent_launch(x.device, pdl)
-    _lora_shrink[(segs, splits, slices)](
+    _lora_shrink[(max_segments(rows, capacity), splits, a.shape[1])](
         x2, table, table[max_rows:], a, ranks, partial,
         k, n_segments, x2.stride(0), a.stride(0), a.stride(1), a.stride(2), length,
-        SEGMENT=SEGMENT_ROWS, BLOCK_K=BLOCK_K, BLOCK_R=block_r, SPLITS=MAX_SPLITS, **launch,
+        SEGMENT=SEGMENT_ROWS, BLOCK_K=BLOCK_K, BLOCK_R=block_rank(a.shape[2]), SPLITS=MAX_SPLITS,
+        **dependent_launch(x.device, pdl),
     )  # fmt: skip
-    _lora_expand[(segs, triton.cdiv(out, columns), slices)](
+    return splits
+
+
+def expand(
+    y: Tensor, table: Tensor, max_rows: int, n_segments: int, b: Tensor, ranks: Tensor, capacity: int,
+    partial: Tensor, splits: int, columns: int = EXPAND_COLUMNS, pdl: bool = False,
+) -> None:  # fmt: skip
+    """add_lora's second kernel: y += B (the parts of A x summed in order)."""
+    rows = y.shape[0]
+    y2 = y.view(rows, y.shape[-1])
+    out = b.shape[2]
+    _lora_expand[(max_segments(rows, capacity), triton.cdiv(out, columns), b.shape[1])](
         y2, table, table[max_rows:], b, ranks, partial,
         out, n_segments, splits, y2.stride(0), b.stride(0), b.stride(1), b.stride(2),
-        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, COLUMNS=columns, BLOCK_R=block_r, SPLITS=MAX_SPLITS, **launch,
+        SEGMENT=SEGMENT_ROWS, BLOCK_N=BLOCK_N, COLUMNS=columns, BLOCK_R=block_rank(b.shape[3]), SPLITS=MAX_SPLITS,
+        **dependent_launch(y.device, pdl),
     )  # fmt: skip
 
 
