@@ -116,6 +116,12 @@ class EngineFront:
             if len(tokens) > limit:
                 raise InvalidRequestError(f"keywords take {len(tokens)} tokens; at most {limit} fit", "keywords")
             changes["keyword_prompt"] = tuple(tokens)
+        if options.prefix is not None and options.prefix_tokens is None:
+            tokens = self.tokenizer.encode(" " + options.prefix.strip())
+            limit = self.n_text_ctx // 4  # as keywords: the prompt's half of the context and the text's room stay
+            if len(tokens) > limit:
+                raise InvalidRequestError(f"the prefix takes {len(tokens)} tokens; at most {limit} fit", "prefix")
+            changes["prefix_tokens"] = tuple(tokens)
         if options.decode_budget_per_window is None:
             changes["decode_budget_per_window"] = self.config.decode_budget_per_window
         if options.seed is None:

@@ -80,6 +80,12 @@ class DecodeOptions:
     # seconds of audio, and the text mostly the same but not always (benchmarks/partial_audio_ctx.py): for previews
     # such as the realtime API's partial decodes. None: Whisper's full 30 s window.
     context_margin_s: float | None = None
+    # Text the first window's transcript is taken to begin with (openai/whisper's `prefix`): its tokens follow the
+    # start of transcript as if decoded, and the result holds only what the decode adds after them. Text only
+    # (without_timestamps). The realtime API's partial decodes pass the words a turn's previous ones agreed on, so
+    # a refresh decodes the new words only. The engine's submit sets the tokens.
+    prefix: str | None = None
+    prefix_tokens: tuple[int, ...] | None = None
     # Keep each text token's log-probability in the segments (OpenAI's `include[]=logprobs`).
     logprobs: bool = False
     # Language detection picks among these ISO codes only (OpenAI's `languages[]`); None: any the model knows.
@@ -110,6 +116,8 @@ class DecodeOptions:
             raise ValueError(f"length_penalty must be between 0 and 2, got {self.length_penalty}")
         if self.context_margin_s is not None and not 0 <= self.context_margin_s <= 30:
             raise ValueError(f"context_margin_s must be between 0 and 30, got {self.context_margin_s}")
+        if self.prefix is not None and not self.without_timestamps:
+            raise ValueError("a prefix needs without_timestamps (the timestamp rules would follow it with one)")
         if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
 

@@ -155,6 +155,11 @@ class Transcription:
         else:
             prompt += tok.sot_sequence(language, opts.task.value) + tail
             forced = []
+        if opts.prefix_tokens and self.seek == 0:  # the first window's text begins with them, as if decoded
+            if detect:
+                forced += list(opts.prefix_tokens)
+            else:
+                prompt += list(opts.prefix_tokens)
         frames = self._context_frames(window.shape[-1])
         return WindowJob(
             request_id=self.request_id,

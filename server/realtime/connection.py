@@ -33,6 +33,7 @@ from engine import (
     EngineDeadError,
     EngineError,
     Handle,
+    InvalidRequestError,
     Task,
     TranscriptionResult,
 )
@@ -322,14 +323,29 @@ class Connection:
         if background:
             margin = self.settings.realtime_partial_margin_s if self.settings.realtime_short_partials else None
             options = dataclasses.replace(
-                options, temperatures=(0.0,), background=True, beam_size=1, context_margin_s=margin
-            )
+                options, temperatures=(0.0,), background=True, beam_size=1, context_margin_s=margin,
+                without_timestamps=True,
+            )  # fmt: skip
         return options
 
     async def _partial(self, item_id: str, partials: Partials, audio: np.ndarray, launched: float) -> None:
-        options = self._options(background=True)
+        # the words sent so far lead the decode as its transcript's start (realtime_partial_prefix): it decodes the
+        # rest only, where decoding the whole turn again would cost more at every refresh as the turn grows
+        prefix = partials.sent_text if self.settings.realtime_partial_prefix and partials.prefixed else ""
+        options = dataclasses.replace(self._options(background=True), prefix=prefix or None)
         try:
             handle = self._submit(audio, options)
+        except InvalidRequestError as exc:
+            if exc.param != "prefix":
+                self.partials.finished(partials)
+                return
+            partials.prefixed = False  # the words no longer fit the decoder's room for a prefix: the whole turn
+            prefix = ""
+            try:
+                handle = self._submit(audio, dataclasses.replace(options, prefix=None))
+            except EngineError:
+                self.partials.finished(partials)
+                return
         except EngineError:
             self.partials.finished(partials)
             return
@@ -346,13 +362,20 @@ class Connection:
             self.partials.finished(partials)
         if partials.done:
             return
-        text = result.text.strip()
+        added = "".join(s.text for s in result.segments)  # after the prefix: its leading space is the words'
+        text = (prefix + added).strip() if prefix else result.text.strip()
         start, end = partials.agree(text)
+        log.debug("partial decode of %.2f s of a turn: %.3f s, %d characters of prefix", len(audio) / SAMPLE_RATE,
+                  time.perf_counter() - launched, len(prefix))  # fmt: skip
         if end > start:
-            self._delta(item_id, text[start:end], result, start, end)
+            # the result's logprobs are those of what it added: offsets into its own text
+            shift = len(prefix) + len(added) - len(added.lstrip()) if prefix else 0
+            self._delta(item_id, text[start:end], result, start - shift, end - shift)
             self.metrics.realtime_delta_latency.observe(time.perf_counter() - launched)
 
     def _delta(self, item_id: str, delta: str, result: TranscriptionResult, start: int, end: int | None) -> None:
+        # a partial decode's prefix has no logprobs: a delta's part inside it gets none
+        start, end = max(start, 0), None if end is None else max(end, 0)
         extra = {"logprobs": token_logprobs(result.segments, start, end)} if self.session.logprobs else {}
         self.send(event("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
                         delta=delta, **extra))  # fmt: skip

@@ -61,6 +61,7 @@ class Partials:
         self.last: list[str] = []  # the previous partial decode's words, as compared (word_key)
         self.in_flight = False
         self.done = False  # the final decode has started: late partial results are dropped
+        self.prefixed = True  # the words sent still fit as a partial decode's prefix (DecodeOptions.prefix)
 
     def agree(self, text: str) -> tuple[int, int]:
         """The characters [start, end) of a new partial decode's `text` that can be sent ((0, 0) for none)."""
