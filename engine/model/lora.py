@@ -184,9 +184,9 @@ class Adapters:
 
     On a GPU the stacks hold every product at `max_rank` from the start, so their addresses never change and the
     decode graphs captured over them serve any adapters loaded later. A step's rows (one token each) then go through
-    engine/kernels/lora.py: the rows sorted by adapter in a table on the device that use() fills, one kernel per
-    product whatever the mix. Passes of many positions per row (the encoder, prompts, alignment) take the torch
-    paths above."""
+    engine/kernels/lora.py: the rows sorted by adapter in a table on the device that use() fills, the same two
+    kernels per product whatever the mix. Passes of many positions per row (the encoder, prompts, alignment) take
+    the torch paths above."""
 
     def __init__(
         self, dims: ModelDimensions, capacity: int, dtype: torch.dtype, device: torch.device,
