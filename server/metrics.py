@@ -72,6 +72,12 @@ class Metrics:
             "ended there; dropped: the speech resumed).",
             ["outcome"], registry=self.registry,
         )
+        self.realtime_partial_decodes = Counter(
+            "whisper_realtime_partial_decodes",
+            "Realtime turns' partial (live) decodes finished, by whether they continued the words already sent as "
+            "their prefix (--realtime-partial-prefix).",
+            ["prefix"], registry=self.registry,
+        )
         self.realtime_delta_latency = Histogram(
             "whisper_realtime_delta_latency_seconds",
             "Seconds from the audio a live delta covers to the delta (the decode of the turn so far).",

@@ -367,6 +367,7 @@ class Connection:
         start, end = partials.agree(text)
         log.debug("partial decode of %.2f s of a turn: %.3f s, %d characters of prefix", len(audio) / SAMPLE_RATE,
                   time.perf_counter() - launched, len(prefix))  # fmt: skip
+        self.metrics.realtime_partial_decodes.labels("yes" if prefix else "no").inc()
         if end > start:
             # the result's logprobs are those of what it added: offsets into its own text
             shift = len(prefix) + len(added) - len(added.lstrip()) if prefix else 0

@@ -143,6 +143,43 @@ def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
     assert metric(server, "whisper_realtime_completed_latency_seconds_count") - completed_before == 1
 
 
+@pytest.fixture(scope="module")
+def prefix_server():
+    """Partial decodes that continue the words their turn has sent (--realtime-partial-prefix)."""
+    remote = RemoteServer("--realtime-partial-prefix")
+    yield remote
+    remote.stop()
+
+
+def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprobs(prefix_server, data_dir):
+    """With the words sent as each partial decode's prefix, the live deltas still begin the turn, join with the
+    final decode's rest into the HTTP transcript's words, and each carries the log-probabilities of its own tokens
+    (the decode's result holds what it added after the prefix)."""
+    server = prefix_server
+    pcm = pcm24k(data_dir / JFK)
+    http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
+    s = RawSession(server)
+    try:
+        s.next()
+        s.send(type="session.update", session={"type": "transcription", "include": [
+            "item.input_audio_transcription.logprobs"], "audio": {"input": {"turn_detection": None}}})  # fmt: skip
+        assert s.next().type == "session.updated"
+        start = time.perf_counter()
+        for i, piece in enumerate(chunks(pcm, 48)):
+            time.sleep(max(0.0, start + i * CHUNK_MS / 1000 - time.perf_counter()))
+            s.send(type="input_audio_buffer.append", audio=piece)
+        s.send(type="input_audio_buffer.commit")
+        completed = s.until("conversation.item.input_audio_transcription.completed")
+    finally:
+        s.close()
+    deltas = [e for e in s.events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert len(deltas) >= 3 and deltas[0].delta.split()[0] == "And", deltas
+    assert completed.transcript == http.text and same_words("".join(d.delta for d in deltas), completed.transcript)
+    for delta in deltas:
+        assert delta.logprobs and joined(delta.logprobs).strip() == delta.delta.strip(), delta
+    assert metric(server, "whisper_realtime_partial_decodes_total", '{prefix="yes"}') >= 1
+
+
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server, data_dir):
     """Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
     utterance, speech start and stop within 0.3 s of where the speech is, each transcript the clip's text."""
