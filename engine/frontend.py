@@ -111,17 +111,9 @@ class EngineFront:
         if options.keywords and options.keyword_prompt is None and not options.keywords_in_prompt:
             changes["keyword_prompt"] = ()
         elif options.keywords and options.keyword_prompt is None:
-            tokens = self.tokenizer.encode(" " + ", ".join(options.keywords))
-            limit = self.n_text_ctx // 4  # half of the context Whisper gives previous text, which follows them
-            if len(tokens) > limit:
-                raise InvalidRequestError(f"keywords take {len(tokens)} tokens; at most {limit} fit", "keywords")
-            changes["keyword_prompt"] = tuple(tokens)
+            changes["keyword_prompt"] = self._bounded_tokens(", ".join(options.keywords), "keywords take", "keywords")
         if options.prefix is not None and options.prefix_tokens is None:
-            tokens = self.tokenizer.encode(" " + options.prefix.strip())
-            limit = self.n_text_ctx // 4  # as keywords: the prompt's half of the context and the text's room stay
-            if len(tokens) > limit:
-                raise InvalidRequestError(f"the prefix takes {len(tokens)} tokens; at most {limit} fit", "prefix")
-            changes["prefix_tokens"] = tuple(tokens)
+            changes["prefix_tokens"] = self._bounded_tokens(options.prefix.strip(), "the prefix takes", "prefix")
         if options.decode_budget_per_window is None:
             changes["decode_budget_per_window"] = self.config.decode_budget_per_window
         if options.seed is None:
@@ -131,6 +123,15 @@ class EngineFront:
                 temperatures=(0.0,), no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None
             )
         return dataclasses.replace(options, **changes) if changes else options
+
+    def _bounded_tokens(self, text: str, what: str, param: str) -> tuple[int, ...]:
+        """text's tokens (after a space, as Whisper encodes text it adds to a prompt), at most a quarter of the
+        context: the prompt keeps its half, and the decode its room."""
+        tokens = self.tokenizer.encode(" " + text)
+        limit = self.n_text_ctx // 4
+        if len(tokens) > limit:
+            raise InvalidRequestError(f"{what} {len(tokens)} tokens; at most {limit} fit", param)
+        return tuple(tokens)
 
     def validate(self, options: DecodeOptions) -> None:
         """What the model cannot do as asked (a language it lacks, translation on an English-only model)."""

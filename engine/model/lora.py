@@ -340,8 +340,8 @@ class Adapters:
                     a, b = stacked[0][rows], stacked[1][rows]  # each row's: (rows, R, in), (rows, out, R)
                     xs = x.reshape(x.shape[0], -1, x.shape[-1])
                     t = torch.bmm(xs, a.transpose(1, 2))
-                    outs = out.view(x.shape[0], -1, width) if out.dim() != 3 else out
-                    outs.baddbmm_(t, b.transpose(1, 2))  # the sum in the product's epilogue: no pass of its own
+                    # the sum in the product's epilogue: no pass of its own
+                    out.view(x.shape[0], -1, width).baddbmm_(t, b.transpose(1, 2))
                 continue
             adapter, members = group
             w = adapter.weights.get(name)

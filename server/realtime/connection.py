@@ -332,20 +332,15 @@ class Connection:
         # the words sent so far lead the decode as its transcript's start (realtime_partial_prefix): it decodes the
         # rest only, where decoding the whole turn again would cost more at every refresh as the turn grows
         prefix = partials.sent_text if self.settings.realtime_partial_prefix and partials.prefixed else ""
-        options = dataclasses.replace(self._options(background=True), prefix=prefix or None)
+        options = self._options(background=True)
         try:
-            handle = self._submit(audio, options)
-        except InvalidRequestError as exc:
-            if exc.param != "prefix":
-                self.partials.finished(partials)
-                return
-            partials.prefixed = False  # the words no longer fit the decoder's room for a prefix: the whole turn
-            prefix = ""
             try:
-                handle = self._submit(audio, dataclasses.replace(options, prefix=None))
-            except EngineError:
-                self.partials.finished(partials)
-                return
+                handle = self._submit(audio, dataclasses.replace(options, prefix=prefix or None))
+            except InvalidRequestError as exc:
+                if exc.param != "prefix":
+                    raise
+                partials.prefixed, prefix = False, ""  # the words outgrew the room for a prefix: the whole turn
+                handle = self._submit(audio, options)
         except EngineError:
             self.partials.finished(partials)
             return
