@@ -9,7 +9,11 @@ adapters its rows use; a pass whose rows use none costs nothing more.
 
 Before each pass the runner says which adapter each row uses (Adapters.use, 0 for none); the paths that compute a
 product add what the rows' adapters give (Adapters.add_to): the layer operations (with_adapters), the CPU's
-native decode kernels and its int8 encoder products.
+native decode kernels and its int8 encoder products. On a GPU a pass over whole windows (the encoder, the cross
+K/V) whose windows all use one adapter (the runner gives an adapter with several windows in a batch a pass of its
+own) instead runs each product on its weight with the adapter merged in, made for that product and dropped after
+it (Adapters.merged): its rows then cost what the base model's do, and the adapter's deltas are not a second pass
+over their many rows.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch import Tensor, nn
 
 from engine.kernels import lora as lora_kernels
 from engine.model.dims import ModelDimensions
-from engine.model.layer_ops import LayerOps
+from engine.model.layer_ops import LayerOps, Projection
 from engine.model.sources import ADAPTER_FILES, resolve_adapter
 from engine.model.weights import openai_name
 
@@ -208,6 +212,9 @@ class Adapters:
         self.group_stacks: dict[tuple[str, ...], tuple[Tensor, Tensor]] = {}
         self.stacks: dict[str, tuple[Tensor, Tensor]] = {}  # each product's slice of its group's stacks
         self.static = device.type == "cuda" and lora_kernels.triton is not None
+        # whole windows' passes on merged weights (merged): a GPU's; a CPU's encoder products are the int8 kernels,
+        # which add the deltas themselves
+        self.merges = device.type == "cuda"
         self.ranks: Tensor | None = None  # (capacity + 1,) int32 on the GPU: each index's rank
         self.table: Tensor | None = None  # the step's rows by adapter, on the GPU (reserve_rows)
         self.partial: Tensor | None = None  # the kernel's parts of A x
@@ -354,6 +361,39 @@ class Adapters:
                 out.index_add_(0, members, F.linear(F.linear(x.index_select(0, members), w.a), w.b))
         return y
 
+    def merged(self, weight: Tensor, names: str | tuple[str, ...], x: Tensor) -> Tensor | None:
+        """`weight` (out, in) with the pass's adapter merged in, W + B A per product of `names` (a fused q/k/v's
+        slices each their own), for a GPU pass whose rows all use one adapter and are many enough that reading and
+        writing their inputs and outputs once more (what the deltas cost) outweighs reading and writing the weight
+        once (what the merge costs); None where the deltas are cheaper or the stacks do not hold it. `weight` itself
+        where the adapter changes none of these products."""
+        if not self.merges or not self._active or not self._row_list:  # (a graph's capture has no rows)
+            return None
+        if self._kernel_rows and x.shape[0] == self._kernel_rows:  # a step the kernels serve
+            return None
+        if isinstance(names, str):
+            names = (names,)
+        out, inp = weight.shape
+        rows = x.numel() // x.shape[-1]
+        if (
+            rows * (out + inp) < out * inp
+            or inp != self.shapes[names[0]][1]
+            or out != len(names) * self.shapes[names[0]][0]
+        ):
+            return None
+        group, _ = self._torch_paths()
+        if group is None or group[1] is not None:  # rows of several adapters, or some on none
+            return None
+        adapter = group[0]
+        if not any(name in adapter.weights for name in names):
+            return weight
+        stacked = self.group_stacks.get(names)
+        if stacked is None:
+            return None
+        index = self.indices[adapter.name]
+        a, b = stacked[0][index], stacked[1][index]  # (slices, R, in), (slices, out, R): zeros where it has none
+        return torch.baddbmm(weight.view(len(names), -1, inp), b, a).view(out, inp)
+
     def _torch_paths(self) -> tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None]:
         """The pass's rows for the torch paths: one adapter's (the adapter, its rows as an index or None for every
         row), or several's (each row's index into the stacks)."""
@@ -394,15 +434,24 @@ def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
 def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tuple[str, ...]]) -> LayerOps:
     """`ops` with each product's adapter deltas added for the rows that use one (Adapters.use)."""
 
+    def merged(proj, name, x: Tensor):
+        weight = adapters.merged(proj.weight, name, x)
+        return None if weight is None else Projection(weight, proj.bias)
+
     def linear(proj, x: Tensor, pdl: bool = True) -> Tensor:
-        y = ops.linear(proj, x, pdl)
         name = names.get(id(proj.weight)) if adapters.active else None
-        return y if name is None else adapters.add_to(y, name, x)
+        if name is None:
+            return ops.linear(proj, x, pdl)
+        if (whole := merged(proj, name, x)) is not None:
+            return ops.linear(whole, x, pdl)
+        return adapters.add_to(ops.linear(proj, x, pdl), name, x)
 
     def linear_gelu(proj, x: Tensor) -> Tensor:
         name = names.get(id(proj.weight)) if adapters.active else None
         if name is None:
             return ops.linear_gelu(proj, x)
+        if (whole := merged(proj, name, x)) is not None:
+            return ops.linear_gelu(whole, x)
         return ops.gelu(adapters.add_to(ops.linear(proj, x), name, x))
 
     def qkv(attn, x: Tensor) -> Tensor:

@@ -29,6 +29,11 @@ from engine.runtime.sequence import Sequence
 from engine.runtime.step_io import StepInputs, StepOutput, host_state
 from engine.transcription.alignment import AlignmentInput
 
+# An adapter with this many windows in an encoder batch gets a pass of its own on merged weights: the merge reads and
+# writes every weight once (about a window's delta cost on large-v3), and a pass of fewer windows wastes the GEMMs;
+# fewer windows share a pass with the other adapters' (H100, benchmarks/lora_cost.py: 16 adapters in passes of 2
+# windows each cost more than one shared pass of deltas)
+MERGED_PASS_MIN_WINDOWS = 8
 log = logging.getLogger(__name__)
 
 MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
@@ -283,15 +288,32 @@ class ModelRunner:
         adapters = adapters or [None] * len(mels)
         if not self.backend.short_context:
             mels = [pad_or_trim(mel, N_FRAMES) for mel in mels]  # a full window is returned as it is
-        by_length: dict[int, list[int]] = {}
+        passes: dict[tuple[int, str | None], list[int]] = {}
         for i, mel in enumerate(mels):
-            by_length.setdefault(mel.shape[-1], []).append(i)
-        for frames, group in by_length.items():
+            passes.setdefault((mel.shape[-1], adapters[i]), []).append(i)
+        passes = self._merged_passes(passes)
+        for (frames, _), group in passes.items():
             batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
             self.use_adapters([adapters[i] for i in group])
             graph = self.graphs and frames == N_FRAMES and not self.backend.adapted  # captured without adapters
             encode = self.graphs.encode if graph else self.backend.encode
             self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group])
+
+    def _merged_passes(self, passes: dict[tuple[int, str | None], list[int]]) -> dict[tuple, list[int]]:
+        """The encoder's passes from the windows of each (length, adapter): on a GPU, the base model's windows and
+        each adapter's with MERGED_PASS_MIN_WINDOWS or more get a pass of their own (the base model's replays its
+        graph; an adapter's runs on weights with the adapter merged in, engine/model/lora.py Adapters.merged), the
+        other adapters' windows share a pass that adds each row's deltas. Elsewhere one pass per length."""
+        if not (self.on_gpu and self.adapters is not None):
+            merged: dict[tuple, list[int]] = {}
+            for (frames, _), group in passes.items():
+                merged.setdefault((frames, None), []).extend(group)
+            return {key: sorted(group) for key, group in merged.items()}
+        out: dict[tuple, list[int]] = {}
+        for (frames, adapter), group in passes.items():
+            alone = adapter is None or len(group) >= MERGED_PASS_MIN_WINDOWS
+            out.setdefault((frames, adapter if alone else "(several)"), []).extend(group)
+        return out
 
     def admissible_encoder_batch(self, n: int) -> int:
         return self.graphs.admissible_encoder_batch(n) if self.graphs else n

@@ -208,3 +208,51 @@ def test_a_fused_products_stack_serves_its_parts_and_a_prompts_tokens_take_their
     assert torch.allclose(got, want, atol=1e-5)
     got = bank.add_to(y[..., :D].clone(), names[0], x)  # the query alone reads its slice of the fused stack
     assert torch.allclose(got, want[..., :D], atol=1e-5)
+
+
+def test_a_pass_over_many_rows_of_one_adapter_runs_on_the_weight_with_it_merged(tmp_path):
+    names = ("encoder.blocks.3.attn.query", "encoder.blocks.3.attn.key", "encoder.blocks.3.attn.value")
+    modules = {**TARGETS, "encoder.layers.3.self_attn.k_proj": names[1]}
+    bank = Adapters(DIMS, capacity=2, dtype=torch.float32, device=torch.device("cpu"), groups=[names])
+    bank.merges = True  # a GPU's rule, here on the CPU's arithmetic
+    a0 = bank.add("a0", write_adapter(tmp_path / "a0", modules=modules)[0])
+    bank.add("a1", write_adapter(tmp_path / "a1", seed=1)[0])
+    torch.manual_seed(7)
+    fc2, qkv = torch.randn(D, 4 * D), torch.randn(3 * D, D)
+    x_fc2, x_qkv = torch.randn(2, 400, 4 * D), torch.randn(2, 400, D)  # two windows' positions
+    bank.use([1, 1])
+    w = a0.weights["encoder.blocks.3.mlp.2"]
+    assert torch.allclose(bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2), fc2 + w.b @ w.a, atol=1e-5)
+    got = bank.merged(qkv, names, x_qkv)  # only k is targeted: q and v exactly as they were
+    assert torch.equal(got[:D], qkv[:D]) and torch.equal(got[2 * D :], qkv[2 * D :])
+    w = a0.weights[names[1]]
+    assert torch.allclose(got[D : 2 * D], qkv[D : 2 * D] + w.b @ w.a, atol=1e-5)
+    # the product on the merged weight is the product plus the rows' deltas
+    y = x_fc2 @ fc2.T
+    merged = x_fc2 @ bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2).T
+    assert torch.allclose(merged, bank.add_to(y.clone(), "encoder.blocks.3.mlp.2", x_fc2), atol=1e-3)
+    bank.use([2, 2])  # an adapter that changes none of q/k/v: the weight itself, nothing made
+    assert bank.merged(qkv, names, x_qkv) is qkv
+    bank.use([1, 0])  # rows of the base model too: their deltas instead
+    assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2) is None
+    bank.use([1])  # few rows (a prompt's): the deltas cost less than the merge
+    assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2[:1, :3]) is None
+    with bank.capturing(800):  # a graph's capture of steps the kernels serve: no rows, no merge
+        assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2.reshape(800, 1, -1)) is None
+    bank.merges = False  # a CPU
+    bank.use([1, 1])
+    assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2) is None
+
+
+def test_the_encoders_passes_give_an_adapter_with_many_windows_its_own_pass_on_a_gpu():
+    from types import SimpleNamespace
+
+    from engine.runtime.model_runner import MERGED_PASS_MIN_WINDOWS as N
+    from engine.runtime.model_runner import ModelRunner
+
+    many, few = list(range(N)), [N, N + 1]
+    passes = {(3000, "a"): many, (3000, None): [20, 21], (3000, "b"): few, (3000, "c"): [22], (800, "a"): [30]}
+    gpu = ModelRunner._merged_passes(SimpleNamespace(on_gpu=True, adapters=object()), passes)
+    assert gpu == {(3000, "a"): many, (3000, None): [20, 21], (3000, "(several)"): [*few, 22], (800, "(several)"): [30]}
+    cpu = ModelRunner._merged_passes(SimpleNamespace(on_gpu=False, adapters=object()), passes)
+    assert cpu == {(3000, None): sorted(many + [20, 21] + few + [22]), (800, None): [30]}
