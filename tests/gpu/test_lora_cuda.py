@@ -118,6 +118,43 @@ def test_adapter_rows_in_shared_steps_match_their_merged_models(
         assert want[name] != want[None], name  # each adapter changes what the model says
 
 
+def test_windows_encoded_on_weights_with_their_adapter_merged_in_match_the_merged_model(
+    cuda, gpu_model, gpu_clips, read_wav, adapters, tmp_path, monkeypatch
+):
+    """Every adapter's windows in an encoder pass of their own (the threshold lowered to one window), its products on
+    merged weights (Adapters.merged): in float32 the tokens of the merged model."""
+    from engine.model.lora import Adapters
+    from engine.runtime import model_runner
+
+    monkeypatch.setattr(model_runner, "MERGED_PASS_MIN_WINDOWS", 1)
+    made = []
+    original = Adapters.merged
+
+    def spy(self, weight, names, x):
+        whole = original(self, weight, names, x)
+        if whole is not None and whole is not weight:
+            made.append(names)
+        return whole
+
+    monkeypatch.setattr(Adapters, "merged", spy)
+    clips = [read_wav(p) for p in gpu_clips[:4]]
+    loras = tuple((name, str(path)) for name, path in adapters.items())
+    engine = Engine(EngineConfig(model=gpu_model, device="cuda", dtype="float32", loras=loras))
+    engine.start()
+    try:
+        got = transcribe(engine, [(audio, "community") for audio in clips])
+    finally:
+        engine.shutdown()
+    assert any(isinstance(n, tuple) for n in made) and any("encoder" in str(n) for n in made)  # q/k/v, encoder
+    reference = Engine(EngineConfig(model=str(merged(gpu_model, adapters["community"], tmp_path / "m")),
+                                    device="cuda", dtype="float32"))  # fmt: skip
+    reference.start()
+    try:
+        assert got == transcribe(reference, [(audio, None) for audio in clips])
+    finally:
+        reference.shutdown()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("k", "n", "slices"), [(384, 384, 3), (384, 1536, 1), (1536, 384, 1), (1280, 1280, 1)])
 def test_segmented_kernel_is_each_rows_own_adapter_product(cuda, dtype, k, n, slices):
