@@ -303,7 +303,8 @@ class ModelRunner:
         """The encoder's passes from the windows of each (length, adapter): on a GPU, the base model's windows and
         each adapter's with MERGED_PASS_MIN_WINDOWS or more get a pass of their own (the base model's replays its
         graph; an adapter's runs on weights with the adapter merged in, engine/model/lora.py Adapters.merged), the
-        other adapters' windows share a pass that adds each row's deltas. Elsewhere one pass per length."""
+        other adapters' windows share a pass that adds each row's deltas (or merges too, if they are all one
+        adapter's). Elsewhere one pass per length."""
         if not (self.on_gpu and self.adapters is not None):
             merged: dict[tuple, list[int]] = {}
             for (frames, _), group in passes.items():
