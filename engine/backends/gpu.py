@@ -95,7 +95,7 @@ class GpuBackend(DecodeBackend):
         self, tokens: Tensor, positions: Tensor, cache: KVCache, kv_len: int, slot_start: int = 0
     ) -> Tensor:
         x = self.decoder.embed(tokens, positions)
-        if tokens.shape[0] == 1 and self.fused_lone_row and not self.adapted:  # its kernels apply no adapter
+        if tokens.shape[0] == 1 and self.fused_lone_row:
             return self._lone_row_step(x, cache, positions, slot_start)
         return self._rows_step(x, cache, positions, kv_len, slot_start)
 
@@ -140,20 +140,35 @@ class GpuBackend(DecodeBackend):
     def _lone_row_step(self, x: Tensor, cache: KVCache, positions: Tensor, slot: int = 0) -> Tensor:
         """One sequence's step, x (1, 1, n_state) -> hidden (1, 1, n_state): each sub-layer's residual add, norm
         and first product in one kernel. Same arithmetic as _rows_step up to the summation order inside
-        products."""
+        products. A row on a LoRA adapter adds its deltas after each product (the adapters' kernels), reading the
+        normalized row the fused kernel also writes; fc1's GELU then follows its delta."""
         pdl = self.kernels.pdl
+        adapters = self.adapters if self.adapted else None
+        h = torch.empty_like(x) if adapters is not None else None  # each fused kernel's normalized row
+
+        def delta(y: Tensor, weight: Tensor, inp: Tensor) -> Tensor:
+            name = self.adapter_names.get(id(weight)) if adapters is not None else None
+            return y if name is None else adapters.add_to(y, name, inp)
+
         y = None  # the last sub-layer's output, added to the residual stream x by the next fused kernel
         for i, block in enumerate(self.decoder.blocks):
-            attn, cross, fc1 = block.attn, block.cross_attn, block.mlp[0]
-            x, qkv = add_norm_linear(x, y, block.attn_ln, attn.qkv_weight, attn.qkv_bias, pdl=pdl)
+            attn, cross, fc1, fc2 = block.attn, block.cross_attn, block.mlp[0], block.mlp[2]
+            x, qkv = add_norm_linear(x, y, block.attn_ln, attn.qkv_weight, attn.qkv_bias, pdl=pdl, out_h=h)
+            qkv = delta(qkv, attn.qkv_weight, h)
             k_cache, v_cache = cache.self_k_layers[i], cache.self_v_layers[i]
             o = decode_attention.self_attention_step(qkv, k_cache, v_cache, positions, slot, pdl)
-            x, q = add_norm_linear(
-                x, linear(attn.out, o, pdl), block.cross_attn_ln, cross.query.weight, cross.query.bias, pdl=pdl
-            )
+            y = delta(linear(attn.out, o, pdl), attn.out.weight, o)
+            x, q = add_norm_linear(x, y, block.cross_attn_ln, cross.query.weight, cross.query.bias, pdl=pdl, out_h=h)
+            q = delta(q, cross.query.weight, h)
             o = cross.merge_heads(indexed_cross_attention(cross.split_heads(q), cache, i, slot, self.kernels))
-            x, f = add_norm_linear(x, linear(cross.out, o, pdl), block.mlp_ln, fc1.weight, fc1.bias, gelu=True, pdl=pdl)
-            y = linear(block.mlp[2], f, pdl)
+            y = delta(linear(cross.out, o, pdl), cross.out.weight, o)
+            adapted_fc1 = adapters is not None and id(fc1.weight) in self.adapter_names
+            x, f = add_norm_linear(
+                x, y, block.mlp_ln, fc1.weight, fc1.bias, gelu=not adapted_fc1, pdl=pdl, out_h=h
+            )  # fmt: skip
+            if adapted_fc1:
+                f = gelu(delta(f, fc1.weight, h))
+            y = delta(linear(fc2, f, pdl), fc2.weight, f)
         return add_norm(x, y, self.decoder.ln)[1]
 
     def projection(self, hidden: Tensor) -> Tensor:

@@ -221,22 +221,25 @@ def norm_product_applies(x: Tensor, weight: Tensor) -> bool:
 
 def add_norm_linear(
     x: Tensor, y: Tensor | None, ln: nn.LayerNorm, weight: Tensor, bias: Tensor, gelu: bool = False,
-    pdl: bool = True, fused: bool = True,
+    pdl: bool = True, fused: bool = True, out_h: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(x + y, f(ln(x + y) @ weight.T + bias)) with f GELU's tanh form (as linear_gelu's epilogue) or identity;
     y None: (x, f(ln(x) @ weight.T + bias)). One kernel where `fused` and norm_product_applies, else add_norm and a
-    product (the reference the GPU test compares the kernel against)."""
+    product (the reference the GPU test compares the kernel against). out_h: a buffer like x that also receives
+    ln(x + y), the product's input (what a LoRA adapter's delta reads)."""
     if not (fused and norm_product_applies(x, weight)):
         x, h = (x, norm(ln, x)) if y is None else add_norm(x, y, ln)
+        if out_h is not None:
+            out_h.copy_(h)
         return x, (_linear_gelu(h, weight, bias) if gelu else F.linear(h, weight, bias))
     n = x.shape[-1]
     features = weight.shape[0]
     out_x = torch.empty_like(x) if y is not None else x
     out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
     _add_norm_product[(features // NORM_PRODUCT_FEATURES,)](
-        x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, n, ln.eps,
-        BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu,
-        num_warps=4, **dependent_launch(x.device, pdl),
+        x, x if y is None else y, ln.weight, ln.bias, weight, bias, out_x, out, out if out_h is None else out_h, n,
+        ln.eps, BLOCK=triton.next_power_of_2(n), **_tile(n, NORM_PRODUCT_FEATURES), ADD=y is not None, GELU=gelu,
+        STORE_H=out_h is not None, num_warps=4, **dependent_launch(x.device, pdl),
     )  # fmt: skip
     return out_x, out
 
@@ -368,9 +371,9 @@ if triton is not None:
 
     @triton.jit
     def _add_norm_product(
-        X, Y, LN_W, LN_B, W, BIAS, OUT_X, OUT, K: tl.constexpr, eps,
+        X, Y, LN_W, LN_B, W, BIAS, OUT_X, OUT, OUT_H, K: tl.constexpr, eps,
         BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-        ADD: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr,
+        ADD: tl.constexpr, GELU: tl.constexpr, STORE_H: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         # BLOCK_N output features' weights, the norm's and the bias: read before waiting for the kernel that
         # writes the row (let_next_launch)
@@ -397,7 +400,12 @@ if triton is not None:
         v = tl.load(X + kc, mask=in_k, other=0.0).to(tl.float32)
         if ADD:
             v = (v + tl.load(Y + kc, mask=in_k, other=0.0).to(tl.float32)).to(OUT_X.dtype.element_ty).to(tl.float32)
-        h = ((v - mean) * rstd * ln_w + ln_b).to(W.dtype.element_ty).to(tl.float32)
+        h = ((v - mean) * rstd * ln_w + ln_b).to(W.dtype.element_ty)
+        # the normalized row, once: what an adapter's delta reads (a compile-time branch around a runtime one)
+        if STORE_H:  # noqa: SIM102
+            if tl.program_id(0) == 0:
+                tl.store(OUT_H + kc, h, mask=in_k)
+        h = h.to(tl.float32)
         acc = tl.sum(tl.sum(w.to(tl.float32) * h[None, :, :], axis=2), axis=1) + bias
         if GELU:  # tanh form, as linear_gelu's cuBLASLt epilogue
             acc = gelu_tanh(acc)
