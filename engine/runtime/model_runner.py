@@ -29,14 +29,14 @@ from engine.runtime.sequence import Sequence
 from engine.runtime.step_io import StepInputs, StepOutput, host_state
 from engine.transcription.alignment import AlignmentInput
 
-# An adapter with this many windows in an encoder batch gets a pass of its own on merged weights: the merge reads and
-# writes every weight once (about a window's delta cost on large-v3), and a pass of fewer windows wastes the GEMMs;
-# fewer windows share a pass with the other adapters' (H100, benchmarks/lora_cost.py: 16 adapters in passes of 2
-# windows each cost more than one shared pass of deltas)
-MERGED_PASS_MIN_WINDOWS = 8
 log = logging.getLogger(__name__)
 
 MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
+# An adapter with this many windows in an encoder batch gets a pass of its own on merged weights: the merge reads and
+# writes every weight once (about a window's delta cost on large-v3), and a pass of fewer windows wastes the GEMMs;
+# fewer windows share a pass with the other adapters' (benchmarks/lora_cost.py on a GPU: 16 adapters in passes of 2
+# windows each cost more than one shared pass of deltas)
+MERGED_PASS_MIN_WINDOWS = 8
 MULTI_STEP_GPU = 4  # greedy steps per launch for a few windows on a GPU (EngineConfig.multi_step)
 MULTI_STEP_MAX_ROWS = 8  # the most windows decoded several steps per launch
 # A window's first timestamp is at most 1 s in (openai/whisper's and faster-whisper's max_initial_timestamp), in
