@@ -9,7 +9,10 @@ otherwise be what is timed), each weight one of 8 copies used in turn so it is r
 2. the vocabulary projection of one row (fused_ops.one_row_logits) against cuBLAS and the float32 cast;
 3. the decode step's self-attention kernel at several (keys per block, warps) settings, by rows and the limit its
    rows' positions are spread below (the engine's choice: decode_attention.MANY_PROGRAMS_SETTINGS, and
-   FEW_PROGRAMS_SETTINGS below decode_attention.FEW_PROGRAMS programs).
+   FEW_PROGRAMS_SETTINGS below decode_attention.FEW_PROGRAMS programs);
+4. the batch-invariant product (invariant_ops.linear, launched as a dependent) for 1, 4 and 16 rows against cuBLAS
+   and the default path's one-row kernel: what a lone window pays for load-independent products
+   (docs/benchmarks/2026-12-05-invariant-lone-row.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from int8_cross_attention import time_us as graph_time_us  # noqa: E402
 from engine.kernels import (
     decode_attention,  # noqa: E402
     fused_ops,  # noqa: E402
+    invariant_ops,  # noqa: E402
 )
 
 COPIES = 8
@@ -102,10 +106,32 @@ def self_attention(dev: str) -> None:
             print(f"| {rows} | {limit} | " + " | ".join(text) + " |", flush=True)
 
 
+def invariant_products(dev: str) -> None:
+    print("\n| product | rows | cuBLAS us | one-row kernel us | invariant us |")
+    print("|---|---|---|---|---|")
+    for name, k, n, gelu in (("QKV", 1280, 3840, False), ("out", 1280, 1280, False), ("fc1 + GELU", 1280, 5120, True),
+                             ("fc2", 5120, 1280, False)):  # fmt: skip
+        proj = rotating([nn.Linear(k, n, device=dev, dtype=torch.float16) for _ in range(COPIES)])
+        for rows in (1, 4, 16):
+            x = torch.randn(rows, 1, k, device=dev, dtype=torch.float16)
+
+            def invariant():
+                p = proj()
+                return invariant_ops.linear(x, p.weight, p.bias, gelu=gelu, pdl=True)
+
+            cells = [time_us(lambda: proj()(x))]
+            cells.append(time_us(lambda: fused_ops.linear(proj(), x)) if rows == 1 else float("nan"))
+            cells.append(time_us(invariant))
+            print(f"| {name} {k}->{n} | {rows} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
+
+
 def main() -> None:
     import argparse
 
-    sections = {"products": fused_products, "vocabulary": vocabulary, "self-attention": self_attention}
+    sections = {
+        "products": fused_products, "vocabulary": vocabulary, "self-attention": self_attention,
+        "invariant": invariant_products,
+    }  # fmt: skip
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="+", choices=sorted(sections), default=list(sections))
     args = ap.parse_args()
