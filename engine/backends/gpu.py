@@ -144,10 +144,11 @@ class GpuBackend(DecodeBackend):
         normalized row the fused kernel also writes; fc1's GELU then follows its delta."""
         pdl = self.kernels.pdl
         adapters = self.adapters if self.adapted else None
+        names = self.adapter_names if adapters is not None else {}
         h = torch.empty_like(x) if adapters is not None else None  # each fused kernel's normalized row
 
         def delta(y: Tensor, weight: Tensor, inp: Tensor) -> Tensor:
-            name = self.adapter_names.get(id(weight)) if adapters is not None else None
+            name = names.get(id(weight))
             return y if name is None else adapters.add_to(y, name, inp)
 
         y = None  # the last sub-layer's output, added to the residual stream x by the next fused kernel
@@ -162,7 +163,7 @@ class GpuBackend(DecodeBackend):
             q = delta(q, cross.query.weight, h)
             o = cross.merge_heads(indexed_cross_attention(cross.split_heads(q), cache, i, slot, self.kernels))
             y = delta(linear(cross.out, o, pdl), cross.out.weight, o)
-            adapted_fc1 = adapters is not None and id(fc1.weight) in self.adapter_names
+            adapted_fc1 = id(fc1.weight) in names
             x, f = add_norm_linear(
                 x, y, block.mlp_ln, fc1.weight, fc1.bias, gelu=not adapted_fc1, pdl=pdl, out_h=h
             )  # fmt: skip

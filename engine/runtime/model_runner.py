@@ -305,16 +305,15 @@ class ModelRunner:
         graph; an adapter's runs on weights with the adapter merged in, engine/model/lora.py Adapters.merged), the
         other adapters' windows share a pass that adds each row's deltas (or merges too, if they are all one
         adapter's). Elsewhere one pass per length."""
-        if not (self.on_gpu and self.adapters is not None):
-            merged: dict[tuple, list[int]] = {}
-            for (frames, _), group in passes.items():
-                merged.setdefault((frames, None), []).extend(group)
-            return {key: sorted(group) for key, group in merged.items()}
+        by_adapter = self.on_gpu and self.adapters is not None
         out: dict[tuple, list[int]] = {}
         for (frames, adapter), group in passes.items():
-            alone = adapter is None or len(group) >= MERGED_PASS_MIN_WINDOWS
-            out.setdefault((frames, adapter if alone else "(several)"), []).extend(group)
-        return out
+            if not by_adapter:
+                adapter = None
+            elif adapter is not None and len(group) < MERGED_PASS_MIN_WINDOWS:
+                adapter = "(several)"
+            out.setdefault((frames, adapter), []).extend(group)
+        return {key: sorted(group) for key, group in out.items()}
 
     def admissible_encoder_batch(self, n: int) -> int:
         return self.graphs.admissible_encoder_batch(n) if self.graphs else n
