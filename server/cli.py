@@ -65,9 +65,17 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
         )
 
 
+def _version() -> str:
+    # A checkout run with its root on sys.path (no `pip install`) has no package metadata
+    try:
+        return importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible Whisper speech-to-text.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {importlib.metadata.version(PROG)}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP server")
     add_settings_arguments(serve, Settings.model_fields)

@@ -320,6 +320,11 @@ class Adapters:
         """Whether a row of the pass uses an adapter."""
         return self._active
 
+    def _kernel_serves(self, x: Tensor) -> bool:
+        """Whether `x` is the pass's rows of one token each that the kernel serves (an encoder pass's windows, as
+        many as its rows, are not)."""
+        return bool(self._kernel_rows) and x.shape[0] == self._kernel_rows and x.numel() == x.shape[0] * x.shape[-1]
+
     def add_to(self, y: Tensor, names: str | tuple[str, ...], x: Tensor) -> Tensor:
         """y (rows, ..., out) += each row's adapter's product of x (rows, ..., in), in place; `names`: the product, or
         the products whose outputs y holds side by side (a fused q/k/v). Returns y."""
@@ -327,7 +332,7 @@ class Adapters:
             return y
         if isinstance(names, str):
             names = (names,)
-        if self._kernel_rows and x.shape[0] == self._kernel_rows and x.numel() == x.shape[0] * x.shape[-1]:
+        if self._kernel_serves(x):
             stacked = self.group_stacks.get(names)
             if stacked is None and len(names) == 1 and names[0] in self.stacks:  # one part of a fused product
                 stacked = tuple(m.unsqueeze(1) for m in self.stacks[names[0]])
@@ -369,7 +374,7 @@ class Adapters:
         where the adapter changes none of these products."""
         if not self.merges or not self._active or not self._row_list:  # (a graph's capture has no rows)
             return None
-        if self._kernel_rows and x.shape[0] == self._kernel_rows:  # a step the kernels serve
+        if self._kernel_serves(x):
             return None
         if isinstance(names, str):
             names = (names,)

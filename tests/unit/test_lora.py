@@ -221,7 +221,7 @@ def test_a_pass_over_many_rows_of_one_adapter_runs_on_the_weight_with_it_merged(
     fc2, qkv = torch.randn(D, 4 * D), torch.randn(3 * D, D)
     x_fc2, x_qkv = torch.randn(2, 400, 4 * D), torch.randn(2, 400, D)  # two windows' positions
     bank.use([1, 1])
-    w = a0.weights["encoder.blocks.3.mlp.2"]
+    w = w_fc2 = a0.weights["encoder.blocks.3.mlp.2"]
     assert torch.allclose(bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2), fc2 + w.b @ w.a, atol=1e-5)
     got = bank.merged(qkv, names, x_qkv)  # only k is targeted: q and v exactly as they were
     assert torch.equal(got[:D], qkv[:D]) and torch.equal(got[2 * D :], qkv[2 * D :])
@@ -231,6 +231,9 @@ def test_a_pass_over_many_rows_of_one_adapter_runs_on_the_weight_with_it_merged(
     y = x_fc2 @ fc2.T
     merged = x_fc2 @ bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2).T
     assert torch.allclose(merged, bank.add_to(y.clone(), "encoder.blocks.3.mlp.2", x_fc2), atol=1e-3)
+    bank._kernel_rows = 2  # a GPU's kernels serve passes of two one-token rows: two windows are not those
+    assert torch.allclose(bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2), fc2 + w_fc2.b @ w_fc2.a, atol=1e-5)
+    assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2[:, :1]) is None  # two rows of one token are
     bank.use([2, 2])  # an adapter that changes none of q/k/v: the weight itself, nothing made
     assert bank.merged(qkv, names, x_qkv) is qkv
     bank.use([1, 0])  # rows of the base model too: their deltas instead
