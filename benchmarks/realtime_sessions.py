@@ -40,10 +40,13 @@ the same decode), their latency p50 / p95: what the engine takes for N such turn
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import difflib
 import itertools
 import json
 import math
+import multiprocessing
+import os
 import statistics
 import sys
 import threading
@@ -107,13 +110,19 @@ def stream_in_real_time(ws, stream: bytes, delay: str | None, read) -> tuple[thr
     return reader, sent
 
 
-def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, delay: str | None = None) -> None:
+def lateness(sent_at: list[float]) -> float:
+    """How far behind real time the client sent a session's chunks at worst (seconds): the lags measured from the
+    stream's schedule include it, so a client that cannot keep up shows here rather than as the server's lag."""
+    return max(at - (sent_at[0] + i * CHUNK_MS / 1000) for i, at in enumerate(sent_at))
+
+
+def session(url: str, pcm: bytes, start_at: float, out: list, errors: list, delay: str | None = None) -> None:
     from websockets.sync.client import connect
 
     stream = bytes(24000) + pcm + bytes(72000)  # 0.5 s silence, the clip, 1.5 s silence (16-bit samples)
     speech_end_offset = 24000 + len(pcm)
     step = CHUNK_MS * 48
-    time.sleep(start_delay)
+    time.sleep(max(0.0, start_at - time.perf_counter()))
     try:
         with connect(url.replace("http://", "ws://") + "/v1/realtime?intent=transcription", max_size=2**25) as ws:
             times: dict[str, float] = {}
@@ -141,9 +150,9 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
                     elif event["type"] == "error":
                         raise RuntimeError(event["error"]["message"])
 
-            reader, sent = stream_in_real_time(ws, stream, delay, read)
-            start = sent[0]
-            for i, at in enumerate(sent):
+            reader, sent_at = stream_in_real_time(ws, stream, delay, read)
+            start = sent_at[0]
+            for i, at in enumerate(sent_at):
                 offset = i * step
                 if offset <= 24000 < offset + step:
                     times["speech_start"] = at
@@ -163,12 +172,12 @@ def session(url: str, pcm: bytes, start_delay: float, out: list, errors: list, d
             decidable_ms = times["end_ms"] + math.ceil(SILENCE_MS / FRAME_MS) * FRAME_MS
             decidable = start + (math.ceil(decidable_ms / CHUNK_MS) - 1) * CHUNK_MS / 1000
             out.append((times["completed"] - times["speech_end"], times["completed"] - times["stopped"], first, gap,
-                        changed, len(sent), times["stopped"] - decidable))  # fmt: skip
+                        changed, len(sent), times["stopped"] - decidable, lateness(sent_at)))  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
         errors.append(repr(exc))
 
 
-def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[float], out: list, errors: list,
+def conversation(url: str, turns: list[bytes], start_at: float, pauses: list[float], out: list, errors: list,
                  delay: str | None = None) -> None:  # fmt: skip
     """One session streaming `turns` (24 kHz PCM) in real time, each followed by its pause; a row in `out` per
     turn the server's VAD finds, as session() measures one."""
@@ -181,7 +190,7 @@ def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[
         speech_ends.append(len(stream))
         stream += bytes(int(pause * 24000) * 2)
     stream += bytes(72000)
-    time.sleep(start_delay)
+    time.sleep(max(0.0, start_at - time.perf_counter()))
     try:
         with connect(url.replace("http://", "ws://") + "/v1/realtime?intent=transcription", max_size=2**25) as ws:
             items: dict[str, dict] = {}  # per turn: its events' arrival times and contents
@@ -215,8 +224,8 @@ def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[
                     elif kind == "conversation.item.input_audio_transcription.completed":
                         turn["completed"], turn["transcript"] = now, event["transcript"]
 
-            reader, sent = stream_in_real_time(ws, bytes(stream), delay, read)
-            start = sent[0]
+            reader, sent_at = stream_in_real_time(ws, bytes(stream), delay, read)
+            start = sent_at[0]
             done.set()
             reader.join(timeout=180)
             for turn in items.values():
@@ -230,29 +239,46 @@ def conversation(url: str, turns: list[bytes], start_delay: float, pauses: list[
                 decidable_ms = turn["end_ms"] + math.ceil(SILENCE_MS / FRAME_MS) * FRAME_MS
                 decidable = start + (math.ceil(decidable_ms / CHUNK_MS) - 1) * CHUNK_MS / 1000
                 out.append((turn["completed"] - end, turn["completed"] - turn["stopped"], first, gap, changed,
-                            len(sent), turn["stopped"] - decidable))  # fmt: skip
+                            len(sent), turn["stopped"] - decidable, lateness(sent_at)))  # fmt: skip
             if len(items) < len(turns):
                 errors.append(f"{len(turns)} clips, {len(items)} turns found")
     except Exception as exc:  # noqa: BLE001 - a failed session is counted, not fatal to the run
         errors.append(repr(exc))
 
 
-def run(url: str, pcm: bytes, n: int, delay: str | None = None, talk: Talk | None = None) -> tuple[list, list]:
-    out: list = []
-    errors: list = []
+def run(url: str, pcm: bytes, n: int, delay: str | None = None, talk: Talk | None = None,
+        processes: int = 1) -> tuple[list, list]:  # fmt: skip
+    """The n sessions, their threads spread over `processes` client processes (one Python process's GIL cannot
+    send a few hundred microphones' chunks on time): every session's rows and the errors."""
+    calls = []
     if talk is not None:
         rng = np.random.default_rng(n)
-        threads = []
         for _ in range(n):
             clips = [talk.clips[i] for i in rng.integers(len(talk.clips), size=talk.turns)]
             pauses = rng.uniform(*talk.pause_s, size=talk.turns).tolist()
-            args = (url, clips, float(rng.uniform(0, talk.stagger_s)), pauses, out, errors, delay)
-            threads.append(threading.Thread(target=conversation, args=args))
+            calls.append((conversation, (url, clips, float(rng.uniform(0, talk.stagger_s)), pauses), delay))
     else:
-        threads = [
-            threading.Thread(target=session, args=(url, pcm, i * CHUNK_MS / 1000 / n, out, errors, delay))
-            for i in range(n)
-        ]
+        calls = [(session, (url, pcm, i * CHUNK_MS / 1000 / n), delay) for i in range(n)]
+    processes = max(1, min(processes, n))
+    if processes == 1:
+        return run_sessions(calls, time.perf_counter())
+    # the start is far enough ahead for every process to have imported what it needs (perf_counter is the
+    # system's monotonic clock: the same in every process)
+    start_at = time.perf_counter() + 5.0
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        parts = list(pool.map(run_sessions, [calls[i::processes] for i in range(processes)], [start_at] * processes))
+    return [row for out, _ in parts for row in out], [e for _, errors in parts for e in errors]
+
+
+def run_sessions(calls: list, start_at: float) -> tuple[list, list]:
+    """`calls` (session or conversation, its first arguments with its start as an offset, its delay), a thread each,
+    started at `start_at` plus their offsets: their rows and errors."""
+    out: list = []
+    errors: list = []
+    threads = []
+    for target, (url, first, offset, *rest), delay in calls:
+        threads.append(threading.Thread(target=target, args=(url, first, start_at + offset, *rest, out, errors, delay)))
     for t in threads:
         t.start()
     for t in threads:
@@ -332,6 +358,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=1, help="more than 1: each session a conversation of that many turns")
     ap.add_argument("--pause-s", nargs=2, type=float, default=[1.0, 3.0], help="--turns: each turn's pause after it")
     ap.add_argument("--stagger-s", type=float, default=3.0, help="--turns: sessions start within this many seconds")
+    ap.add_argument("--client-processes", type=int, help="client processes (default: one per 128 sessions, at most "
+                    "half the cores)")  # fmt: skip
     args = ap.parse_args()
     server = spawn_or_exit(args.spawn) if args.spawn is not None else None
     url = server.url if server else args.url
@@ -357,8 +385,10 @@ def main() -> None:
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
             with PeakMemory(pid) as memory:
-                out, errors = run(url, pcm, n, delay, talk)
-            speech, commit, first, gaps, changed, sent, lag = ([row[i] for row in out] for i in range(7))
+                processes = args.client_processes or min(math.ceil(n / 128), max(1, (os.cpu_count() or 2) // 2))
+                processes = max(1, min(processes, n))
+                out, errors = run(url, pcm, n, delay, talk, processes)
+            speech, commit, first, gaps, changed, sent, lag, late = ([row[i] for row in out] for i in range(8))
             peer = http_peer(url, pcm, n)
             done = f"{len(out)} turns, {n * args.turns} clips" if talk else f"{len(out)} of {n}"
             print(f"| {delay or 'default'} | {n} | {done} | {pct(first, 50):.3f} / {pct(first, 95):.3f} "
@@ -369,7 +399,9 @@ def main() -> None:
                   f"| {pct(peer, 50):.3f} / {pct(peer, 95):.3f} | {memory.rss:.0f} / {memory.gpu:.0f} | {len(errors)} |",
                   flush=True)  # fmt: skip
             used, dropped = (early_finals(url, outcome) - before for outcome, before in zip(("used", "dropped"), early))
-            print(f"  early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped")
+            print(f"  early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped; "
+                  f"client: {processes} processes, chunks sent late by at most {pct(late, 50):.3f} / {pct(late, 95):.3f} s "
+                  "(p50 / p95 of the sessions)")  # fmt: skip
             if errors:
                 print(f"  errors: {errors[:3]}")
             if not errors and commit and pct(commit, 95) < TARGET_S:

@@ -18,12 +18,13 @@ OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are p
 
 @dataclasses.dataclass
 class SharedLoad:
-    """What every connection of the server sees: the sessions open and the decodes in flight. While a final one is, no session launches a
-    partial refresh (finals come first: a partial is only a preview that the next one replaces), and partial
-    decodes are capped server-wide (`--realtime-max-partial-decodes`): under load the previews thin out, the
-    finals stay prompt."""
+    """What every connection of the server sees: the sessions open and the decodes in flight. Partial decodes are
+    capped server-wide (`--realtime-max-partial-decodes`) and, where `partials_wait_for_finals`, none starts while a
+    final one runs (finals come first: a partial is only a preview that the next one replaces): under load the
+    previews thin out, the finals stay prompt."""
 
     max_partials: int = 4
+    partials_wait_for_finals: bool = True  # no partial decode starts while a final one runs
     sessions: int = 0  # connections open
     finals_in_flight: int = 0
     partials_in_flight: int = 0

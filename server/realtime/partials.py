@@ -2,9 +2,9 @@
 are sent as `delta` events before the turn is committed.
 
 A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS; more
-often until the turn's first delta, while no other is in flight), one at a time per turn, none while a final decode
-is in flight anywhere on the server, and no more than the server's cap at once (SharedLoad): it is only a preview
-that the next one replaces, so under load the previews thin out and the finals stay prompt.
+often until the turn's first delta, while no other is in flight), one at a time per turn, no more than the server's
+cap at once, and on a CPU none while a final decode is in flight anywhere on the server (SharedLoad): it is only a
+preview that the next one replaces, so under load the previews thin out and the finals stay prompt.
 What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it. Words
 are compared without their case and punctuation, which later decodes of more audio often rewrite.
 """
@@ -134,7 +134,7 @@ class PartialScheduler:
         buffer, load = self.buffer, self.load
         if buffer.num_samples - self.at < self.interval() * SAMPLE_RATE:
             return None
-        if load.finals_in_flight or load.partials_in_flight >= load.max_partials:
+        if (load.finals_in_flight and load.partials_wait_for_finals) or load.partials_in_flight >= load.max_partials:
             return None
         if buffer.item_id is None:  # manual commits: the turn gets its id with its first partial
             buffer.item_id = new_id("item")
