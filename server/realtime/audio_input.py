@@ -129,13 +129,17 @@ def resample_tracks(work: list[tuple[TrackAudio, list[av.AudioFrame]]]) -> list[
     return outcomes
 
 
-def decode_appends(work: list[tuple[InputAudio, str]]) -> list[np.ndarray | Exception]:
-    """Several sessions' small appends, each into its own stream (a pass of load.SharedLoad.appends, in a worker
-    thread): each one's samples, or what it raised (bad base64), its session's own error."""
-    outcomes: list[np.ndarray | Exception] = []
-    for audio, data in work:
-        try:
-            outcomes.append(audio.append_base64(data))
-        except Exception as exc:  # noqa: BLE001 - raised at that session's await, not the others'
-            outcomes.append(exc)
+def decode_appends(work: list[tuple[InputAudio, list[str]]]) -> list[list[np.ndarray | Exception]]:
+    """Several sessions' small appends, each session's in order into its own stream (a pass of
+    load.SharedLoad.appends, in a worker thread): each append's samples, or what it raised (bad base64), that
+    append's own error; the stream goes on with the next."""
+    outcomes: list[list[np.ndarray | Exception]] = []
+    for audio, appends in work:
+        session: list[np.ndarray | Exception] = []
+        for data in appends:
+            try:
+                session.append(audio.append_base64(data))
+            except Exception as exc:  # noqa: BLE001 - reported for that append, not the others'
+                session.append(exc)
+        outcomes.append(session)
     return outcomes

@@ -18,7 +18,7 @@ from engine import SAMPLE_RATE
 
 from ..settings import MAX_APPEND_BASE64, Settings
 from .audio_input import AudioFormatError, InputAudio, base64_size
-from .load import OFFLOAD_BASE64, SharedLoad
+from .load import SharedLoad
 
 
 class ServerBufferFull(Exception):
@@ -34,6 +34,7 @@ class InputBuffer:
         self.settings = settings
         self.load = load
         self._num_samples = 0
+        self.reserved = 0  # samples of appends read and not yet decoded (reserve()), counted in both totals
         self.reset()
 
     @property
@@ -57,29 +58,38 @@ class InputBuffer:
         self.offset = 0  # stream position (samples) of samples[0]
         self.item_id: str | None = None  # the item the open turn is committed as, once it has one
 
-    async def decode(self, data: str) -> np.ndarray:
-        """The 16 kHz samples of an append's base64 `data`, refused before anything is decoded if they would not
-        fit the session's buffer or the server's (AudioFormatError, ServerBufferFull). They are not added: add()
-        does that."""
+    def reserve(self, data: str) -> int:
+        """Room for what an append's base64 `data` adds once decoded, refused before anything is decoded if it would
+        not fit the session's buffer or the server's (AudioFormatError, ServerBufferFull): the samples reserved,
+        counted in both totals until release()."""
         if len(data) > MAX_APPEND_BASE64:
             raise AudioFormatError(f"an append carries at most {MAX_APPEND_BASE64} base64 characters")
-        load = self.load
-        needed = int(self.audio.seconds(base64_size(data)) * SAMPLE_RATE)  # what it would add, decoded
+        needed = int(self.audio.seconds(base64_size(data)) * SAMPLE_RATE)
         self.admit(needed)
-        if len(data) <= OFFLOAD_BASE64:
-            return await load.appends.run((self.audio, data))
-        load.buffered_samples += needed  # reserved while it decodes: the other sessions' appends count it
+        self.reserved += needed
+        self.load.buffered_samples += needed
+        return needed
+
+    def release(self, num_samples: int) -> None:
+        """Reserved samples decoded (then added), or given up."""
+        self.reserved -= num_samples
+        self.load.buffered_samples -= num_samples
+
+    async def decode_large(self, data: str) -> np.ndarray:
+        """The 16 kHz samples of a large append (reserved), decoded in a worker thread, one such append at a time
+        server-wide; not added: add() does that."""
+        needed = self.reserve(data)
         try:
-            async with load.decoding:
+            async with self.load.decoding:
                 return await asyncio.to_thread(self.audio.append_base64, data)
         finally:
-            load.buffered_samples -= needed
+            self.release(needed)
 
     def admit(self, num_samples: int) -> None:
         """Raise unless `num_samples` more fit the session's buffer and the server's (AudioFormatError,
         ServerBufferFull)."""
         settings = self.settings
-        if self.num_samples + num_samples > settings.realtime_max_buffer_s * SAMPLE_RATE:
+        if self.num_samples + self.reserved + num_samples > settings.realtime_max_buffer_s * SAMPLE_RATE:
             raise AudioFormatError(
                 f"the input audio buffer holds at most {settings.realtime_max_buffer_s:g} s; commit or clear it"
             )

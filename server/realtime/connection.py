@@ -111,6 +111,10 @@ class Connection:
         self.previous_final: asyncio.Task | None = None  # a session's turns are transcribed in order
         self.early: EarlyFinal | None = None
         self.partial_handle = None  # the open turn's partial decode in flight
+        # small appends read and not yet heard (their base64, event id, samples reserved), heard in order by one
+        # task while the next events are read: a session's appends never wait for its previous ones' passes
+        self.unheard: list[tuple[str, str | None, int]] = []
+        self.hearing: asyncio.Task | None = None
         self.context = ""  # the previous turns' transcripts (realtime_condition_on_previous_text)
         self.failures = 0  # client events that raised unexpectedly (the first is logged with its traceback)
         self._reset_stream()
@@ -154,6 +158,8 @@ class Connection:
             pass
         finally:
             self.buffer.num_samples = 0  # out of the server-wide total
+            self.buffer.release(self.buffer.reserved)
+            self.unheard = []
             for handle in self.handles:
                 handle.abort()  # a vanished client's turns free their slots now
             for task in self.turns:
@@ -199,8 +205,9 @@ class Connection:
                                 code="invalid_event", param="type", event_id=event_id))  # fmt: skip
                 return
             if kind == "input_audio_buffer.append":
-                await self._append(message)
+                await self._append(message, event_id)
             else:
+                await self._heard()  # it follows the appends before it
                 handler(message)
 
     @contextlib.contextmanager
@@ -263,14 +270,57 @@ class Connection:
         if model.state == "unloaded":
             self.models.start_loading(model)
 
-    async def _append(self, message: dict) -> None:
+    async def _append(self, message: dict, event_id: str | None) -> None:
+        """A small append is queued for the hearing task (_hear_appends) and the next event is read at once: with
+        hundreds of microphones a pass takes tens of ms, and a session that waited for its append's decode and VAD
+        passes before reading the next could not keep up with ten appends a second. A large one is decoded on its
+        own after the appends before it."""
         data = message.get("audio")
         if not isinstance(data, str):
             raise AudioFormatError("input_audio_buffer.append needs 'audio', a base64 string")
-        await self._hear(await self.buffer.decode(data))
+        if len(data) > OFFLOAD_BASE64:
+            await self._heard()
+            await self._hear(await self.buffer.decode_large(data))
+            return
+        self.unheard.append((data, event_id, self.buffer.reserve(data)))
+        if self.hearing is None:
+            self.hearing = asyncio.ensure_future(self._hear_appends())
+            self.turns.add(self.hearing)  # cancelled with the connection
+            self.hearing.add_done_callback(self.turns.discard)
+
+    async def _hear_appends(self) -> None:
+        """Hear the queued appends in order, each time all that arrived meanwhile in one item of the decode pass and
+        one push of the VAD's: a session that fell behind catches up in a pass instead of one append a pass."""
+        try:
+            while self.unheard:
+                batch, self.unheard = self.unheard, []
+                try:
+                    outcomes = await self.load.appends.run((self.buffer.audio, [data for data, _, _ in batch]))
+                finally:
+                    self.buffer.release(sum(reserved for _, _, reserved in batch))
+                heard = []
+                for (_, event_id, _), outcome in zip(batch, outcomes):
+                    if isinstance(outcome, Exception):
+                        with self._reporting("input_audio_buffer.append", event_id):
+                            raise outcome
+                    else:
+                        heard.append(outcome)
+                if heard:
+                    with self._reporting("input_audio_buffer.append", batch[-1][1]):
+                        await self._hear(np.concatenate(heard))
+        except ClientTooSlow:
+            await self.transport.close(code=1008)
+        finally:
+            self.hearing = None
+
+    async def _heard(self) -> None:
+        """Every append read so far has been heard."""
+        while self.hearing is not None:
+            await asyncio.wait([self.hearing])
 
     async def _track_audio(self, samples: np.ndarray) -> None:
         """Samples of the call's media track: an append's worth of the microphone, heard as an append's audio."""
+        await self._heard()
         self.buffer.admit(len(samples))
         await self._hear(samples)
 

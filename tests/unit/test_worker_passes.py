@@ -31,7 +31,8 @@ def test_appends_of_many_sessions_decode_together_off_the_loop_and_in_order():
             audio = InputAudio("audio/pcm")
             out = []
             for piece in pieces:  # one append in flight per session, as a connection reads its events
-                out.append(await appends.run((audio, base64.b64encode(piece).decode())))
+                (samples,) = await appends.run((audio, [base64.b64encode(piece).decode()]))
+                out.append(samples)
             return np.concatenate(out)
 
         original = asyncio.to_thread
@@ -54,15 +55,14 @@ def test_appends_of_many_sessions_decode_together_off_the_loop_and_in_order():
     assert sum(passes) == 100 and max(passes) > 1  # 100 appends, several in one pass
 
 
-def test_one_sessions_bad_base64_is_its_own_error():
+def test_bad_base64_is_its_own_appends_error_and_the_stream_goes_on():
     async def body():
         appends = WorkerPasses(decode_appends)
         good, bad = InputAudio("audio/pcm"), InputAudio("audio/pcm")
         pcm = base64.b64encode(bytes(4800)).decode()
-        return await asyncio.gather(
-            appends.run((good, pcm)), appends.run((bad, "not base64!")),
-            return_exceptions=True,
-        )  # fmt: skip
+        return await asyncio.gather(appends.run((good, [pcm])), appends.run((bad, [pcm, "not base64!", pcm])))
 
-    ok, err = asyncio.run(body())
+    (ok,), (first, err, then) = asyncio.run(body())
     assert isinstance(ok, np.ndarray) and len(ok) > 1500 and isinstance(err, AudioFormatError)
+    # the appends around the bad one are the stream two good appends make
+    np.testing.assert_array_equal(np.concatenate([first, then]), InputAudio("audio/pcm").append(bytes(9600)))
