@@ -34,9 +34,6 @@ class SileroVAD(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.stft_conv = nn.Conv1d(1, 258, kernel_size=256, stride=128, bias=False)  # real + imaginary, 129 bins
-        # the conv's basis is a periodic Hann window times the DFT's: its magnitudes are those of an FFT, which
-        # costs a fraction of the conv's arithmetic (checked against the weights at load: from_package)
-        self.register_buffer("window", torch.hann_window(256), persistent=False)
         self.conv1 = nn.Conv1d(129, 128, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(128, 64, kernel_size=3, stride=2, padding=1)
         self.conv3 = nn.Conv1d(64, 64, kernel_size=3, stride=2, padding=1)
@@ -61,16 +58,13 @@ class SileroVAD(nn.Module):
             state[renames[prefix] + key[len(prefix) :]] = value
         model = cls()
         model.load_state_dict(state)  # strict: every layer is accounted for
-        n, k = torch.arange(256, dtype=torch.float64), torch.arange(129, dtype=torch.float64)[:, None]
-        basis = torch.cat([torch.cos(2 * torch.pi * k * n / 256), -torch.sin(2 * torch.pi * k * n / 256)])
-        if not torch.allclose(model.stft_conv.weight[:, 0].double(), basis * model.window.double(), atol=1e-6):
-            raise ValueError("silero-vad's STFT basis is not a Hann-windowed DFT: this package version is unsupported")
         return model.eval()
 
     def encode(self, frames: Tensor) -> Tensor:
         """frames : Tensor, shape = (num_frames, CONTEXT_SAMPLES + FRAME_SAMPLES) -> (num_frames, 128)"""
-        x = F.pad(frames.unsqueeze(1), (0, CONTEXT_SAMPLES), mode="reflect").squeeze(1)
-        x = torch.fft.rfft(x.unfold(-1, 256, 128) * self.window).abs().transpose(1, 2)  # (frames, 129, 4)
+        x = F.pad(frames.unsqueeze(1), (0, CONTEXT_SAMPLES), mode="reflect")
+        x = self.stft_conv(x)
+        x = (x[:, :129] ** 2 + x[:, 129:] ** 2).sqrt()
         x = F.relu(self.conv1(x))
         x = F.relu(self.conv2(x))
         x = F.relu(self.conv3(x))
@@ -99,17 +93,16 @@ class SileroVAD(nn.Module):
         streams cost about what one does (each call has a fixed cost far above its arithmetic)."""
         counts = [len(f) for f in frames]
         features = self.encode(torch.cat(frames)).split(counts)
-        zeros = torch.zeros(1, 1, 128)
-        h0 = torch.cat([s[0] if s is not None else zeros for s in states], dim=1)
-        c0 = torch.cat([s[1] if s is not None else zeros for s in states], dim=1)
+        zeros = torch.zeros(1, 128)
+        h0 = torch.stack([s[0][:, 0] if s is not None else zeros for s in states], dim=1)
+        c0 = torch.stack([s[1][:, 0] if s is not None else zeros for s in states], dim=1)
         packed = nn.utils.rnn.pack_sequence(list(features), enforce_sorted=False)
         with _one_thread():
             hidden, (h, c) = self.lstm(packed, (h0, c0))
         hidden, _ = nn.utils.rnn.pad_packed_sequence(hidden, batch_first=True)  # (streams, max frames, 128)
         out = torch.sigmoid(self.final_conv(F.relu(hidden).transpose(1, 2))).squeeze(1)  # (streams, max frames)
         probs = [out[i, :n] for i, n in enumerate(counts)]
-        # each stream's state a view of the pass's: one op, where a copy each cost more than the LSTM
-        return probs, list(zip(h.split(1, dim=1), c.split(1, dim=1)))
+        return probs, [(h[:, i : i + 1].clone(), c[:, i : i + 1].clone()) for i in range(len(frames))]
 
 
 def frame_audio(audio: Tensor) -> Tensor:
@@ -181,8 +174,8 @@ class SpeechStream:
 
     def __init__(self, model: SileroVAD):
         self.model = model
-        self.tail = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
-        self.pending = np.zeros(0, dtype=np.float32)
+        self.tail = torch.zeros(CONTEXT_SAMPLES)
+        self.pending = torch.zeros(0)
         self.state: tuple[Tensor, Tensor] | None = None
         self.frames_done = 0
 
@@ -195,18 +188,17 @@ class SpeechStream:
         return probs.tolist()
 
     def frames(self, audio: np.ndarray) -> Tensor | None:
-        """The frames that `audio` completes (None for none); the stream's position moves past them. In numpy: a
-        few small arrays per append of each of hundreds of streams, where torch's per-op cost would dominate."""
-        samples = np.concatenate([self.pending, np.asarray(audio, dtype=np.float32)])
+        """The frames that `audio` completes (None for none); the stream's position moves past them."""
+        samples = torch.cat([self.pending, torch.as_tensor(audio, dtype=torch.float32)])
         n = samples.shape[0] // FRAME_SAMPLES
         if n == 0:
             self.pending = samples
             return None
-        whole = np.concatenate([self.tail, samples[: n * FRAME_SAMPLES]])
-        self.tail = samples[n * FRAME_SAMPLES - CONTEXT_SAMPLES : n * FRAME_SAMPLES].copy()
-        self.pending = samples[n * FRAME_SAMPLES :].copy()
+        whole = torch.cat([self.tail, samples[: n * FRAME_SAMPLES]])
+        self.tail = samples[n * FRAME_SAMPLES - CONTEXT_SAMPLES : n * FRAME_SAMPLES].clone()
+        self.pending = samples[n * FRAME_SAMPLES :].clone()
         self.frames_done += n
-        return torch.from_numpy(whole).unfold(0, CONTEXT_SAMPLES + FRAME_SAMPLES, FRAME_SAMPLES)
+        return whole.unfold(0, CONTEXT_SAMPLES + FRAME_SAMPLES, FRAME_SAMPLES)
 
 
 @torch.inference_mode()
