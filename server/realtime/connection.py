@@ -190,6 +190,8 @@ class Connection:
         if message is None:
             return
         kind, event_id = message["type"], event_id_of(message)
+        if kind != "input_audio_buffer.append":
+            await self._heard()  # it follows the appends before it, and so does what it answers
         with self._reporting(kind, event_id):
             handler = {
                 "session.update": self._session_update,
@@ -207,7 +209,6 @@ class Connection:
             if kind == "input_audio_buffer.append":
                 await self._append(message, event_id)
             else:
-                await self._heard()  # it follows the appends before it
                 handler(message)
 
     @contextlib.contextmanager

@@ -5,7 +5,8 @@ every other event of every session (and /health) behind it, and work with a fixe
 a millisecond) caps a server at a few dozen microphones when it runs once per append. A WorkerPasses takes one
 item from a session at a time; the items that arrive while one pass runs wait for the next, which runs all of them
 in a worker thread: the loop only hands them over, and the more sessions, the bigger a pass. A session has one item
-in flight at a time (it reads its next event once this one is handled), so its own work stays in order.
+in flight at a time (its next waits for this one's result), so its own work stays in order; what it has to hear
+meanwhile goes into its next item (connection.py, the appends heard by a task of their own).
 """
 
 from __future__ import annotations

@@ -273,3 +273,34 @@ def test_an_events_unexpected_failure_is_a_server_error_and_the_session_goes_on(
     failures = [r for r in caplog.records if "input_audio_buffer.append" in r.getMessage()]
     assert len(failures) == 3 and failures[0].exc_info is not None
     assert all(r.exc_info is None for r in failures[1:])  # one traceback, not one per attempt
+
+
+def test_appends_sent_faster_than_they_are_heard_are_heard_in_order_several_at_a_time():
+    """A session does not wait for its append's decode and VAD passes before it reads the next event: the appends
+    that arrive meanwhile go into the next pass together, in order, and the stream is what one append of it all
+    decodes to; an event after them (here, an unsupported one) is answered once they are heard."""
+    tone = (np.sin(2 * np.pi * 220 * np.arange(24000 * 2) / 24000) * 8000).astype("<i2").tobytes()
+    pieces = [tone[i : i + 4800] for i in range(0, len(tone), 4800)]  # 20 appends of 0.1 s
+
+    async def body():
+        load = SharedLoad()
+        items = []
+        run_pass = load.appends.run_pass
+
+        def counting(work):
+            items.extend(len(appends) for _, appends in work)
+            return run_pass(work)
+
+        load.appends.run_pass = counting
+        ws, run = await open_session(Settings(), load)
+        for piece in pieces:
+            ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()})
+        await ws.sync()
+        heard = load.buffered_samples
+        ws.inbox.put_nowait(None)
+        await run
+        return items, heard
+
+    items, heard = asyncio.run(body())
+    assert sum(items) == len(pieces) and len(items) < len(pieces) and max(items) > 1
+    assert heard == len(InputAudio("audio/pcm").append(tone))
