@@ -104,14 +104,6 @@ async def _data_parallel(app: FastAPI, settings: Settings) -> AsyncIterator[None
         await asyncio.gather(*(s.shutdown() for s in supervisors), return_exceptions=True)
 
 
-def realtime_load(settings: Settings) -> SharedLoad:
-    """The realtime sessions' shared load, its limits on partial decodes those of the server's device where unset."""
-    gpu = resolve_device(settings.device).type == "cuda"
-    cap, wait = settings.realtime_max_partial_decodes, settings.realtime_partials_wait_for_finals
-    return SharedLoad(max_partials=(64 if gpu else 4) if cap is None else cap,
-                      partials_wait_for_finals=not gpu if wait is None else wait)  # fmt: skip
-
-
 def create_app(settings: Settings | None = None, engine: EngineLike | None = None) -> FastAPI:
     """Build the app. Pass `engine` (already started) to share one across apps or to test without loading."""
     settings = settings or Settings()
@@ -121,7 +113,8 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.models = ServedModels(settings, app.state.metrics, engine)  # each model's engine, by its ids
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
-    app.state.realtime = realtime_load(settings)  # what the realtime sessions share
+    # what the realtime sessions share
+    app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes, settings.realtime_partials_wait_for_finals)
     # their turn detection: Silero, and semantic_vad's end-of-turn model (each loads on first use: most servers
     # never ask the second)
     app.state.speech = SpeechBatcher(VoiceActivityDetector(), EndOfTurnModel())

@@ -254,14 +254,14 @@ class Settings(BaseSettings):
     realtime_max_buffered_seconds_total: float = Field(default=3600.0, gt=0)
     """Seconds of uncommitted audio all realtime sessions together may hold, 64 KB a second (16 kHz float32); an
     append past it gets an error (server_buffer_full) and the audio already buffered stays."""
-    realtime_max_partial_decodes: int | None = Field(default=None, ge=0)
+    realtime_max_partial_decodes: int = Field(default=4, ge=0)
     """Live (partial) decodes of open realtime turns in flight at once, server-wide. 0: no live deltas, only each
-    turn's transcript at its end. Unset: 4 on a CPU, 64 on a GPU, where a batch of many previews costs little
-    more than one (BENCHMARKS.md, realtime)."""
-    realtime_partials_wait_for_finals: bool | None = None
-    """No partial decode starts while a turn's final decode runs anywhere on the server (finals first). Unset: on a
-    CPU only; a GPU engine already gives the finals' windows the slots and encoder passes before any preview's
-    (DecodeOptions.background), and with hundreds of sessions some final is nearly always running."""
+    turn's transcript at its end. More previews cost the finals: on an H100 with 256 sessions in conversation, 64
+    (and not waiting for finals) delayed the finals' p95 from 0.46 to 1.17 s and the first delta too (BENCHMARKS.md,
+    realtime)."""
+    realtime_partials_wait_for_finals: bool = True
+    """No partial decode starts while a turn's final decode runs anywhere on the server (finals first: a preview is
+    soon replaced, a final is what a voice agent waits for)."""
     realtime_idle_timeout_s: float = Field(default=600.0, gt=0)
     """A realtime session that sends no event for this long gets an error and is closed (a microphone streams
     every 100 ms or so: silence is still audio)."""

@@ -3,8 +3,8 @@ are sent as `delta` events before the turn is committed.
 
 A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS; more
 often until the turn's first delta, while no other is in flight), one at a time per turn, no more than the server's
-cap at once, and on a CPU none while a final decode is in flight anywhere on the server (SharedLoad): it is only a
-preview that the next one replaces, so under load the previews thin out and the finals stay prompt.
+cap at once, and none while a final decode is in flight anywhere on the server (SharedLoad): it is only a preview
+that the next one replaces, so under load the previews thin out and the finals stay prompt.
 What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it. Words
 are compared without their case and punctuation, which later decodes of more audio often rewrite.
 """

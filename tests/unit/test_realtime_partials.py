@@ -126,16 +126,7 @@ def test_a_decode_that_heard_a_word_more_or_less_before_the_sent_ones_neither_re
     assert final[partials.rest(final) :] == " what your country can do."
 
 
-def test_partial_decodes_wait_for_finals_and_a_small_cap_on_a_cpu_only():
-    from server.app import realtime_load
-
-    cpu = realtime_load(Settings(device="cpu"))
-    assert (cpu.max_partials, cpu.partials_wait_for_finals) == (4, True)
-    chosen = realtime_load(
-        Settings(device="cpu", realtime_max_partial_decodes=32, realtime_partials_wait_for_finals=False)
-    )
-    assert (chosen.max_partials, chosen.partials_wait_for_finals) == (32, False)
-
+def test_partial_decodes_wait_for_finals_unless_told_not_to_and_stay_under_the_cap():
     def launched(load: SharedLoad) -> bool:
         buffer = InputBuffer("audio/pcm", Settings(), load)
         scheduler = PartialScheduler(buffer, load)
@@ -143,8 +134,9 @@ def test_partial_decodes_wait_for_finals_and_a_small_cap_on_a_cpu_only():
         buffer.add(np.zeros(SAMPLE_RATE, dtype=np.float32))
         return scheduler.launch(buffer.offset) is not None
 
-    for load, wanted in ((cpu, False), (chosen, True)):
+    waiting, not_waiting = SharedLoad(), SharedLoad(max_partials=32, partials_wait_for_finals=False)
+    for load, wanted in ((waiting, False), (not_waiting, True)):
         load.finals_in_flight = 1  # another session's turn is being transcribed
         assert launched(load) is wanted
-    chosen.partials_in_flight = 32  # the cap holds whatever the finals
-    assert not launched(chosen)
+    not_waiting.partials_in_flight = 32  # the cap holds whatever the finals
+    assert not launched(not_waiting)
