@@ -58,6 +58,9 @@ from .turns import Detection, IdleTimeout, SpeechResumed, SpeechStarted, SpeechS
 log = logging.getLogger(__name__)
 
 MAX_QUEUED_EVENTS = 1024  # server events a client may leave unread before it is closed as too slow
+# a session's queued appends heard in one pass, at most (samples): one that floods appends takes its turn like the
+# others, a second of audio a pass, instead of holding every session's VAD behind minutes of its own
+MAX_HEARD_SAMPLES = SAMPLE_RATE
 MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is an error
 MAX_CONTEXT_CHARS = 4096  # previous transcripts kept as context: more than the 223 tokens Whisper conditions on
 RESET_CONTEXT_TEMPERATURE = 0.5  # Whisper's prompt_reset_on_temperature: a turn decoded hotter is not context
@@ -290,11 +293,16 @@ class Connection:
             self.hearing.add_done_callback(self.turns.discard)
 
     async def _hear_appends(self) -> None:
-        """Hear the queued appends in order, each time all that arrived meanwhile in one item of the decode pass and
-        one push of the VAD's: a session that fell behind catches up in a pass instead of one append a pass."""
+        """Hear the queued appends in order, each time what arrived meanwhile (up to MAX_HEARD_SAMPLES) in one item
+        of the decode pass and one push of the VAD's: a session that fell behind catches up in a pass or two instead
+        of one append a pass."""
         try:
             while self.unheard:
-                batch, self.unheard = self.unheard, []
+                taken, samples = 1, self.unheard[0][2]
+                while taken < len(self.unheard) and samples + self.unheard[taken][2] <= MAX_HEARD_SAMPLES:
+                    samples += self.unheard[taken][2]
+                    taken += 1
+                batch, self.unheard = self.unheard[:taken], self.unheard[taken:]
                 try:
                     outcomes = await self.load.appends.run((self.buffer.audio, [data for data, _, _ in batch]))
                 finally:

@@ -277,8 +277,9 @@ def test_an_events_unexpected_failure_is_a_server_error_and_the_session_goes_on(
 
 def test_appends_sent_faster_than_they_are_heard_are_heard_in_order_several_at_a_time():
     """A session does not wait for its append's decode and VAD passes before it reads the next event: the appends
-    that arrive meanwhile go into the next pass together, in order, and the stream is what one append of it all
-    decodes to; an event after them (here, an unsupported one) is answered once they are heard."""
+    that arrive meanwhile go into the next pass together (a second of audio at most), in order, and the stream is
+    what one append of it all decodes to; an event after them (here, an unsupported one) is answered once they are
+    heard."""
     tone = (np.sin(2 * np.pi * 220 * np.arange(24000 * 2) / 24000) * 8000).astype("<i2").tobytes()
     pieces = [tone[i : i + 4800] for i in range(0, len(tone), 4800)]  # 20 appends of 0.1 s
 
@@ -303,4 +304,36 @@ def test_appends_sent_faster_than_they_are_heard_are_heard_in_order_several_at_a
 
     items, heard = asyncio.run(body())
     assert sum(items) == len(pieces) and len(items) < len(pieces) and max(items) > 1
+    assert max(items) <= 10  # a second of audio a pass at most: a session that floods waits its turn
     assert heard == len(InputAudio("audio/pcm").append(tone))
+
+
+def test_a_session_flooding_appends_does_not_hold_another_sessions_append_behind_its_own():
+    flood = base64.b64encode(bytes(4800)).decode()  # 0.1 s each
+
+    async def body():
+        load = SharedLoad()
+        passes = []
+        run_pass = load.appends.run_pass
+
+        def recording(work):
+            passes.append([len(appends) for _, appends in work])
+            return run_pass(work)
+
+        load.appends.run_pass = recording
+        (a, run_a), (b, run_b) = await open_session(Settings(), load), await open_session(Settings(), load)
+        for _ in range(100):  # ten seconds of audio at once
+            a.send({"type": "input_audio_buffer.append", "audio": flood})
+        await asyncio.sleep(0)
+        b.send({"type": "input_audio_buffer.append", "audio": flood})
+        await b.sync()
+        heard_b = len(passes)  # b's one append is heard by now
+        await a.sync()
+        for ws in (a, b):
+            ws.inbox.put_nowait(None)
+        await asyncio.gather(run_a, run_b)
+        return passes, heard_b
+
+    passes, heard_b = asyncio.run(body())
+    assert sum(sum(p) for p in passes) == 101 and max(max(p) for p in passes) <= 10
+    assert heard_b <= 3 < len(passes)  # within the first passes, not after a's hundred appends
