@@ -256,9 +256,9 @@ class Settings(BaseSettings):
     append past it gets an error (server_buffer_full) and the audio already buffered stays."""
     realtime_max_partial_decodes: int = Field(default=4, ge=0)
     """Live (partial) decodes of open realtime turns in flight at once, server-wide. 0: no live deltas, only each
-    turn's transcript at its end. More previews cost the finals: on an H100 with 256 sessions in conversation, 64
-    (and not waiting for finals) delayed the finals' p95 from 0.46 to 1.17 s and the first delta too (BENCHMARKS.md,
-    realtime)."""
+    turn's transcript at its end. More previews cost the finals: on a GPU with hundreds of sessions in
+    conversation, 64 in flight without waiting for finals delayed the finals and the first deltas as well
+    (BENCHMARKS.md, realtime)."""
     realtime_partials_wait_for_finals: bool = True
     """No partial decode starts while a turn's final decode runs anywhere on the server (finals first: a preview is
     soon replaced, a final is what a voice agent waits for)."""

@@ -233,7 +233,7 @@ def test_a_pass_over_many_rows_of_one_adapter_runs_on_the_weight_with_it_merged(
     assert torch.allclose(merged, bank.add_to(y.clone(), "encoder.blocks.3.mlp.2", x_fc2), atol=1e-3)
     bank._kernel_rows = 2  # a GPU's kernels serve passes of two one-token rows: two windows are not those
     assert torch.allclose(bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2), fc2 + w_fc2.b @ w_fc2.a, atol=1e-5)
-    assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2[:, :1]) is None  # two rows of one token are
+    assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2[:, :1]) is None  # two one-token rows: the kernels
     bank.use([2, 2])  # an adapter that changes none of q/k/v: the weight itself, nothing made
     assert bank.merged(qkv, names, x_qkv) is qkv
     bank.use([1, 0])  # rows of the base model too: their deltas instead
