@@ -275,7 +275,6 @@ def run(url: str, pcm: bytes, n: int, delay: str | None = None, talk: Talk | Non
             calls.append((conversation, (url, clips, float(rng.uniform(0, talk.stagger_s)), pauses), delay))
     else:
         calls = [(session, (url, pcm, i * CHUNK_MS / 1000 / n), delay) for i in range(n)]
-    processes = max(1, min(processes, n))
     if processes == 1:
         return run_sessions(calls, time.perf_counter())
     # the start is far enough ahead for every process to have imported what it needs (perf_counter is the
