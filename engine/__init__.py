@@ -26,6 +26,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "engine.frontend": ("EngineLike", "Handle", "RequestHandle"),
     "engine.kernels.options": ("KernelOptions",),
     "engine.transcription.vad": ("VoiceActivityDetector",),
+    "engine.transcription.vad_process": ("SpeechStreamsProcess",),
     "engine.transcription.turn_end": ("EndOfTurnModel",),
     "engine.model.tokenizer": ("LANGUAGES",),
     "engine.runtime.model_runner": ("resolve_device",),

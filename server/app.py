@@ -18,6 +18,7 @@ from engine import (
     EngineLike,
     EnginePool,
     SpeakerDiarizer,
+    SpeechStreamsProcess,
     VoiceActivityDetector,
     resolve_device,
 )
@@ -51,6 +52,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             yield
         finally:
             await app.state.calls.close_all()
+            await asyncio.to_thread(app.state.speech.close)
 
 
 @asynccontextmanager
@@ -117,7 +119,8 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes, settings.realtime_partials_wait_for_finals)
     # their turn detection: Silero, and semantic_vad's end-of-turn model (each loads on first use: most servers
     # never ask the second)
-    app.state.speech = SpeechBatcher(VoiceActivityDetector(), EndOfTurnModel())
+    vad = SpeechStreamsProcess() if settings.realtime_vad_process else VoiceActivityDetector()
+    app.state.speech = SpeechBatcher(vad, EndOfTurnModel())
     # diarized_json's speaker turns (the models load on first use)
     diarization_device = settings.device if settings.diarization_device == "auto" else settings.diarization_device
     diarizer = DiarizerProcess if settings.diarization_process else SpeakerDiarizer

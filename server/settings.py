@@ -262,6 +262,10 @@ class Settings(BaseSettings):
     realtime_partials_wait_for_finals: bool = True
     """No partial decode starts while a turn's final decode runs anywhere on the server (finals first: a preview is
     soon replaced, a final is what a voice agent waits for)."""
+    realtime_vad_process: bool = True
+    """Run the realtime sessions' turn detection (Silero, for every open microphone at once) in a process of its
+    own, which has its own GIL: in the server's process each pass holds up the event loop, and so every session's
+    events, behind it."""
     realtime_idle_timeout_s: float = Field(default=600.0, gt=0)
     """A realtime session that sends no event for this long gets an error and is closed (a microphone streams
     every 100 ms or so: silence is still audio)."""

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import pickle
-import signal
 import threading
 
 import numpy as np
 
 from engine.diarization.pipeline import Diarization, DiarizationJob, SpeakerCount, SpeakerDiarizer
 from engine.diarization.priority import MAX_NICE, lower_process_priority
+from engine.processes.child import parent_setup, picklable, setup_child
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +87,9 @@ class DiarizerProcess:
         # spawn, not fork: the server's process holds OpenMP, CUDA and engine threads that a forked child cannot use
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        root = logging.getLogger()
-        handler = root.handlers[0] if root.handlers else None
-        # the child logs as this process does (its format and filters, where they can cross)
-        formatter = _picklable(handler.formatter) if handler else None
-        filters = [f for f in (handler.filters if handler else []) if _picklable(f) is not None]
         self._process = ctx.Process(
-            target=_child_main, args=(child, self.device, self.nice, (root.level, formatter, filters)),
-            name="whisper-diarization", daemon=True,
+            target=_child_main, args=(child, self.device, self.nice, parent_setup()), name="whisper-diarization",
+            daemon=True,
         )  # fmt: skip
         self._process.start()
         child.close()  # only the child holds its end: its exit reads as end-of-file here
@@ -115,34 +109,8 @@ class DiarizerProcess:
         self._process = self._conn = None
 
 
-def _picklable(obj):
-    """`obj` if it can be sent to the child (a formatter writing to a terminal cannot), else None."""
-    try:
-        pickle.dumps(obj)
-    except Exception:  # noqa: BLE001 - whatever pickling raises, the child does without it
-        return None
-    return obj
-
-
-def name_process(name: str) -> None:
-    """This thread's name for ps and top (Linux; its threads started later take it too)."""
-    try:
-        with open("/proc/self/comm", "w") as comm:
-            comm.write(name)
-    except OSError:  # not Linux
-        pass
-
-
 def _child_main(conn, device: str, nice: int, setup: tuple) -> None:
-    level, formatter, filters = setup
-    handler = logging.StreamHandler()
-    if formatter is not None:
-        handler.setFormatter(formatter)
-    for log_filter in filters:
-        handler.addFilter(log_filter)
-    logging.basicConfig(level=level, handlers=[handler])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-    name_process(PROCESS_NAME)
+    setup_child(setup, PROCESS_NAME)
     lower_process_priority(nice)  # before torch starts its threads: they inherit it
 
     import torch
@@ -184,4 +152,4 @@ def _sendable(reply: tuple) -> tuple:
 
 
 def _error(exc: BaseException) -> BaseException:
-    return exc if _picklable(exc) is not None else RuntimeError(repr(exc))
+    return exc if picklable(exc) is not None else RuntimeError(repr(exc))

@@ -26,8 +26,6 @@ import multiprocessing
 import os
 import pickle
 import queue
-import signal
-import sys
 import threading
 
 import numpy as np
@@ -50,6 +48,7 @@ from engine.messages import (
     Submit,
 )
 from engine.model.lora import AdapterError
+from engine.processes.child import parent_setup, setup_child
 from engine.request import (
     DecodeOptions,
     EngineDeadError,
@@ -78,14 +77,8 @@ class EngineProcess(EngineFront):
         ctx = multiprocessing.get_context("spawn")
         self._events, child_out = ctx.Pipe(duplex=False)
         child_in, self._requests = ctx.Pipe(duplex=False)
-        root = logging.getLogger()
-        handler = root.handlers[0] if root.handlers else None
-        # the child logs (same format and filters, where they can cross to it) and switches threads as this process
-        formatter = _picklable(handler.formatter) if handler else None
-        filters = [f for f in (handler.filters if handler else []) if _picklable(f) is not None]
-        setup = (root.level, formatter, filters, sys.getswitchinterval())
         self._process = ctx.Process(
-            target=_child_main, args=(config, setup, child_in, child_out), name="whisper-engine", daemon=True
+            target=_child_main, args=(config, parent_setup(), child_in, child_out), name="whisper-engine", daemon=True
         )
         with _visible_gpu(gpu):
             self._process.start()
@@ -282,15 +275,6 @@ def _visible_gpu(gpu: int | None):
                 os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
-def _picklable(obj):
-    """`obj` if it can be sent to the child (a formatter writing to a terminal cannot), else None."""
-    try:
-        pickle.dumps(obj)
-    except Exception:  # noqa: BLE001 - whatever pickling raises, the child does without it
-        return None
-    return obj
-
-
 # ---- the child ------------------------------------------------------------------------------------
 
 
@@ -318,15 +302,7 @@ class _ChildEngine(Engine):
 
 
 def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
-    level, formatter, filters, switch_interval = setup
-    handler = logging.StreamHandler()
-    if formatter is not None:
-        handler.setFormatter(formatter)
-    for log_filter in filters:
-        handler.addFilter(log_filter)
-    logging.basicConfig(level=level, handlers=[handler])
-    sys.setswitchinterval(switch_interval)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
+    setup_child(setup)
     lock = threading.Lock()  # the loop thread (events, STARTED) and this one (replies) both write
 
     def send(message: Ready | Failed | Started | Event | Stats | AdapterChanged | Dead) -> None:

@@ -129,6 +129,13 @@ class VoiceActivityDetector:
                 self._model = SileroVAD.from_package()
         return self._model
 
+    def start(self) -> None:
+        """Silero loaded now (else on first use)."""
+        self.model  # noqa: B018
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives as long as this object (SpeechStreamsProcess's interface)."""
+
     @torch.inference_mode()
     def speech_probs(self, audio: np.ndarray) -> list[float]:
         """One probability per 32 ms frame of 16 kHz mono audio."""

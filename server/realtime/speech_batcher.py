@@ -8,25 +8,50 @@ them together (VoiceActivityDetector.push_many, in passes.py's worker thread): t
 batch, and a pass costs about what one stream's does. semantic_vad's question, whether a turn that paused is
 complete (EndOfTurnModel, about 50 ms of CPU), is batched the same way in passes of its own, so that Silero's
 frames never wait behind it.
+
+Silero's streams live in a process of their own (`--realtime-vad-process`, engine's SpeechStreamsProcess), so that
+a pass does not hold the GIL the event loop needs; else in the server's process, as the end-of-turn model does.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import numpy as np
 
-from engine import EndOfTurnModel, VoiceActivityDetector
+from engine import EndOfTurnModel, SpeechStreamsProcess, VoiceActivityDetector
 
 from .passes import WorkerPasses
 
+log = logging.getLogger(__name__)
+
 
 class SpeechBatcher:
-    def __init__(self, vad: VoiceActivityDetector, end_of_turn: EndOfTurnModel):
+    """`vad`: a VoiceActivityDetector or a SpeechStreamsProcess (the same stream, push_many, start and close)."""
+
+    def __init__(self, vad: VoiceActivityDetector | SpeechStreamsProcess, end_of_turn: EndOfTurnModel):
         self.vad = vad
         self.passes = WorkerPasses(self._pass)
         self.end_of_turn = WorkerPasses(end_of_turn.probabilities)  # loads its weights on the first question
+        self._started = False
 
     def stream(self):
+        """A new stream; the first one starts Silero (its process) in the background, so that the session's first
+        pass does not wait for it."""
+        if not self._started:
+            self._started = True
+            threading.Thread(target=self._start, name="vad-start", daemon=True).start()
         return self.vad.stream()
+
+    def _start(self) -> None:
+        try:
+            self.vad.start()
+        except Exception:  # the first pass raises it again, to its sessions
+            log.exception("could not start the voice activity detector")
+
+    def close(self) -> None:
+        self.vad.close()
 
     async def push(self, stream, samples: np.ndarray) -> list[float]:
         """The probabilities of the frames `samples` completes in `stream` (one push per stream at a time)."""

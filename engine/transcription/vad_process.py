@@ -1,0 +1,190 @@
+"""SpeechStreamsProcess: live Silero streams (VoiceActivityDetector.stream / push_many) in a child process of their own.
+
+Why a process: a server with hundreds of open microphones runs a Silero pass for all of them several times a
+second. In a worker thread of the server's process that pass holds the GIL for its Python and its small torch
+calls, and the event loop, which gives up the GIL at every socket call, waits up to a switch interval to take it
+back each time: every session's events queue behind the pass, and the end of a turn is heard late. In a process of
+its own the pass has its own GIL, and the loop only pickles the samples over (a few kB per append).
+
+The parent holds a stand-in per stream (RemoteSpeechStream: its id and how many samples it has pushed); the child
+holds the streams themselves, made on a stream's first push and dropped, with the next pass, once its stand-in is
+gone. If the child dies the pass fails (its sessions get an error) and the next pass starts a new one: each stream
+then starts again where its stand-in says, with a fresh LSTM state, so frame indices keep their meaning.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import weakref
+
+import numpy as np
+
+from engine.processes.child import parent_setup, picklable, setup_child
+from engine.transcription.vad import FRAME_SAMPLES
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 120.0  # importing torch and loading Silero on a cold, busy machine
+PROCESS_NAME = "whisper-vad"
+CHILD_THREADS = 1  # each pass is many small calls: one thread, so that it never competes with the engine's
+
+
+class RemoteSpeechStream:
+    """A SpeechStream's stand-in in the parent: frames_done as the stream's own would read."""
+
+    def __init__(self, owner: SpeechStreamsProcess, stream_id: int):
+        self.id = stream_id
+        self.samples = 0  # pushed so far
+        weakref.finalize(self, owner.dropped.append, stream_id)
+
+    @property
+    def frames_done(self) -> int:
+        return self.samples // FRAME_SAMPLES
+
+
+class SpeechStreamsProcess:
+    """VoiceActivityDetector's live streams (stream, push_many) in a child process; push_many blocks (call it
+    from a worker thread, one pass at a time)."""
+
+    def __init__(self):
+        self.dropped: list[int] = []  # stand-ins gone since the last pass (appended by the garbage collector)
+        self._ids = 0
+        self._lock = threading.Lock()
+        self._process = None
+        self._conn = None
+
+    def stream(self) -> RemoteSpeechStream:
+        with self._lock:
+            self._ids += 1
+            return RemoteSpeechStream(self, self._ids)
+
+    def start(self) -> None:
+        """The child started and Silero loaded in it (it otherwise starts on the first pass)."""
+        with self._lock:
+            self._ensure_started()
+
+    def push_many(self, streams: list[RemoteSpeechStream], audio: list[np.ndarray]) -> list[list[float]]:
+        """SpeechStream.push for each stream, in one pass in the child: each stream's probabilities."""
+        with self._lock:
+            self._ensure_started()
+            dropped, self.dropped[:] = list(self.dropped), []
+            work = [(s.id, s.samples, np.asarray(a, dtype=np.float32)) for s, a in zip(streams, audio)]
+            probs = self._call(("push", work, dropped))
+            for stream, samples in zip(streams, audio):
+                stream.samples += len(samples)
+            return probs
+
+    def live_streams(self) -> int:
+        """How many streams the child holds (tests: a stand-in's stream goes with it)."""
+        with self._lock:
+            self._ensure_started()
+            dropped, self.dropped[:] = list(self.dropped), []
+            return self._call(("count", dropped))
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _ensure_started(self) -> None:
+        if self._process is None or not self._process.is_alive():
+            self._start()
+
+    def _call(self, message: tuple):
+        try:
+            self._conn.send(message)
+            status, payload = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self._process.exitcode
+            self._stop()
+            raise RuntimeError(f"the voice activity process exited (exit code {code})") from exc
+        if status == "error":
+            raise payload
+        return payload
+
+    def _start(self) -> None:
+        self._stop()
+        # spawn, not fork: the server's process holds OpenMP, CUDA and engine threads that a forked child cannot use
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._process = ctx.Process(target=_child_main, args=(child, parent_setup()), name="whisper-vad", daemon=True)
+        self._process.start()
+        child.close()  # only the child holds its end: its exit reads as end-of-file here
+        self._conn.send(("ping",))  # answered once Silero has loaded (or with what loading it raised)
+        if not self._conn.poll(START_TIMEOUT_S):
+            self._stop()
+            raise RuntimeError("the voice activity process did not start")
+        status, payload = self._conn.recv()
+        if status == "error":
+            self._stop()
+            raise payload
+
+    def _stop(self) -> None:
+        if self._process is None:
+            return
+        try:
+            self._conn.send(("stop",))
+        except OSError:
+            pass
+        self._process.join(STOP_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+        self._process = self._conn = None
+
+
+def _child_main(conn, setup: tuple) -> None:
+    setup_child(setup, PROCESS_NAME)
+    import torch
+
+    from engine.transcription.vad import VoiceActivityDetector, push_many
+
+    torch.set_num_threads(CHILD_THREADS)
+    try:
+        vad = VoiceActivityDetector()
+        vad.model  # noqa: B018 - loaded now: the parent waits for the first reply
+        failure = None
+    except Exception as exc:  # noqa: BLE001 - the parent raises it
+        failure = exc
+    streams: dict[int, object] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        kind = message[0]
+        if kind == "stop":
+            return
+        if failure is not None:
+            reply = ("error", failure if picklable(failure) is not None else RuntimeError(repr(failure)))
+        elif kind == "ping":
+            reply = ("ok", None)
+        else:
+            for stream_id in message[-1]:
+                streams.pop(stream_id, None)
+            try:
+                reply = ("ok", len(streams) if kind == "count" else _push(vad, streams, message[1], push_many))
+            except Exception as exc:  # noqa: BLE001 - the pass's failure: every session of it is told
+                reply = ("error", exc if picklable(exc) is not None else RuntimeError(repr(exc)))
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+
+
+def _push(vad, streams: dict, work: list[tuple[int, int, np.ndarray]], push_many) -> list[list[float]]:
+    """push_many over the child's streams; a stream it does not hold yet starts where the parent's stand-in is."""
+    import torch
+
+    chosen = []
+    for stream_id, samples_before, _ in work:
+        stream = streams.get(stream_id)
+        if stream is None:
+            stream = streams[stream_id] = vad.stream()
+            stream.pending = torch.zeros(samples_before % FRAME_SAMPLES)
+            stream.frames_done = samples_before // FRAME_SAMPLES
+        chosen.append(stream)
+    return push_many(chosen, [audio for _, _, audio in work])

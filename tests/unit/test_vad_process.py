@@ -1,0 +1,88 @@
+"""Live Silero streams in a child process (engine/transcription/vad_process.py) against the same streams in this
+process: the same probabilities, the same frame positions, streams dropped with their stand-ins, a new child after
+a crash."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from engine.transcription.vad import VoiceActivityDetector, push_many
+from engine.transcription.vad_process import SpeechStreamsProcess
+
+CLIP = "g2_en_earnings22_4483589_261-321s.wav"  # 60 s of a conference call, with pauses
+
+
+@pytest.fixture(scope="module")
+def audio(load_clip) -> np.ndarray:
+    return load_clip(CLIP)
+
+
+@pytest.fixture(scope="module")
+def remote():
+    process = SpeechStreamsProcess()
+    yield process
+    process.close()
+
+
+def _rounds(clips, seed):
+    """Pieces of each clip, round by round: sizes differ, some complete no frame."""
+    rng = np.random.default_rng(seed)
+    positions = [0] * len(clips)
+    while any(p < len(c) for p, c in zip(positions, clips)):
+        pieces = []
+        for i, clip in enumerate(clips):
+            size = int(rng.integers(0, 3000))
+            pieces.append(clip[positions[i] : positions[i] + size])
+            positions[i] += size
+        yield pieces
+
+
+def test_streams_in_the_child_get_what_they_get_here(audio, remote):
+    vad = VoiceActivityDetector()
+    clips = [audio[i * 48_000 : (i + 1) * 48_000] for i in range(3)]  # 3 s each, different speech
+    here = [vad.stream() for _ in clips]
+    there = [remote.stream() for _ in clips]
+    got_here: list[list[float]] = [[] for _ in clips]
+    got_there: list[list[float]] = [[] for _ in clips]
+    for pieces in _rounds(clips, 2):
+        for i, probs in enumerate(push_many(here, pieces)):
+            got_here[i] += probs
+        for i, probs in enumerate(remote.push_many(there, pieces)):
+            got_there[i] += probs
+        assert [s.frames_done for s in there] == [s.frames_done for s in here]
+    for a, b in zip(got_here, got_there):
+        assert len(a) == len(b) > 50
+        assert np.abs(np.array(a) - np.array(b)).max() < 1e-6
+
+
+def test_a_stream_goes_from_the_child_with_its_stand_in(audio, remote):
+    local = VoiceActivityDetector().stream()
+    kept, dropped = remote.stream(), remote.stream()
+    remote.push_many([kept, dropped], [audio[:4000], audio[4000:8000]])
+    local.push(audio[:4000])
+    before = remote.live_streams()
+    del dropped
+    gc.collect()
+    assert remote.live_streams() == before - 1
+    # the other streams go on untouched
+    assert np.allclose(remote.push_many([kept], [audio[4000:9000]])[0], local.push(audio[4000:9000]), atol=1e-6)
+
+
+def test_after_the_child_dies_a_new_one_goes_on_where_each_stream_was(audio, remote):
+    stream = remote.stream()
+    first = audio[:10_000]  # ends inside a frame
+    probs = remote.push_many([stream], [first])[0]
+    pid = remote._process.pid
+    os.kill(pid, signal.SIGKILL)
+    remote._process.join()
+    assert stream.frames_done == len(probs) == 10_000 // 512
+    later = remote.push_many([stream], [audio[10_000:20_000]])[0]
+    assert remote._process.pid != pid
+    assert stream.frames_done == 20_000 // 512
+    assert len(later) == 20_000 // 512 - 10_000 // 512  # the same frames as one stream would complete
+    assert all(0.0 <= p <= 1.0 for p in later)
