@@ -358,6 +358,13 @@ def early_finals(url: str, outcome: str) -> float:
     return metric(SimpleNamespace(url=url), "whisper_realtime_early_finals_total", f'{{outcome="{outcome}"}}')
 
 
+def partial_decodes(url: str) -> float:
+    """The server's count of partial decodes finished. With dummy weights the deltas depend on two decodes' tokens
+    agreeing by chance; how many partial decodes a turn got is the server's cadence either way."""
+    server = SimpleNamespace(url=url)
+    return sum(metric(server, "whisper_realtime_partial_decodes_total", f'{{prefix="{p}"}}') for p in ("no", "yes"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spawn", nargs="?", const="", default=None, help="start `python -m server serve SPAWN`")
@@ -401,6 +408,7 @@ def main() -> None:
         held = 0
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
+            partials_before = partial_decodes(url)
             with PeakMemory(pid) as memory:
                 processes = args.client_processes or min(math.ceil(n / 128), max(1, (os.cpu_count() or 2) // 2))
                 processes = max(1, min(processes, n))
@@ -416,7 +424,9 @@ def main() -> None:
                   f"| {pct(peer, 50):.3f} / {pct(peer, 95):.3f} | {memory.rss:.0f} / {memory.gpu:.0f} | {len(errors)} |",
                   flush=True)  # fmt: skip
             used, dropped = (early_finals(url, outcome) - before for outcome, before in zip(("used", "dropped"), early))
-            print(f"  early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped; "
+            partials = partial_decodes(url) - partials_before
+            print(f"  partial decodes finished: {partials:g}, {partials / max(len(out), 1):.1f} a turn; "
+                  f"early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped; "
                   f"client: {processes} processes, chunks sent late by at most {pct(late, 50):.3f} / {pct(late, 95):.3f} s "
                   "(p50 / p95 of the sessions)")  # fmt: skip
             checks = [(what, pct([row[i] for row in out], q), limit) for what, i, q, limit in targets(args.targets, n)]
