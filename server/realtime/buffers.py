@@ -109,7 +109,19 @@ class InputBuffer:
         return audio[max(0, start - self.offset) : max(0, end - self.offset)]
 
     def drop_before(self, position: int) -> None:
-        audio = np.concatenate(self.samples) if self.samples else np.zeros(0, dtype=np.float32)
-        keep = audio[max(0, position - self.offset) :]
-        self.samples, self.num_samples = [keep], len(keep)
-        self.offset = max(self.offset, position)
+        """Forget the samples before stream position `position` (the server VAD, after each pass of a silent
+        stream): whole chunks go, the first one kept is sliced, nothing is copied."""
+        drop = position - self.offset
+        if drop <= 0:
+            return
+        chunks = self.samples
+        i = 0
+        while i < len(chunks) and drop >= len(chunks[i]):
+            drop -= len(chunks[i])
+            i += 1
+        kept = chunks[i:]
+        if kept and drop:
+            kept[0] = kept[0][drop:]
+        self.samples = kept
+        self.num_samples = sum(len(c) for c in kept)
+        self.offset = position

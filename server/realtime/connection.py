@@ -48,6 +48,7 @@ from ..settings import Settings
 from .audio_input import AudioFormatError, InputAudio
 from .buffers import InputBuffer, ServerBufferFull
 from .events import error, event, new_id, user_item
+from .idle import IdleWatch
 from .load import OFFLOAD_BASE64, SharedLoad
 from .partials import Partials, PartialScheduler
 from .session import SessionConfig, SessionError
@@ -136,12 +137,13 @@ class Connection:
     async def run(self) -> None:
         sender = asyncio.ensure_future(self._send_loop())
         idle_s = self.settings.realtime_idle_timeout_s
+        idle = IdleWatch(idle_s)
         try:
             self._load_model()
             self.send(event("session.created", session=self.session.body()))
             while True:
                 try:
-                    inbound = await asyncio.wait_for(self.transport.receive(), idle_s)
+                    inbound = await idle.receive(self.transport.receive)
                 except TimeoutError:
                     self.send(error(f"no event for {idle_s:g} s: the session is closed", code="session_idle_timeout"))
                     with contextlib.suppress(TimeoutError):
@@ -160,6 +162,7 @@ class Connection:
         except ClientTooSlow:
             pass
         finally:
+            idle.close()
             self.buffer.num_samples = 0  # out of the server-wide total
             self.buffer.release(self.buffer.reserved)
             self.unheard = []

@@ -62,3 +62,23 @@ def test_no_early_notice_when_the_tail_is_the_whole_silence():
     found = _detect([0.9] * 10 + [0.0] * 12, tail_ms=320)
     assert [type(f) for f in found] == [SpeechStarted, SpeechStopped, Turn]
     assert _span(found[2].audio)[1] == (10 * FRAME_MS + 320) * 16
+
+
+def test_the_buffer_forgets_what_comes_before_a_position_and_keeps_every_later_sample():
+    """A silent stream's buffer drops all but its padding after every pass (drop_before), chunk by chunk: what is
+    left is exactly the stream from that position on, however the chunks fall."""
+    rng = np.random.default_rng(3)
+    load = SharedLoad()
+    buffer = InputBuffer("audio/pcm", Settings(), load)
+    stream = np.arange(20_000, dtype=np.float32)  # each sample holds its stream position
+    at, position = 0, 0
+    while at < len(stream):
+        size = int(rng.integers(1, 900))
+        buffer.add(stream[at : at + size])
+        at += size
+        position = min(at, position + int(rng.integers(0, 1200)))  # now and then all of it
+        buffer.drop_before(position)
+        assert buffer.offset == position
+        kept = buffer.buffered(buffer.offset, buffer.end)
+        assert np.array_equal(kept, stream[buffer.offset : at])
+        assert buffer.num_samples == len(kept) == load.buffered_samples
