@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """The engines started, then what start-up made frozen out of garbage collection (heap.py)."""
+    if app.state.speech_process:
+        app.state.speech.start()  # in the background: a storm of first sessions must not wait for its start
     async with _engines(app):
         freeze_startup_objects()
         try:
@@ -119,7 +121,11 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes, settings.realtime_partials_wait_for_finals)
     # their turn detection: Silero, and semantic_vad's end-of-turn model (each loads on first use: most servers
     # never ask the second)
-    vad = SpeechStreamsProcess() if settings.realtime_vad_process else VoiceActivityDetector()
+    on_gpu = resolve_device(settings.device).type == "cuda"
+    app.state.speech_process = settings.realtime_vad_process == "on" or (
+        settings.realtime_vad_process == "auto" and on_gpu
+    )
+    vad = SpeechStreamsProcess() if app.state.speech_process else VoiceActivityDetector()
     app.state.speech = SpeechBatcher(vad, EndOfTurnModel())
     # diarized_json's speaker turns (the models load on first use)
     diarization_device = settings.device if settings.diarization_device == "auto" else settings.diarization_device

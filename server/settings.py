@@ -262,10 +262,12 @@ class Settings(BaseSettings):
     realtime_partials_wait_for_finals: bool = True
     """No partial decode starts while a turn's final decode runs anywhere on the server (finals first: a preview is
     soon replaced, a final is what a voice agent waits for)."""
-    realtime_vad_process: bool = True
+    realtime_vad_process: Literal["auto", "on", "off"] = "auto"
     """Run the realtime sessions' turn detection (Silero, for every open microphone at once) in a process of its
     own, which has its own GIL: in the server's process each pass holds up the event loop, and so every session's
-    events, behind it."""
+    events, behind it. auto: on when the engine runs on a GPU (where hundreds of sessions meet the GIL first; the
+    process starts with the server), off on a CPU (its cores bound the sessions first, and the process would cost
+    ~2 s of CPU at its start and ~230 MB)."""
     realtime_idle_timeout_s: float = Field(default=600.0, gt=0)
     """A realtime session that sends no event for this long gets an error and is closed (a microphone streams
     every 100 ms or so: silence is still audio)."""

@@ -37,12 +37,16 @@ class SpeechBatcher:
         self._started = False
 
     def stream(self):
-        """A new stream; the first one starts Silero (its process) in the background, so that the session's first
-        pass does not wait for it."""
+        """A new stream; the first one starts Silero (its process) in the background if start() has not, so that
+        the session's first pass does not wait for it."""
+        self.start()
+        return self.vad.stream()
+
+    def start(self) -> None:
+        """Silero loaded (its process started) in the background, once."""
         if not self._started:
             self._started = True
             threading.Thread(target=self._start, name="vad-start", daemon=True).start()
-        return self.vad.stream()
 
     def _start(self) -> None:
         try:

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.realtime import CHUNK_MS, chunks, pcm24k, pcm_at, wav_bytes
-from tests.helpers.server import RemoteServer, metric
+from tests.helpers.server import RemoteServer, child_names, metric
 from tests.helpers.transcripts import normalize_text, words
 
 JFK = "g1_en_jfk.flac"
@@ -145,8 +145,9 @@ def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
 
 @pytest.fixture(scope="module")
 def prefix_server():
-    """Partial decodes that continue the words their turn has sent (--realtime-partial-prefix)."""
-    remote = RemoteServer("--realtime-partial-prefix")
+    """Partial decodes that continue the words their turn has sent (--realtime-partial-prefix), and Silero's
+    streams in a process of their own (--realtime-vad-process, on by default only on a GPU)."""
+    remote = RemoteServer("--realtime-partial-prefix", "--realtime-vad-process", "on")
     yield remote
     remote.stop()
 
@@ -184,14 +185,16 @@ def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprob
     assert metric(server, "whisper_realtime_partial_decodes_total", '{prefix="yes"}') >= 1
 
 
-def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server, data_dir):
-    """Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(where, request, data_dir):
+    """Silero in a worker thread (`server`) and in a process of its own (`prefix_server`). Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
     utterance, speech start and stop within 0.3 s of where the speech is, each transcript the clip's text."""
     names = [
         "g1_en_librispeech-dev-clean_1272-128104-0000.wav",
         "g1_en_librispeech-test-clean_1221-135766-0002.wav",
         "g1_en_librispeech-test-clean_1995-1837-0001.wav",
     ]
+    server = request.getfixturevalue("server" if where == "thread" else "prefix_server")
     clips = [trimmed(pcm24k(data_dir / name)) for name in names]  # read speech: no pause inside reaches 800 ms
     silence = bytes(2 * 24000 * 2)  # 2 s
     stream, bounds, t = b"", [], 0
@@ -235,6 +238,7 @@ def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(server,
         assert abs(stopped.audio_end_ms - true_end) < 300, (stopped.audio_end_ms, true_end)
         expected, got = set(words(text)), set(words(completed[started.item_id]))
         assert len(expected & got) >= 0.8 * len(expected), (text, completed[started.item_id])
+    assert ("whisper-vad" in child_names(server.proc.pid)) == (where == "process")  # where Silero ran
 
 
 def test_server_vad_decodes_a_turn_while_it_waits_out_the_silence(server, data_dir):

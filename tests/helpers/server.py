@@ -41,6 +41,18 @@ def tree_rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def child_names(pid: int) -> list[str]:
+    """The names (as ps shows them) of the process `pid`'s children (Linux /proc)."""
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                names.append(Path(f"/proc/{child}/comm").read_text().strip())
+            except OSError:  # gone meanwhile
+                continue
+    return names
+
+
 def gpu_memory_mib() -> float | None:
     """Memory in use on this machine's GPUs, MiB, as nvidia-smi reports it (every process's); None without one."""
     try:
