@@ -14,17 +14,15 @@ then starts again where its stand-in says, with a fresh LSTM state, so frame ind
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import threading
 import weakref
+from collections import deque
 
 import numpy as np
 
 from engine.processes.child import parent_setup, picklable, setup_child
 from engine.transcription.vad import FRAME_SAMPLES
-
-log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 120.0  # importing torch and loading Silero on a cold, busy machine
@@ -50,7 +48,7 @@ class SpeechStreamsProcess:
     from a worker thread, one pass at a time)."""
 
     def __init__(self):
-        self.dropped: list[int] = []  # stand-ins gone since the last pass (appended by the garbage collector)
+        self.dropped: deque[int] = deque()  # stand-ins gone since the last pass (appended by the garbage collector)
         self._ids = 0
         self._lock = threading.Lock()
         self._process = None
@@ -70,7 +68,7 @@ class SpeechStreamsProcess:
         """SpeechStream.push for each stream, in one pass in the child: each stream's probabilities."""
         with self._lock:
             self._ensure_started()
-            dropped, self.dropped[:] = list(self.dropped), []
+            dropped = self._take_dropped()
             work = [(s.id, s.samples, np.asarray(a, dtype=np.float32)) for s, a in zip(streams, audio)]
             probs = self._call(("push", work, dropped))
             for stream, samples in zip(streams, audio):
@@ -81,12 +79,15 @@ class SpeechStreamsProcess:
         """How many streams the child holds (tests: a stand-in's stream goes with it)."""
         with self._lock:
             self._ensure_started()
-            dropped, self.dropped[:] = list(self.dropped), []
-            return self._call(("count", dropped))
+            return self._call(("count", self._take_dropped()))
 
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+    def _take_dropped(self) -> list[int]:
+        """The ids gone so far, each taken once (the collector may append more meanwhile, from any thread)."""
+        return [self.dropped.popleft() for _ in range(len(self.dropped))]
 
     def _ensure_started(self) -> None:
         if self._process is None or not self._process.is_alive():
@@ -145,11 +146,24 @@ def _child_main(conn, setup: tuple) -> None:
     torch.set_num_threads(CHILD_THREADS)
     try:
         vad = VoiceActivityDetector()
-        vad.model  # noqa: B018 - loaded now: the parent waits for the first reply
+        vad.start()
         failure = None
     except Exception as exc:  # noqa: BLE001 - the parent raises it
         failure = exc
     streams: dict[int, object] = {}
+
+    def push(work: list[tuple[int, int, np.ndarray]]) -> list[list[float]]:
+        """push_many over the child's streams; one it does not hold yet starts where the parent's stand-in is."""
+        chosen = []
+        for stream_id, samples_before, _ in work:
+            stream = streams.get(stream_id)
+            if stream is None:
+                stream = streams[stream_id] = vad.stream()
+                stream.pending = torch.zeros(samples_before % FRAME_SAMPLES)
+                stream.frames_done = samples_before // FRAME_SAMPLES
+            chosen.append(stream)
+        return push_many(chosen, [audio for _, _, audio in work])
+
     while True:
         try:
             message = conn.recv()
@@ -166,25 +180,10 @@ def _child_main(conn, setup: tuple) -> None:
             for stream_id in message[-1]:
                 streams.pop(stream_id, None)
             try:
-                reply = ("ok", len(streams) if kind == "count" else _push(vad, streams, message[1], push_many))
+                reply = ("ok", len(streams) if kind == "count" else push(message[1]))
             except Exception as exc:  # noqa: BLE001 - the pass's failure: every session of it is told
                 reply = ("error", exc if picklable(exc) is not None else RuntimeError(repr(exc)))
         try:
             conn.send(reply)
         except OSError:
             return
-
-
-def _push(vad, streams: dict, work: list[tuple[int, int, np.ndarray]], push_many) -> list[list[float]]:
-    """push_many over the child's streams; a stream it does not hold yet starts where the parent's stand-in is."""
-    import torch
-
-    chosen = []
-    for stream_id, samples_before, _ in work:
-        stream = streams.get(stream_id)
-        if stream is None:
-            stream = streams[stream_id] = vad.stream()
-            stream.pending = torch.zeros(samples_before % FRAME_SAMPLES)
-            stream.frames_done = samples_before // FRAME_SAMPLES
-        chosen.append(stream)
-    return push_many(chosen, [audio for _, _, audio in work])

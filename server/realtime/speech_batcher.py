@@ -9,8 +9,9 @@ batch, and a pass costs about what one stream's does. semantic_vad's question, w
 complete (EndOfTurnModel, about 50 ms of CPU), is batched the same way in passes of its own, so that Silero's
 frames never wait behind it.
 
-Silero's streams live in a process of their own (`--realtime-vad-process`, engine's SpeechStreamsProcess), so that
-a pass does not hold the GIL the event loop needs; else in the server's process, as the end-of-turn model does.
+On a GPU server Silero's streams live in a process of their own (`--realtime-vad-process`, engine's
+SpeechStreamsProcess), so that a pass does not hold the GIL the event loop needs; on a CPU, in the server's
+process, as the end-of-turn model does.
 """
 
 from __future__ import annotations
