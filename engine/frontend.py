@@ -118,7 +118,7 @@ class EngineFront:
             changes["decode_budget_per_window"] = self.config.decode_budget_per_window
         if options.seed is None:
             changes["seed"] = self.config.seed
-        if options.fixed_decode_tokens is not None:
+        if options.fixes_tokens:
             changes.update(
                 temperatures=(0.0,), no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None
             )

@@ -68,8 +68,12 @@ class DecodeOptions:
     decode_budget_per_window: int | None = None
     # Benchmarks only: every window decodes exactly this many tokens, <|endoftext|> ignored (vLLM's ignore_eos with
     # max_tokens), so runs on random weights do the same work as a peer told the same. Implies greedy decoding
-    # without quality fallbacks (the engine's prepare sets that). Read by Sequence.must_not_end / ends_within.
+    # without quality fallbacks (the engine's prepare sets that). Read by Sequence.must_not_end / ends_within. A
+    # short context's window (context_margin_s) decodes one token fewer than its cap, if that is fewer.
     fixed_decode_tokens: int | None = None
+    # Benchmarks only, instead: each window decodes this many tokens a second of its audio (rounded up), as speech
+    # has, so that a preview of a few seconds costs what a real one does and a 30 s window what it does.
+    fixed_decode_tokens_per_s: float | None = None
     # Set: VAD cuts the audio into windows decoded in parallel (no previous-text conditioning across them).
     chunking: ChunkingOptions | None = None
     # A preview the caller can do without (the realtime API's partial decodes of a turn still being spoken): its
@@ -120,6 +124,17 @@ class DecodeOptions:
             raise ValueError("a prefix needs without_timestamps (the timestamp rules would follow it with one)")
         if self.fixed_decode_tokens is not None and self.fixed_decode_tokens < 1:
             raise ValueError(f"fixed_decode_tokens must be >= 1, got {self.fixed_decode_tokens}")
+        if self.fixed_decode_tokens_per_s is not None:
+            if self.fixed_decode_tokens is not None:
+                raise ValueError("fixed_decode_tokens and fixed_decode_tokens_per_s exclude each other")
+            if not 0 < self.fixed_decode_tokens_per_s <= 100:
+                raise ValueError(f"fixed_decode_tokens_per_s must be above 0 and at most 100, got "
+                                 f"{self.fixed_decode_tokens_per_s}")  # fmt: skip
+
+    @property
+    def fixes_tokens(self) -> bool:
+        """Whether windows decode a fixed number of tokens (benchmarks)."""
+        return self.fixed_decode_tokens is not None or self.fixed_decode_tokens_per_s is not None
 
 
 @dataclass(slots=True)

@@ -303,6 +303,10 @@ class Settings(BaseSettings):
     fixed_decode_tokens: int | None = Field(default=None, ge=1)
     """Benchmarks only: every request decodes exactly this many tokens per 30 s window (EOS ignored, no
     fallbacks)."""
+    fixed_decode_tokens_per_second: float | None = Field(default=None, gt=0, le=100)
+    """Benchmarks only, instead of --fixed-decode-tokens: each window decodes this many tokens a second of its audio
+    (rounded up; EOS ignored, no fallbacks), as speech has: a realtime preview of 2 s then costs what a real one
+    does, not a whole turn's tokens."""
     compression_ratio_threshold: float | None = 2.4
     """A window decoded more repetitively than this (gzip ratio) is retried at a higher temperature."""
     log_prob_threshold: float | None = -1.0
@@ -365,6 +369,12 @@ class Settings(BaseSettings):
                 seen.add(model_id)
         if len(self.extra_model) and self.data_parallel_size > 1:
             raise ValueError("--data-parallel-size serves one model: several models run one engine each")
+        return self
+
+    @model_validator(mode="after")
+    def _one_fixed_token_count(self) -> Settings:
+        if self.fixed_decode_tokens is not None and self.fixed_decode_tokens_per_second is not None:
+            raise ValueError("--fixed-decode-tokens and --fixed-decode-tokens-per-second exclude each other")
         return self
 
     @model_validator(mode="after")

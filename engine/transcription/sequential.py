@@ -161,6 +161,7 @@ class Transcription:
             else:
                 prompt += list(opts.prefix_tokens)
         frames = self._context_frames(window.shape[-1])
+        max_tokens = None if frames == N_FRAMES else self._short_context_tokens(window.shape[-1])
         return WindowJob(
             request_id=self.request_id,
             mel=pad_or_trim(window, frames),
@@ -169,7 +170,7 @@ class Transcription:
             detect_language=detect,
             forced_after_language=forced,
             with_timestamps=not opts.without_timestamps,
-            fixed_decode_tokens=opts.fixed_decode_tokens,
+            fixed_decode_tokens=self._fixed_tokens(window.shape[-1], max_tokens),
             window_index=index,
             word_timestamps=opts.word_timestamps,
             num_frames=window.shape[-1],
@@ -178,8 +179,19 @@ class Transcription:
             beam_size=opts.beam_size if temperature == 0 else 1,
             background=opts.background,
             generator=self.generator_for(candidate) if temperature > 0 else None,
-            max_tokens=None if frames == N_FRAMES else self._short_context_tokens(window.shape[-1]),
+            max_tokens=max_tokens,
         )
+
+    def _fixed_tokens(self, frames: int, max_tokens: int | None) -> int | None:
+        """The tokens a window of `frames` mel frames of audio decodes when benchmarks fix them; a short context's
+        stop one short of its cap, which would take them for a repetition and give no text."""
+        opts = self.options
+        fixed = opts.fixed_decode_tokens
+        if opts.fixed_decode_tokens_per_s is not None:
+            fixed = max(1, math.ceil(opts.fixed_decode_tokens_per_s * frames / FRAMES_PER_SECOND))
+        if fixed is not None and max_tokens is not None:
+            fixed = min(fixed, max_tokens - 1)
+        return fixed
 
     def _context_frames(self, frames: int) -> int:
         """The mel frames a window of `frames` frames of audio is encoded on: N_FRAMES, or with a short context
@@ -303,7 +315,7 @@ class Transcription:
             self.seek += segment_size  # silence: skip the window
             return
         kept, next_seek = self._kept_pieces(r.tokens, segment_size)
-        if o.fixed_decode_tokens is not None:
+        if o.fixes_tokens:
             next_seek = self.seek + segment_size  # benchmarks: one window per 30 s, whatever tokens came out
         new: list[Segment] = []
         for piece in kept:

@@ -112,6 +112,7 @@ def server_defaults(settings: Settings) -> dict[str, float | int | None]:
         "log_prob_threshold": settings.log_prob_threshold,
         "no_speech_threshold": settings.no_speech_threshold,
         "fixed_decode_tokens": settings.fixed_decode_tokens,
+        "fixed_decode_tokens_per_s": settings.fixed_decode_tokens_per_second,
         "best_of": settings.best_of,
         "beam_size": settings.beam_size,
         "patience": settings.patience,

@@ -116,3 +116,17 @@ def test_time_to_first_token_is_measured_from_submission(tiny_engine, load_clip)
         # of the time even where the decode kernels are fast against the encoder (the run at the end of a busy CI
         # saw 1.04 s of 2.05 s)
         assert 0 < result.time_to_first_token < wall * 0.75
+
+
+def test_benchmarks_fixed_tokens_a_second_of_audio_and_a_short_context_that_still_gives_text(tiny_engine, load_clip):
+    """fixed_decode_tokens_per_s: a window decodes that many tokens a second of its audio, rounded up; a short
+    context's decode (a realtime preview) stops one short of its token cap, under which it gives text."""
+    audio = load_clip(JFK)
+    options = DecodeOptions(without_timestamps=True, fixed_decode_tokens_per_s=4.0)
+    for seconds in (3.0, JFK_DURATION_S):
+        result = tiny_engine.submit(audio[: int(seconds * 16000)], options).wait(timeout=WAIT_S)
+        assert result.num_tokens == int(np.ceil(4.0 * seconds))
+    short = DecodeOptions(without_timestamps=True, fixed_decode_tokens=48, context_margin_s=3.0)
+    result = tiny_engine.submit(audio[: 3 * 16000], short).wait(timeout=WAIT_S)
+    assert result.num_tokens == 10 + 8 * 3 - 1  # the cap of a 3 s short context, less one
+    assert result.text.strip()

@@ -26,13 +26,16 @@ def test_prepare_fills_the_engine_seed_and_budget_unless_the_request_sets_them()
     assert (own.seed, own.decode_budget_per_window) == (3, 50)
 
 
-def test_a_fixed_token_count_decodes_greedily_without_fallbacks():
-    prepared = Front(EngineConfig()).prepare(DecodeOptions(fixed_decode_tokens=10))
+@pytest.mark.parametrize("fixed", [{"fixed_decode_tokens": 10}, {"fixed_decode_tokens_per_s": 6.5}])
+def test_a_fixed_token_count_decodes_greedily_without_fallbacks(fixed):
+    prepared = Front(EngineConfig()).prepare(DecodeOptions(**fixed))
     assert prepared.temperatures == (0.0,)
     assert prepared.no_speech_threshold is None and prepared.log_prob_threshold is None
     assert prepared.compression_ratio_threshold is None
-    with pytest.raises(ValueError):
-        DecodeOptions(fixed_decode_tokens=0)
+    for bad in ({"fixed_decode_tokens": 0}, {"fixed_decode_tokens_per_s": 0}, {"fixed_decode_tokens_per_s": 101},
+                {"fixed_decode_tokens": 10, "fixed_decode_tokens_per_s": 5}):  # fmt: skip
+        with pytest.raises(ValueError):
+            DecodeOptions(**bad)
 
 
 def test_prepare_refuses_what_the_model_cannot_do():
