@@ -3,6 +3,8 @@
 - `engine_process.py`: `EngineProcess`, the engine in a child process (one GPU each), behind the same protocol
 - `pool.py`: `EnginePool`, data parallel engines behind one engine's interface (least load first; a request no
   engine had started moves to a live one when its engine dies)
+- `child.py`: what every child process of the engine's takes from its parent (logging, switch interval, name); it
+  imports nothing of the engine, so any layer's child process may use it (the diarizer's, Silero's)
 
 May import engine.runtime and the modules at engine's top level.
 """

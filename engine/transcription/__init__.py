@@ -6,8 +6,9 @@
   that all decode at once
 - `segments.py`: timestamp tokens to segments; `alignment.py`: word timestamps (alignment heads, DTW)
 - `turn_end.py`: whether a paused speaker is done (smart-turn v3.2), for the realtime API's semantic_vad
+- `vad_process.py`: the realtime API's live Silero streams in a child process of their own (`SpeechStreamsProcess`)
 
-May import engine.model (the tokenizer), engine.audio, engine.request and the window records of
-engine.runtime.sequence; never the loop, the runner or the backends: the loop hands finished windows in, and takes
+May import engine.model (the tokenizer), engine.audio, engine.request, the window records of
+engine.runtime.sequence and a child process's set-up (engine.processes.child); never the loop, the runner or the backends: the loop hands finished windows in, and takes
 WindowJobs out.
 """

@@ -13,7 +13,9 @@
 - session.py: the session's configuration as the SDK's models describe it: defaults, `session.update` validated
   and merged, the effective session sent back.
 - events.py: the server's events as dicts of the SDK's shapes, and the protocol's errors.
-- speech_batcher.py: Silero's speech probabilities for every live session in one pass (server_vad).
+- speech_batcher.py: Silero's speech probabilities for every live session in one pass (server_vad), in a process of
+  its own on a GPU server.
+- idle.py: a session's idle timeout, one timer per session however many events it sends.
 - client_secrets.py: the ephemeral secrets an app's backend mints for a device: one connection each, then gone.
 - connection.py: one session: client events in and dispatched, turns committed and transcribed through the
   engine, server events out through a bounded queue.
