@@ -15,18 +15,16 @@ it dies, that pass fails (its requests get a 500) and the next pass starts a new
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import threading
 
 import numpy as np
 
 from engine.diarization.pipeline import Diarization, DiarizationJob, SpeakerCount, SpeakerDiarizer
 from engine.diarization.priority import MAX_NICE, lower_process_priority
-from engine.processes.child import parent_setup, picklable, setup_child
+from engine.processes.child import ChildProcess, picklable, setup_child
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 10.0
 PROCESS_NAME = "whisper-diarize"  # what ps and top show for the child (Linux's limit: 15 characters)
 
 
@@ -40,13 +38,12 @@ class DiarizerProcess:
         self.nice = nice
         self.last_pass: dict[str, float] = {}
         self._lock = threading.Lock()  # one call at a time on the pipe
-        self._process = None
-        self._conn = None
+        self._child = ChildProcess(_child_main, (device, nice), "whisper-diarization", "speaker diarization process")
 
     def load(self, why: str = "for the first request that asks for speakers") -> None:
         """The child started and its models loaded (seconds: the server can call it at start-up)."""
         with self._lock:
-            self._call(("load", why))
+            self._child.call(("load", why))
 
     def diarize(
         self, audio: np.ndarray, known: list[tuple[str, np.ndarray]] | None = None, count: SpeakerCount | None = None
@@ -60,56 +57,16 @@ class DiarizerProcess:
     def diarize_many(self, jobs: list[DiarizationJob]) -> list[Diarization | Exception]:
         """SpeakerDiarizer.diarize_many, in the child. Blocking: call it from a worker thread."""
         with self._lock:
-            results, self.last_pass = self._call(("diarize", jobs))
+            results, self.last_pass = self._child.call(("diarize", jobs))
         return results
 
     def close(self) -> None:
         """Stops the child (a later call starts a new one)."""
         with self._lock:
-            self._stop()
-
-    def _call(self, message: tuple):
-        if self._process is None or not self._process.is_alive():
-            self._start()
-        try:
-            self._conn.send(message)
-            status, payload = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            code = self._process.exitcode
-            self._stop()
-            raise RuntimeError(f"the speaker diarization process exited (exit code {code})") from exc
-        if status == "error":
-            raise payload
-        return payload
-
-    def _start(self) -> None:
-        self._stop()
-        # spawn, not fork: the server's process holds OpenMP, CUDA and engine threads that a forked child cannot use
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_child_main, args=(child, self.device, self.nice, parent_setup()), name="whisper-diarization",
-            daemon=True,
-        )  # fmt: skip
-        self._process.start()
-        child.close()  # only the child holds its end: its exit reads as end-of-file here
-
-    def _stop(self) -> None:
-        if self._process is None:
-            return
-        try:
-            self._conn.send(("stop",))
-        except OSError:
-            pass
-        self._process.join(STOP_TIMEOUT_S)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._conn.close()
-        self._process = self._conn = None
+            self._child.stop()
 
 
-def _child_main(conn, device: str, nice: int, setup: tuple) -> None:
+def _child_main(conn, setup: tuple, device: str, nice: int) -> None:
     setup_child(setup, PROCESS_NAME)
     lower_process_priority(nice)  # before torch starts its threads: they inherit it
 

@@ -1,13 +1,73 @@
 """What every child process of the engine's needs from its parent: its logging (the parent's level, format and
-filters, where they can cross the pipe), its GIL switch interval, a name for ps and top, and no Ctrl-C of its own.
+filters, where they can cross the pipe), its GIL switch interval, a name for ps and top, and no Ctrl-C of its own;
+and ChildProcess, a child that answers each message on its pipe (the diarizer's, Silero's).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import pickle
 import signal
 import sys
+from collections.abc import Callable
+
+STOP_TIMEOUT_S = 10.0
+
+
+class ChildProcess:
+    """A spawned child running `target(conn, setup, *args)`, which answers each message with ("ok", payload) or
+    ("error", exception) and returns on ("stop",). Started by the first call, and again by the first call after it
+    died. One call at a time: its owner holds a lock."""
+
+    def __init__(self, target: Callable, args: tuple, name: str, what: str):
+        self.target, self.args, self.name, self.what = target, args, name, what
+        self.process = None
+        self.conn = None
+
+    def call(self, message: tuple, timeout_s: float | None = None):
+        """The child's payload for `message` (its exception raised); RuntimeError if the child exits meanwhile or
+        does not answer within `timeout_s`."""
+        if self.process is None or not self.process.is_alive():
+            self._start()
+        try:
+            self.conn.send(message)
+            if timeout_s is not None and not self.conn.poll(timeout_s):
+                self.stop()
+                raise RuntimeError(f"the {self.what} did not answer within {timeout_s:g} s")
+            status, payload = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self.process.exitcode
+            self.stop()
+            raise RuntimeError(f"the {self.what} exited (exit code {code})") from exc
+        if status == "error":
+            raise payload
+        return payload
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        try:
+            self.conn.send(("stop",))
+        except OSError:
+            pass
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+        self.process = self.conn = None
+
+    def _start(self) -> None:
+        self.stop()
+        # spawn, not fork: the server's process holds OpenMP, CUDA and engine threads that a forked child cannot use
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=self.target, args=(child, parent_setup(), *self.args), name=self.name, daemon=True
+        )
+        self.process.start()
+        child.close()  # only the child holds its end: its exit reads as end-of-file here
 
 
 def picklable(obj):

@@ -14,17 +14,15 @@ then starts again where its stand-in says, with a fresh LSTM state, so frame ind
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import weakref
 from collections import deque
 
 import numpy as np
 
-from engine.processes.child import parent_setup, picklable, setup_child
+from engine.processes.child import ChildProcess, picklable, setup_child
 from engine.transcription.vad import FRAME_SAMPLES
 
-STOP_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 120.0  # importing torch and loading Silero on a cold, busy machine
 PROCESS_NAME = "whisper-vad"
 CHILD_THREADS = 1  # each pass is many small calls: one thread, so that it never competes with the engine's
@@ -51,8 +49,7 @@ class SpeechStreamsProcess:
         self.dropped: deque[int] = deque()  # stand-ins gone since the last pass (appended by the garbage collector)
         self._ids = 0
         self._lock = threading.Lock()
-        self._process = None
-        self._conn = None
+        self._child = ChildProcess(_child_main, (), PROCESS_NAME, "voice activity process")
 
     def stream(self) -> RemoteSpeechStream:
         with self._lock:
@@ -62,15 +59,14 @@ class SpeechStreamsProcess:
     def start(self) -> None:
         """The child started and Silero loaded in it (it otherwise starts on the first pass)."""
         with self._lock:
-            self._ensure_started()
+            self._child.call(("ping",), START_TIMEOUT_S)  # answered once Silero has loaded, or with what it raised
 
     def push_many(self, streams: list[RemoteSpeechStream], audio: list[np.ndarray]) -> list[list[float]]:
         """SpeechStream.push for each stream, in one pass in the child: each stream's probabilities."""
         with self._lock:
-            self._ensure_started()
             dropped = self._take_dropped()
             work = [(s.id, s.samples, np.asarray(a, dtype=np.float32)) for s, a in zip(streams, audio)]
-            probs = self._call(("push", work, dropped))
+            probs = self._child.call(("push", work, dropped))
             for stream, samples in zip(streams, audio):
                 stream.samples += len(samples)
             return probs
@@ -78,63 +74,15 @@ class SpeechStreamsProcess:
     def live_streams(self) -> int:
         """How many streams the child holds (tests: a stand-in's stream goes with it)."""
         with self._lock:
-            self._ensure_started()
-            return self._call(("count", self._take_dropped()))
+            return self._child.call(("count", self._take_dropped()))
 
     def close(self) -> None:
         with self._lock:
-            self._stop()
+            self._child.stop()
 
     def _take_dropped(self) -> list[int]:
         """The ids gone so far, each taken once (the collector may append more meanwhile, from any thread)."""
         return [self.dropped.popleft() for _ in range(len(self.dropped))]
-
-    def _ensure_started(self) -> None:
-        if self._process is None or not self._process.is_alive():
-            self._start()
-
-    def _call(self, message: tuple):
-        try:
-            self._conn.send(message)
-            status, payload = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            code = self._process.exitcode
-            self._stop()
-            raise RuntimeError(f"the voice activity process exited (exit code {code})") from exc
-        if status == "error":
-            raise payload
-        return payload
-
-    def _start(self) -> None:
-        self._stop()
-        # spawn, not fork: the server's process holds OpenMP, CUDA and engine threads that a forked child cannot use
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(target=_child_main, args=(child, parent_setup()), name="whisper-vad", daemon=True)
-        self._process.start()
-        child.close()  # only the child holds its end: its exit reads as end-of-file here
-        self._conn.send(("ping",))  # answered once Silero has loaded (or with what loading it raised)
-        if not self._conn.poll(START_TIMEOUT_S):
-            self._stop()
-            raise RuntimeError("the voice activity process did not start")
-        status, payload = self._conn.recv()
-        if status == "error":
-            self._stop()
-            raise payload
-
-    def _stop(self) -> None:
-        if self._process is None:
-            return
-        try:
-            self._conn.send(("stop",))
-        except OSError:
-            pass
-        self._process.join(STOP_TIMEOUT_S)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._conn.close()
-        self._process = self._conn = None
 
 
 def _child_main(conn, setup: tuple) -> None:

@@ -60,3 +60,17 @@ def one_turn(client, pcm: bytes, model: str) -> str:
         conn.input_audio_buffer.commit()
         completed = next(ev for ev in conn if ev.type == "conversation.item.input_audio_transcription.completed")
     return completed.transcript
+
+
+def stream_rounds(clips: list[np.ndarray], seed: int):
+    """Live streams' pieces, round by round: each round one piece of each clip, of 0-3,000 samples (some complete
+    no VAD frame), until every clip is used up."""
+    rng = np.random.default_rng(seed)
+    positions = [0] * len(clips)
+    while any(p < len(c) for p, c in zip(positions, clips)):
+        pieces = []
+        for i, clip in enumerate(clips):
+            size = int(rng.integers(0, 3000))
+            pieces.append(clip[positions[i] : positions[i] + size])
+            positions[i] += size
+        yield pieces

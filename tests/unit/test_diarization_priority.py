@@ -71,7 +71,7 @@ def test_every_thread_of_the_diarizer_process_runs_niced():
         # under a second of audio: one speaker, no model loaded, but the child is up
         (result,) = diarizer.diarize_many([DiarizationJob(np.zeros(8000, np.float32))])
         assert result.turns == [SpeakerTurn(0.0, 0.5, 0)]
-        pid = diarizer._process.pid
+        pid = diarizer._child.process.pid
         assert {nice_of(int(t)) for t in os.listdir(f"/proc/{pid}/task")} == {MAX_NICE}
         assert nice_of(threading.get_native_id()) == 0
     finally:

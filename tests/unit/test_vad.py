@@ -8,6 +8,7 @@ import torch
 
 from engine.request import ChunkingOptions
 from engine.transcription.vad import VoiceActivityDetector, push_many
+from tests.helpers.realtime import stream_rounds
 
 CLIP = "g2_en_earnings22_4483589_261-321s.wav"  # 60 s of a conference call, with pauses
 
@@ -82,16 +83,9 @@ def test_streams_pushed_together_get_what_each_gets_alone(audio, vad):
     clips = [audio[i * 80_000 : (i + 1) * 80_000] for i in range(4)]  # 5 s each, different speech
     alone = [vad.stream() for _ in clips]
     together = [vad.stream() for _ in clips]
-    rng = np.random.default_rng(1)
     got_alone: list[list[float]] = [[] for _ in clips]
     got_together: list[list[float]] = [[] for _ in clips]
-    positions = [0] * len(clips)
-    while any(p < len(c) for p, c in zip(positions, clips)):
-        pieces = []
-        for i, clip in enumerate(clips):
-            size = int(rng.integers(0, 3000))
-            pieces.append(clip[positions[i] : positions[i] + size])
-            positions[i] += size
+    for pieces in stream_rounds(clips, 1):
         for i, piece in enumerate(pieces):
             got_alone[i] += alone[i].push(piece)
         for i, probs in enumerate(push_many(together, pieces)):

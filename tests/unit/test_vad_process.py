@@ -13,6 +13,7 @@ import pytest
 
 from engine.transcription.vad import VoiceActivityDetector, push_many
 from engine.transcription.vad_process import SpeechStreamsProcess
+from tests.helpers.realtime import stream_rounds
 
 CLIP = "g2_en_earnings22_4483589_261-321s.wav"  # 60 s of a conference call, with pauses
 
@@ -29,19 +30,6 @@ def remote():
     process.close()
 
 
-def _rounds(clips, seed):
-    """Pieces of each clip, round by round: sizes differ, some complete no frame."""
-    rng = np.random.default_rng(seed)
-    positions = [0] * len(clips)
-    while any(p < len(c) for p, c in zip(positions, clips)):
-        pieces = []
-        for i, clip in enumerate(clips):
-            size = int(rng.integers(0, 3000))
-            pieces.append(clip[positions[i] : positions[i] + size])
-            positions[i] += size
-        yield pieces
-
-
 def test_streams_in_the_child_get_what_they_get_here(audio, remote):
     vad = VoiceActivityDetector()
     clips = [audio[i * 48_000 : (i + 1) * 48_000] for i in range(3)]  # 3 s each, different speech
@@ -49,7 +37,7 @@ def test_streams_in_the_child_get_what_they_get_here(audio, remote):
     there = [remote.stream() for _ in clips]
     got_here: list[list[float]] = [[] for _ in clips]
     got_there: list[list[float]] = [[] for _ in clips]
-    for pieces in _rounds(clips, 2):
+    for pieces in stream_rounds(clips, 2):
         for i, probs in enumerate(push_many(here, pieces)):
             got_here[i] += probs
         for i, probs in enumerate(remote.push_many(there, pieces)):
@@ -77,12 +65,12 @@ def test_after_the_child_dies_a_new_one_goes_on_where_each_stream_was(audio, rem
     stream = remote.stream()
     first = audio[:10_000]  # ends inside a frame
     probs = remote.push_many([stream], [first])[0]
-    pid = remote._process.pid
+    pid = remote._child.process.pid
     os.kill(pid, signal.SIGKILL)
-    remote._process.join()
+    remote._child.process.join()
     assert stream.frames_done == len(probs) == 10_000 // 512
     later = remote.push_many([stream], [audio[10_000:20_000]])[0]
-    assert remote._process.pid != pid
+    assert remote._child.process.pid != pid
     assert stream.frames_done == 20_000 // 512
     assert len(later) == 20_000 // 512 - 10_000 // 512  # the same frames as one stream would complete
     assert all(0.0 <= p <= 1.0 for p in later)
