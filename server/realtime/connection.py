@@ -107,7 +107,7 @@ class Connection:
         self.buffer = InputBuffer(self.session.format_type, settings, load)
         self.vad = speech  # shared by the connections: a stream each, pushed together
         self.detector: TurnDetector | None = None  # server VAD's state (None: the client commits)
-        self.partials = PartialScheduler(self.buffer, load)
+        self.partials = PartialScheduler(self.buffer, load, self._maybe_partial)
         self.outbox: asyncio.Queue[dict] = asyncio.Queue(MAX_QUEUED_EVENTS)
         self.turns: set[asyncio.Task] = set()
         self.handles: set = set()
@@ -163,6 +163,7 @@ class Connection:
             pass
         finally:
             idle.close()
+            self.partials.withdraw()
             self.buffer.num_samples = 0  # out of the server-wide total
             self.buffer.release(self.buffer.reserved)
             self.unheard = []
@@ -528,7 +529,7 @@ class Connection:
                 await asyncio.wait([previous])
             await self._final(item_id, audio, partials, ended, early)
         finally:
-            self.load.finals_in_flight -= 1
+            self.load.final_finished()
 
     async def _final(
         self, item_id: str, audio: np.ndarray, partials: Partials | None, ended: float, early: EarlyFinal | None

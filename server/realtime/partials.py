@@ -4,7 +4,8 @@ are sent as `delta` events before the turn is committed.
 A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS; more
 often until the turn's first delta, while no other is in flight), one at a time per turn, no more than the server's
 cap at once, and none while a final decode is in flight anywhere on the server (SharedLoad): it is only a preview
-that the next one replaces, so under load the previews thin out and the finals stay prompt.
+that the next one replaces, so under load the previews thin out and the finals stay prompt. A turn whose decode is
+due while none may start waits for a slot, turns without a delta yet first (SharedLoad.wait_for_partial).
 What is sent is never taken back (Partials): the final decode's transcript then sends only what follows it. Words
 are compared without their case and punctuation, which later decodes of more audio often rewrite.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -111,9 +114,10 @@ class PartialScheduler:
     """One session's partial decodes: when the open turn in `buffer` gets its next one, and each turn's Partials
     until its final decode takes them."""
 
-    def __init__(self, buffer: InputBuffer, load: SharedLoad) -> None:
+    def __init__(self, buffer: InputBuffer, load: SharedLoad, wake: Callable[[], None] = lambda: None) -> None:
         self.buffer = buffer
         self.load = load
+        self.wake = wake  # checks again whether a partial decode is due: a slot it waited for is free
         self.turns: dict[str, Partials] = {}
         self.at = 0  # buffered samples when the last partial decode of the open turn was launched
         self.every_s, self.agreeing = DELAYS[DEFAULT_DELAY]
@@ -125,6 +129,11 @@ class PartialScheduler:
     def restart(self) -> None:
         """The open turn starts with what the buffer holds now: its first partial is due `every_s` later."""
         self.at = self.buffer.num_samples
+        self.withdraw()
+
+    def withdraw(self) -> None:
+        """No longer waiting for a partial decode slot (the turn ended, or the session)."""
+        self.load.waiting_partials.pop(self, None)
 
     def launch(self, start: int | None) -> tuple[str, Partials, np.ndarray] | None:
         """The open turn's item, Partials and audio (from stream position `start`; None: no speech yet) for a
@@ -134,12 +143,13 @@ class PartialScheduler:
         buffer, load = self.buffer, self.load
         if buffer.num_samples - self.at < self.interval() * SAMPLE_RATE:
             return None
-        if (load.finals_in_flight and load.partials_wait_for_finals) or load.partials_in_flight >= load.max_partials:
-            return None
         if buffer.item_id is None:  # manual commits: the turn gets its id with its first partial
             buffer.item_id = new_id("item")
         partials = self.turns.setdefault(buffer.item_id, Partials(self.agreeing))
         if partials.in_flight:
+            return None
+        if not load.partial_slot_free():
+            load.wait_for_partial(self, bool(partials.sent_keys), time.monotonic(), self.wake)
             return None
         self.at = buffer.num_samples
         end = buffer.end
@@ -163,7 +173,7 @@ class PartialScheduler:
         """A launched partial decode is over (or never reached the engine): the turn and the server may launch
         the next."""
         partials.in_flight = False
-        self.load.partials_in_flight -= 1
+        self.load.partial_finished()
 
     def commit(self, item_id: str) -> None:
         """The turn is committed: a partial decode of it still running is dropped when it ends."""
@@ -177,6 +187,7 @@ class PartialScheduler:
 
     def discard(self, item_id: str | None) -> None:
         """The open turn is cleared: what its partial decodes sent is forgotten, and one still running is dropped."""
+        self.withdraw()
         partials = self.turns.pop(item_id, None) if item_id is not None else None
         if partials is not None:
             partials.done = True

@@ -140,3 +140,45 @@ def test_partial_decodes_wait_for_finals_unless_told_not_to_and_stay_under_the_c
         assert launched(load) is wanted
     not_waiting.partials_in_flight = 32  # the cap holds whatever the finals
     assert not launched(not_waiting)
+
+
+def test_a_freed_partial_slot_goes_to_a_turn_without_deltas_first_then_to_the_one_waiting_longest():
+    settings = Settings()
+    load = SharedLoad(max_partials=1, partials_wait_for_finals=False)
+    launched: list[tuple[str, object]] = []
+
+    def session(name: str) -> tuple[InputBuffer, PartialScheduler]:
+        buffer = InputBuffer("audio/pcm", settings, load)
+        scheduler = PartialScheduler(buffer, load, lambda: launch(name, buffer, scheduler))
+        scheduler.restart()
+        return buffer, scheduler
+
+    def launch(name: str, buffer: InputBuffer, scheduler: PartialScheduler) -> None:
+        found = scheduler.launch(buffer.offset)
+        if found is not None:
+            launched.append((name, found[1]))
+
+    sessions = {name: session(name) for name in ("talking", "late", "new", "gone")}
+    for buffer, _ in sessions.values():
+        buffer.add(np.zeros(SAMPLE_RATE, dtype=np.float32))  # a second of the turn: each one's decode is due
+    # "talking" takes the one slot; its turn sends words, so its next decode waits behind turns that sent none
+    launch("talking", *sessions["talking"])
+    for name in ("late", "gone", "new"):
+        launch(name, *sessions[name])  # due, no slot: they wait, in this order
+    assert [name for name, _ in launched] == ["talking"] and len(load.waiting_partials) == 3
+    sessions["gone"][1].withdraw()  # that session closed
+    talking = launched[0][1]
+    talking.agree("one two three")
+    sessions["talking"][0].add(np.zeros(SAMPLE_RATE, dtype=np.float32))
+
+    def finish_next() -> str:
+        name, partials = launched[-1]
+        sessions[name][1].finished(partials)  # the freed slot is handed on at once
+        return launched[-1][0]
+
+    sessions["talking"][1].finished(talking)
+    launch("talking", *sessions["talking"])  # due again: waits now, behind the two without deltas
+    assert launched[-1][0] == "late" and list(load.waiting_partials) == [sessions["new"][1], sessions["talking"][1]]
+    assert finish_next() == "new"  # "late" finished: "new" has sent no delta, "talking" has
+    assert finish_next() == "talking"
+    assert load.waiting_partials == {} and load.partials_in_flight == 1
