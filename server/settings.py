@@ -282,12 +282,11 @@ class Settings(BaseSettings):
     """A realtime partial decode encodes its turn's audio and realtime_partial_margin_s of padding only, not a 30 s
     window (whisper.cpp's audio_ctx): a partial costs a fraction of a full window's decode, and its words are mostly
     the same. The final decode of a turn is always a full window, the HTTP route's."""
-    realtime_partial_prefix: bool = False
+    realtime_partial_prefix: bool = True
     """A realtime partial decode takes the words its turn has sent as the start of its transcript (Whisper's
-    prefix) and decodes only what follows: a refresh of a long turn costs its new words, not the whole turn again.
-    Off by default: on a saturated CPU the time saved went into more refreshes, which delayed the other sessions'
-    first deltas (BENCHMARKS.md, realtime). The final decode of a turn never takes a prefix (it is the HTTP
-    route's)."""
+    prefix) and decodes only what follows: a refresh of a long turn costs its new words, not the whole turn again,
+    so deltas keep their cadence as the turn grows (BENCHMARKS.md, realtime). The final decode of a turn never takes
+    a prefix (it is the HTTP route's)."""
     realtime_partial_margin_s: float = Field(default=3.0, ge=0, le=30)
     """The padding after a short partial's audio that its encoder sees, in seconds."""
     realtime_condition_on_previous_text: bool = True

@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 # --delay` measures each; DEFAULT_DELAY is the session's until it sets one.
 DELAYS = {"minimal": (0.25, 1), "low": (0.5, 1), "medium": (0.5, 2), "high": (1.0, 2), "xhigh": (2.0, 2)}
 DEFAULT_DELAY = "medium"
-# Until a turn's first delta, the audio between its partial decodes is this fraction of the delay's: the first words
-# wait for `agreeing` decodes, and they are what a listener waits for (benchmarks/realtime_sessions.py, first delta)
-FIRST_DELTA_PACE = 0.5
+# While a turn's words wait, the audio between its partial decodes is this fraction of the delay's: until its first
+# delta when words wait for `agreeing` decodes (they are what a listener waits for), and after a decode that sent
+# nothing (one that only added its last word, which waits for the next: a word a chunk would otherwise send one
+# every other chunk). benchmarks/realtime_sessions.py: first delta, longest wait for a delta.
+WAITING_PACE = 0.5
 # Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
 # turn at every refresh; the rest of a longer turn comes with its final decode.
 MAX_PARTIAL_S = 30.0
@@ -63,6 +65,7 @@ class Partials:
         self.sent_text = ""  # the deltas sent, joined
         self.last: list[str] = []  # the previous partial decode's words, as compared (word_key)
         self.in_flight = False
+        self.stalled = False  # the last decode sent nothing
         self.done = False  # the final decode has started: late partial results are dropped
         self.prefixed = True  # the words sent still fit as a partial decode's prefix (DecodeOptions.prefix)
 
@@ -78,7 +81,8 @@ class Partials:
             agreed += 1
         self.last = keys
         at = self.continue_at(keys)
-        if agreed <= at:
+        self.stalled = agreed <= at
+        if self.stalled:
             return 0, 0
         start, end = spans[at - 1][1] if at else 0, spans[agreed - 1][1]
         self.sent_keys += keys[at:agreed]
@@ -161,13 +165,18 @@ class PartialScheduler:
         return buffer.item_id, partials, audio
 
     def interval(self) -> float:
-        """Seconds of new audio before the open turn's next partial decode: the delay's, or FIRST_DELTA_PACE of it
-        until the turn's first delta while its words wait for decodes to agree and no other partial decode is in
-        flight on the server (on a busy engine, more frequent decodes of less audio would only delay them all)."""
-        if self.agreeing < 2 or self.load.partials_in_flight:
+        """Seconds of new audio before the open turn's next partial decode: the delay's, or WAITING_PACE of it while
+        the turn's words wait (before its first delta where words wait for `agreeing` decodes, or after a decode that
+        sent nothing) and no other partial decode is in flight on the server (on a busy engine, more frequent
+        decodes of less audio would only delay them all)."""
+        if self.load.partials_in_flight:
             return self.every_s
         partials = self.turns.get(self.buffer.item_id) if self.buffer.item_id is not None else None
-        return self.every_s if partials is not None and partials.sent_keys else self.every_s * FIRST_DELTA_PACE
+        if partials is None:
+            waiting = self.agreeing > 1
+        else:
+            waiting = partials.stalled or (self.agreeing > 1 and not partials.sent_keys)
+        return self.every_s * WAITING_PACE if waiting else self.every_s
 
     def finished(self, partials: Partials) -> None:
         """A launched partial decode is over (or never reached the engine): the turn and the server may launch

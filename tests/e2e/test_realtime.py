@@ -108,11 +108,15 @@ def test_sdk_client_manual_commit_gives_the_http_transcript(server, data_dir):
     assert abs(metric(server, "whisper_realtime_audio_seconds_total") - received_before - len(pcm) / 48000) < 0.05
 
 
-def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
+@pytest.mark.parametrize("decodes", ["continuing", "whole turn"])
+def test_live_deltas_while_speaking_are_never_taken_back(decodes, request, data_dir):
     """Streamed in real time with manual commits: deltas arrive before the commit (decodes of the growing turn,
     only words two of them agreed on), and with the final decode's rest they join into the HTTP transcript's words
     (a live delta may carry an earlier decode's case or punctuation, or rarely another word; the completed
-    transcript is HTTP's)."""
+    transcript is HTTP's). Partial decodes that continue the words sent (the default) or decode the whole turn."""
+    server = request.getfixturevalue("server" if decodes == "continuing" else "process_server")
+    prefixed = "yes" if decodes == "continuing" else "no"
+    partials_before = metric(server, "whisper_realtime_partial_decodes_total", f'{{prefix="{prefixed}"}}')
     pcm = pcm24k(data_dir / JFK)
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
     deltas_before = metric(server, "whisper_realtime_delta_latency_seconds_count")
@@ -141,22 +145,24 @@ def test_live_deltas_while_speaking_are_never_taken_back(server, data_dir):
     assert completed.transcript == http.text and same_words("".join(deltas), completed.transcript)
     assert metric(server, "whisper_realtime_delta_latency_seconds_count") - deltas_before == len(live)
     assert metric(server, "whisper_realtime_completed_latency_seconds_count") - completed_before == 1
+    assert metric(server, "whisper_realtime_partial_decodes_total", f'{{prefix="{prefixed}"}}') > partials_before
+    if decodes == "whole turn":
+        assert metric(server, "whisper_realtime_partial_decodes_total", '{prefix="yes"}') == 0
 
 
 @pytest.fixture(scope="module")
-def prefix_server():
-    """Partial decodes that continue the words their turn has sent (--realtime-partial-prefix), and Silero's
-    streams in a process of their own (--realtime-vad-process, on by default only on a GPU)."""
-    remote = RemoteServer("--realtime-partial-prefix", "--realtime-vad-process", "on")
+def process_server():
+    """Silero's streams in a process of their own (--realtime-vad-process, on by default only on a GPU), and
+    partial decodes that decode their whole turn each time (--no-realtime-partial-prefix)."""
+    remote = RemoteServer("--no-realtime-partial-prefix", "--realtime-vad-process", "on")
     yield remote
     remote.stop()
 
 
-def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprobs(prefix_server, data_dir):
-    """With the words sent as each partial decode's prefix, the live deltas still begin the turn, join with the
-    final decode's rest into the HTTP transcript's words, and each carries the log-probabilities of its own tokens
-    (the decode's result holds what it added after the prefix)."""
-    server = prefix_server
+def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprobs(server, data_dir):
+    """With the words sent as each partial decode's prefix (the default), the live deltas still begin the turn,
+    join with the final decode's rest into the HTTP transcript's words, and each carries the log-probabilities of
+    its own tokens (the decode's result holds what it added after the prefix)."""
     pcm = pcm24k(data_dir / JFK)
     http = server.client().audio.transcriptions.create(file=("jfk.wav", wav_bytes(pcm, 24000)), model="whisper-1")
     s = RawSession(server)
@@ -187,14 +193,14 @@ def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprob
 
 @pytest.mark.parametrize("where", ["thread", "process"])
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(where, request, data_dir):
-    """Silero in a worker thread (`server`) and in a process of its own (`prefix_server`). Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
+    """Silero in a worker thread (`server`) and in a process of its own (`process_server`). Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
     utterance, speech start and stop within 0.3 s of where the speech is, each transcript the clip's text."""
     names = [
         "g1_en_librispeech-dev-clean_1272-128104-0000.wav",
         "g1_en_librispeech-test-clean_1221-135766-0002.wav",
         "g1_en_librispeech-test-clean_1995-1837-0001.wav",
     ]
-    server = request.getfixturevalue("server" if where == "thread" else "prefix_server")
+    server = request.getfixturevalue("server" if where == "thread" else "process_server")
     clips = [trimmed(pcm24k(data_dir / name)) for name in names]  # read speech: no pause inside reaches 800 ms
     silence = bytes(2 * 24000 * 2)  # 2 s
     stream, bounds, t = b"", [], 0

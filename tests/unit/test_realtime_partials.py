@@ -182,3 +182,33 @@ def test_a_freed_partial_slot_goes_to_a_turn_without_deltas_first_then_to_the_on
     assert finish_next() == "new"  # "late" finished: "new" has sent no delta, "talking" has
     assert finish_next() == "talking"
     assert load.waiting_partials == {} and load.partials_in_flight == 1
+
+
+def test_after_a_decode_that_sent_nothing_the_next_comes_at_half_the_delays_pace():
+    def launches(texts: list[str], busy: int = 0) -> list[float]:
+        """When a low-delay turn's decodes launch as 0.1 s appends arrive, each finished at once with the next of
+        `texts` (`busy`: other sessions' decodes in flight from the third on)."""
+        load = SharedLoad()
+        buffer = InputBuffer("audio/pcm", Settings(), load)
+        scheduler = PartialScheduler(buffer, load)
+        scheduler.set_delay("low")  # a decode each 0.5 s, its words but the last sent at once
+        scheduler.restart()
+        times, left = [], iter(texts)
+        for step in range(1, 26):
+            buffer.add(np.zeros(SAMPLE_RATE // 10, dtype=np.float32))
+            launched = scheduler.launch(buffer.offset)
+            if launched is not None:
+                times.append(round(step / 10, 1))
+                launched[1].agree(next(left))
+                scheduler.finished(launched[1])
+                load.partials_in_flight = busy if len(times) >= 2 else 0
+        return times
+
+    # the third decode adds no word before its last ("three" waits for the next decode): the next comes sooner
+    texts = ["one two", "one two three", "one two three", "one two three four five", "one two three four five six"]
+    assert launches(texts) == [0.5, 1.0, 1.5, 1.8, 2.3]
+    assert launches(texts, busy=1) == [0.5, 1.0, 1.5, 2.0, 2.5]  # others' decodes in flight: no extra
+    # the first decode heard one word, which waits: the second comes sooner too
+    assert launches(["one", "one two", "one two three", "one two three four", "one two three four five"]) == [
+        0.5, 0.8, 1.3, 1.8, 2.3
+    ]  # fmt: skip
