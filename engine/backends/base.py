@@ -28,9 +28,9 @@ class DecodeBackend:
     reads_own_prefix = False
     # Whether a row's results are the same whatever else the step holds, by construction (gpu_invariant.py)
     batch_invariant = False
-    # Whether a window may be encoded on a short context (its first positions only, DecodeOptions.context_margin_s):
-    # its rows then attend to the cross slot's filled positions (KVCache.cross_len). The GPU kernels read whole
-    # slots, so there such a window is encoded as a full one.
+    # Whether a window's rows attend to the positions its short context filled (DecodeOptions.context_margin_s;
+    # KVCache.cross_len). Else (the GPU kernels read whole slots) a short context is padded to a divisor of the
+    # slot's positions and copies of it fill the slot (TextDecoder.fill_cross_cache `tile`), the same attention.
     short_context = True
 
     def __init__(self, model: Whisper, kernels: KernelOptions):

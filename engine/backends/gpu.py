@@ -60,7 +60,7 @@ FUSED_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=li
 
 class GpuBackend(DecodeBackend):
     name = "gpu"
-    short_context = False  # the attention kernels and graphs read every position of a cross slot
+    short_context = False  # the attention kernels and graphs read every position of a cross slot: tiled instead
 
     def __init__(
         self, model: Whisper, kernels: KernelOptions, cache_dtype: torch.dtype, device: torch.device, fp8: bool

@@ -79,6 +79,12 @@ def indexed_cross_attention(q: Tensor, cache: KVCache, layer: int, row_start: in
     return indexed_attention(q, k, k_scale, v, v_scale, index, order, kernels)
 
 
+def tiled_positions(positions: int, n_audio_ctx: int) -> int:
+    """The fewest encoder positions, at least `positions`, whose copies end to end fill a cross slot of
+    n_audio_ctx exactly (TextDecoder.fill_cross_cache's `tile`)."""
+    return next(n for n in range(max(positions, 1), n_audio_ctx + 1) if n_audio_ctx % n == 0)
+
+
 def _attend(q: Tensor, k: Tensor, k_scale: Tensor | None, v: Tensor, v_scale: Tensor | None, kernels) -> Tensor:
     if k_scale is not None:
         return int8_attention(q, k, k_scale, v, v_scale, kernels)
@@ -249,13 +255,22 @@ class TextDecoder(nn.Module):
         """tokens, positions (batch, q) -> the residual stream entering the first block (batch, q, n_text_state)"""
         return self.token_embedding(tokens) + self.positional_embedding[positions]
 
-    def fill_cross_cache(self, audio_features: Tensor, cache: KVCache, cross_slots: int | list[int]) -> None:
+    def fill_cross_cache(
+        self, audio_features: Tensor, cache: KVCache, cross_slots: int | list[int], tile: bool = False
+    ) -> None:
         """Project encoder output to cross-attention K/V once and store it in the cross slots: `cross_slots` one
         per window, or the first of consecutive ones. Features of a short context (fewer than n_audio_ctx
-        positions) fill the slots' first positions, and the rows reading them attend to those only."""
+        positions) fill the slots' first positions, and the rows reading them attend to those only; or, with
+        `tile` (a backend whose kernels read whole slots), copies of them end to end fill each slot (its
+        positions a divisor of n_audio_ctx: tiled_positions), which attention over the whole slot weighs exactly as
+        the positions once: each key's weight and its value are repeated alike, so the softmax's sums scale
+        together. The slot's length (KVCache.cross_len) stays the positions' count, for readers that slice it."""
         if isinstance(cross_slots, int):
             cross_slots = list(range(cross_slots, cross_slots + audio_features.shape[0]))
         positions = audio_features.shape[1]
+        copies = cache.shape.n_audio_ctx // positions if tile else 1
+        if positions * copies != (cache.shape.n_audio_ctx if tile else positions):
+            raise ValueError(f"{positions} positions do not tile a cross slot of {cache.shape.n_audio_ctx}")
         for slot in cross_slots:
             cache.set_cross_len(slot, positions)
         filled = slice(positions)
@@ -264,13 +279,16 @@ class TextDecoder(nn.Module):
             k, v = (attn.split_heads(self.ops.linear(p, audio_features)) for p in (attn.key, attn.value))
             for w0, w1, slot in _consecutive(cross_slots):
                 ck, cv, k_scale, v_scale = cache.cross_layer(i, slice(slot, slot + w1 - w0))
-                ck, cv = ck[:, :, filled], cv[:, :, filled]
                 if k_scale is not None:
-                    quantize_into(k[w0:w1], ck, k_scale[:, :, filled])
-                    quantize_into(v[w0:w1], cv, v_scale[:, :, filled])
+                    quantize_into(k[w0:w1], ck[:, :, filled], k_scale[:, :, filled])
+                    quantize_into(v[w0:w1], cv[:, :, filled], v_scale[:, :, filled])
                 else:
-                    ck.copy_(k[w0:w1])
-                    cv.copy_(v[w0:w1])
+                    ck[:, :, filled].copy_(k[w0:w1])
+                    cv[:, :, filled].copy_(v[w0:w1])
+                if copies > 1:
+                    for x in (ck, cv) if k_scale is None else (ck, cv, k_scale, v_scale):
+                        tiles = x[:, :, : positions * copies].unflatten(2, (copies, positions))
+                        tiles[:, :, 1:].copy_(tiles[:, :, :1])
 
     def forward(
         self,

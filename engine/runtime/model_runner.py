@@ -23,7 +23,7 @@ from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
 from engine.model.lora import AdapterError, Adapters, product_names, with_adapters
 from engine.model.tokenizer import Tokenizer
 from engine.model.weights import Checkpoint, dummy_state_dict, load_checkpoint, resolve_model
-from engine.model.whisper import Whisper
+from engine.model.whisper import Whisper, tiled_positions
 from engine.runtime.cuda_graphs import GraphRunner
 from engine.runtime.sequence import Sequence
 from engine.runtime.step_io import StepInputs, StepOutput, host_state
@@ -164,6 +164,18 @@ class ModelRunner:
                 self.multi_step, config.kernels.greedy_pick,
             )  # fmt: skip
             self.graphs.capture()
+        if self.on_gpu and not self.backend.short_context:
+            self._warm_tiled_lengths()
+
+    @torch.inference_mode()
+    def _warm_tiled_lengths(self) -> None:
+        """One encoder pass at each tiled short context's length from a sixth of a window up (a partial decode of
+        2 s of audio and its margin on): the encoder's attention kernel is compiled per length, which would
+        otherwise hold up the first partial decode of each length on a busy engine."""
+        dims = self.model.dims
+        for n in range(-(-dims.n_audio_ctx // 6), dims.n_audio_ctx):
+            if dims.n_audio_ctx % n == 0:
+                self.backend.encode(torch.zeros(1, dims.n_mels, 2 * n, device=self.device, dtype=self.dtype))
 
     def _adapters(self, config: EngineConfig) -> Adapters | None:
         """The LoRA adapters' bank where the config allows any, its deltas added to every product path of the
@@ -283,11 +295,13 @@ class ModelRunner:
     ) -> None:
         """Run the encoder on a batch of windows and write their cross-attention K/V into their cross slots. A
         window's mel has N_FRAMES frames, or fewer for a short context (DecodeOptions.context_margin_s): those are
-        encoded in passes of one length each where the backend reads short contexts, else padded to full windows.
-        `adapters`: each window's LoRA adapter (None: the base model's)."""
+        encoded in passes of one length each. Where the backend's kernels read whole cross slots, a short context
+        is padded to the fewest positions whose copies fill a slot (a few lengths: tiled_positions), and the
+        copies fill it (fill_cross_cache). `adapters`: each window's LoRA adapter (None: the base model's)."""
         adapters = adapters or [None] * len(mels)
-        if not self.backend.short_context:
-            mels = [pad_or_trim(mel, N_FRAMES) for mel in mels]  # a full window is returned as it is
+        tile = not self.backend.short_context
+        if tile:
+            mels = [self._tiled_mel(mel) for mel in mels]
         passes: dict[tuple[int, str | None], list[int]] = {}
         for i, mel in enumerate(mels):
             passes.setdefault((mel.shape[-1], adapters[i]), []).append(i)
@@ -297,7 +311,15 @@ class ModelRunner:
             self.use_adapters([adapters[i] for i in group])
             graph = self.graphs and frames == N_FRAMES and not self.backend.adapted  # captured without adapters
             encode = self.graphs.encode if graph else self.backend.encode
-            self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group])
+            self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group], tile)
+
+    def _tiled_mel(self, mel: Tensor) -> Tensor:
+        """A short context's mel padded as its margin is (pad_or_trim) to the frames of tiled_positions; a full
+        window as it is."""
+        frames = mel.shape[-1]
+        if frames >= N_FRAMES:
+            return mel
+        return pad_or_trim(mel, 2 * tiled_positions(frames // 2, self.model.dims.n_audio_ctx))
 
     def _merged_passes(self, passes: dict[tuple[int, str | None], list[int]]) -> dict[tuple, list[int]]:
         """The encoder's passes from the windows of each (length, adapter): on a GPU, the base model's windows and

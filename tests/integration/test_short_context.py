@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 
 import pytest
+import torch
 
 from engine.audio.constants import SAMPLE_RATE
 from engine.config import EngineConfig
@@ -83,3 +84,28 @@ def test_less_audio_than_the_minimum_is_decoded_as_a_full_window(two_slot_engine
     audio = load_clip(CLIPS[0])[: int((SHORT_CONTEXT_MIN_S - 0.5) * SAMPLE_RATE)]
     short, plain = (tokens_of(two_slot_engine.submit(audio, o).wait(timeout=WAIT_S)) for o in (SHORT, PLAIN))
     assert short and short == plain
+
+
+def test_a_short_context_tiled_for_kernels_that_read_whole_slots_decodes_as_that_context(two_slot_engine, load_clip):
+    """Where the backend's kernels read whole cross slots (the GPU's), a short context is padded with its silence
+    to the fewest positions that tile a slot (4 s of audio and a 3 s margin: 350 positions, padded to 375) and its
+    copies fill the slot: the same keys, and the same tokens, as a context of 375 positions (a 3.5 s margin) on a
+    backend that reads short contexts."""
+    engine = two_slot_engine
+    backend, cache = engine.runner.backend, engine.runner.cache
+    short = dataclasses.replace(SHORT, without_timestamps=True)  # as the realtime API asks: one window, its text
+    wider = dataclasses.replace(short, context_margin_s=3.5)
+    for name in (CLIPS[0], FILLERS[0]):  # 4 s of each
+        audio = load_clip(name)[: CUT_S * SAMPLE_RATE]
+        assert len(audio) == CUT_S * SAMPLE_RATE
+        want = tokens_of(engine.submit(audio, wider).wait(timeout=WAIT_S))  # alone: cross slot 0
+        keys = cache.cross_k[:, 0, :, :375].clone()
+        backend.short_context = False
+        try:
+            got = tokens_of(engine.submit(audio, short).wait(timeout=WAIT_S))
+        finally:
+            del backend.short_context  # the class's again
+        assert got == want and want, name
+        assert cache.cross_len[0] == 375
+        tiles = cache.cross_k[:, 0].unflatten(2, (4, 375))
+        assert all(torch.equal(tiles[:, :, i], keys) for i in range(4))

@@ -5,10 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.int8_attention import dequantize
 from engine.kernels.options import DEFAULT_KERNELS
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache, plan_num_slots
-from engine.model.whisper import cross_attention
+from engine.model.weights import dummy_state_dict
+from engine.model.whisper import Whisper, cross_attention, indexed_cross_attention, tiled_positions
 
 
 def filled_cache(int8_cross: bool, n_audio_ctx: int, rows: int = 12, cross: int | None = None) -> KVCache:
@@ -107,3 +109,35 @@ def test_cross_attention_reads_a_short_contexts_filled_positions_only():
         k, v, _, _ = cache.cross_layer(0, slice(row, row + 1))
         want = F.scaled_dot_product_attention(q[row : row + 1], k[:, :, :positions], v[:, :, :positions])
         torch.testing.assert_close(got[row : row + 1], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("int8_cross", [False, True])
+def test_a_short_context_tiled_across_its_slot_attends_as_its_positions_once(int8_cross):
+    """Where the kernels read whole cross slots (the GPU's indexed_cross_attention), a short context's positions
+    copied end to end across its slot weigh each key as the positions once: the softmax's sums scale together."""
+    dims = DUMMY_DIMS["tiny"]
+    with torch.device("meta"):
+        model = Whisper(dims)
+    model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
+    decoder = model.eval().requires_grad_(False).decoder
+    cache = filled_cache(int8_cross, dims.n_audio_ctx, rows=3, cross=3)  # an earlier window's keys everywhere
+    assert [tiled_positions(n, 1500) for n in (1, 240, 250, 251, 376, 751, 1500)] == [1, 250, 250, 300, 500, 1500, 1500]
+    gen = torch.Generator().manual_seed(3)
+    features = torch.randn(2, 250, dims.n_audio_state, generator=gen)
+    with torch.inference_mode():
+        decoder.fill_cross_cache(features, cache, [2, 0], tile=True)
+        q = torch.randn(3, dims.n_text_head, 1, cache.shape.head_dim, generator=gen)
+        cache.map_rows(0, [2, 0, 1])  # rows 0 and 1 read the tiled slots, row 2 a full one
+        got = indexed_cross_attention(q, cache, 1, 0, DEFAULT_KERNELS)
+    assert cache.cross_len[:3] == [250, 1500, 250]
+    for row, slot in enumerate((2, 0, 1)):
+        k, v, k_scale, v_scale = cache.cross_layer(1, slice(slot, slot + 1))
+        if int8_cross:
+            k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
+        if slot != 1:  # six copies of the first 250 positions
+            assert torch.equal(k, k[:, :, :250].repeat(1, 1, 6, 1)) and torch.equal(v, v[:, :, :250].repeat(1, 1, 6, 1))
+        positions = cache.cross_len[slot]
+        want = F.scaled_dot_product_attention(q[row : row + 1], k[:, :, :positions], v[:, :, :positions])
+        torch.testing.assert_close(got[row : row + 1], want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="tile"):
+        decoder.fill_cross_cache(features[:, :240], cache, [2, 0], tile=True)
