@@ -164,18 +164,29 @@ class ModelRunner:
                 self.multi_step, config.kernels.greedy_pick,
             )  # fmt: skip
             self.graphs.capture()
-        if self.on_gpu and not self.backend.short_context:
-            self._warm_tiled_lengths()
+        # where the kernels read whole cross slots, short contexts are tiled across them (encode_into_slots) once
+        # each length has run here; else (a failure at start) they are encoded as full windows
+        self.tiles_short_contexts = not self.backend.short_context and self._warm_tiled_lengths()
 
     @torch.inference_mode()
-    def _warm_tiled_lengths(self) -> None:
+    def _warm_tiled_lengths(self) -> bool:
         """One encoder pass at each tiled short context's length from a sixth of a window up (a partial decode of
-        2 s of audio and its margin on): the encoder's attention kernel is compiled per length, which would
-        otherwise hold up the first partial decode of each length on a busy engine."""
+        2 s of audio and its margin on), its copies written across cross slot 0 (no window holds it yet): the
+        encoder's attention kernel is compiled per length, which would otherwise hold up the first partial decode
+        of each length on a busy engine. False, logged, if one fails."""
         dims = self.model.dims
-        for n in range(-(-dims.n_audio_ctx // 6), dims.n_audio_ctx):
-            if dims.n_audio_ctx % n == 0:
-                self.backend.encode(torch.zeros(1, dims.n_mels, 2 * n, device=self.device, dtype=self.dtype))
+        try:
+            for n in range(-(-dims.n_audio_ctx // 6), dims.n_audio_ctx):
+                if dims.n_audio_ctx % n == 0:
+                    mel = torch.zeros(1, dims.n_mels, 2 * n, device=self.device, dtype=self.dtype)
+                    self.model.decoder.fill_cross_cache(self.backend.encode(mel), self.cache, [0], tile=True)
+        except Exception:  # partials then cost full windows, which every backend runs
+            log.warning("short contexts could not be tiled across cross slots here: full windows instead",
+                        exc_info=True)  # fmt: skip
+            return False
+        finally:
+            self.cache.set_cross_len(0, dims.n_audio_ctx)
+        return True
 
     def _adapters(self, config: EngineConfig) -> Adapters | None:
         """The LoRA adapters' bank where the config allows any, its deltas added to every product path of the
@@ -299,9 +310,11 @@ class ModelRunner:
         is padded to the fewest positions whose copies fill a slot (a few lengths: tiled_positions), and the
         copies fill it (fill_cross_cache). `adapters`: each window's LoRA adapter (None: the base model's)."""
         adapters = adapters or [None] * len(mels)
-        tile = not self.backend.short_context
+        tile = self.tiles_short_contexts
         if tile:
             mels = [self._tiled_mel(mel) for mel in mels]
+        elif not self.backend.short_context:
+            mels = [pad_or_trim(mel, N_FRAMES) for mel in mels]  # a full window is returned as it is
         passes: dict[tuple[int, str | None], list[int]] = {}
         for i, mel in enumerate(mels):
             passes.setdefault((mel.shape[-1], adapters[i]), []).append(i)

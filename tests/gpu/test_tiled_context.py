@@ -63,7 +63,7 @@ def test_an_engine_decodes_a_short_context_as_the_cpu_reads_it(cuda, gpu_model, 
         engine.start()
         try:
             texts.append(engine.submit(audio, options).wait(timeout=120).text)
-            assert device == "cpu" or engine.runner.cache.cross_len[0] == 375
+            assert device == "cpu" or (engine.runner.tiles_short_contexts and engine.runner.cache.cross_len[0] == 375)
         finally:
             engine.shutdown()
     assert texts[0] and texts[0] == texts[1], texts

@@ -92,7 +92,7 @@ def test_a_short_context_tiled_for_kernels_that_read_whole_slots_decodes_as_that
     copies fill the slot: the same keys, and the same tokens, as a context of 375 positions (a 3.5 s margin) on a
     backend that reads short contexts."""
     engine = two_slot_engine
-    backend, cache = engine.runner.backend, engine.runner.cache
+    runner, cache = engine.runner, engine.runner.cache
     short = dataclasses.replace(SHORT, without_timestamps=True)  # as the realtime API asks: one window, its text
     wider = dataclasses.replace(short, context_margin_s=3.5)
     for name in (CLIPS[0], FILLERS[0]):  # 4 s of each
@@ -100,12 +100,28 @@ def test_a_short_context_tiled_for_kernels_that_read_whole_slots_decodes_as_that
         assert len(audio) == CUT_S * SAMPLE_RATE
         want = tokens_of(engine.submit(audio, wider).wait(timeout=WAIT_S))  # alone: cross slot 0
         keys = cache.cross_k[:, 0, :, :375].clone()
-        backend.short_context = False
+        runner.tiles_short_contexts = True  # as a GPU runner does
         try:
             got = tokens_of(engine.submit(audio, short).wait(timeout=WAIT_S))
         finally:
-            del backend.short_context  # the class's again
+            runner.tiles_short_contexts = False
         assert got == want and want, name
         assert cache.cross_len[0] == 375
         tiles = cache.cross_k[:, 0].unflatten(2, (4, 375))
         assert all(torch.equal(tiles[:, :, i], keys) for i in range(4))
+
+
+def test_a_runner_whose_encoder_cannot_run_a_tiled_length_gives_full_windows_instead(
+    two_slot_engine, monkeypatch, caplog
+):
+    """The start-up pass over the tiled lengths (a GPU runner's) leaves cross slot 0 whole; one that fails says so
+    and answers False (the runner then encodes short contexts as full windows, as every backend can)."""
+    runner = two_slot_engine.runner
+    assert runner._warm_tiled_lengths() and runner.cache.cross_len[0] == 1500
+
+    def fails(mel):
+        raise RuntimeError("no kernel for this length")
+
+    monkeypatch.setattr(runner.backend, "encode", fails)
+    assert not runner._warm_tiled_lengths() and "full windows instead" in caplog.text
+    assert runner.cache.cross_len[0] == 1500
