@@ -2,7 +2,7 @@
 are sent as `delta` events before the turn is committed.
 
 A partial decode is launched after each `every_s` of new audio in the turn (the session's `delay`: DELAYS; more
-often until the turn's first delta, while no other is in flight), one at a time per turn, no more than the server's
+often while its words wait, and no other is in flight: WAITING_PACE), one at a time per turn, no more than the server's
 cap at once, and none while a final decode is in flight anywhere on the server (SharedLoad): it is only a preview
 that the next one replaces, so under load the previews thin out and the finals stay prompt. A turn whose decode is
 due while none may start waits for a slot, turns without a delta yet first (SharedLoad.wait_for_partial).
