@@ -33,7 +33,8 @@ process tree) and the GPUs' memory in use (nvidia-smi) while the row ran, the se
 sessions whose p95 after the commit stays below 0.5 s;
 under each row, how many turns' final decodes started early (before the VAD ended the turn) and were used or
 dropped (the server's whisper_realtime_early_finals_total), how late the client sent its chunks (it runs in
-processes, one per 128 sessions), and the targets the row meets or misses (`--targets gpu` or `cpu`: targets()).
+processes, one per 128 sessions), how long /health took (asked every 0.5 s while the row ran; target 100 ms), and
+the targets the row meets or misses (`--targets gpu` or `cpu`: targets()).
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
 """
@@ -57,6 +58,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Self
 
+import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,10 +325,12 @@ def http_peer(url: str, pcm: bytes, n: int) -> list[float]:
 
 class PeakMemory:
     """The server's resident memory (its process tree, with --spawn or --pid) and the GPUs' memory in use, sampled
-    every 0.5 s while a row runs: their peaks, MiB (nan where unknown)."""
+    every 0.5 s while a row runs: their peaks, MiB (nan where unknown); and how long /health took each time, s (a
+    failure or a wait past 5 s counts as 5 s)."""
 
-    def __init__(self, pid: int | None) -> None:
-        self.pid, self.rss, self.gpu = pid, float("nan"), float("nan")
+    def __init__(self, pid: int | None, url: str) -> None:
+        self.pid, self.url, self.rss, self.gpu = pid, url, float("nan"), float("nan")
+        self.health: list[float] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -337,6 +341,12 @@ class PeakMemory:
             gpu = gpu_memory_mib()
             if gpu is not None:
                 self.gpu = float(np.fmax(self.gpu, gpu))
+            start = time.perf_counter()
+            try:
+                httpx.get(f"{self.url}/health", timeout=5.0).raise_for_status()
+                self.health.append(time.perf_counter() - start)
+            except httpx.HTTPError:
+                self.health.append(5.0)
             if self.stop.wait(0.5):
                 return
 
@@ -409,7 +419,7 @@ def main() -> None:
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
             partials_before = partial_decodes(url)
-            with PeakMemory(pid) as memory:
+            with PeakMemory(pid, url) as memory:
                 processes = args.client_processes or min(math.ceil(n / 128), max(1, (os.cpu_count() or 2) // 2))
                 processes = max(1, min(processes, n))
                 out, errors = run(url, pcm, n, delay, talk, processes)
@@ -428,7 +438,8 @@ def main() -> None:
             print(f"  partial decodes finished: {partials:g}, {partials / max(len(out), 1):.1f} a turn; "
                   f"early final decodes (started before the VAD ended the turn): {used:g} used, {dropped:g} dropped; "
                   f"client: {processes} processes, chunks sent late by at most {pct(late, 50):.3f} / {pct(late, 95):.3f} s "
-                  "(p50 / p95 of the sessions)")  # fmt: skip
+                  f"(p50 / p95 of the sessions); /health p95 / max {pct(memory.health, 95) * 1000:.0f} / "
+                  f"{max(memory.health, default=float('nan')) * 1000:.0f} ms")  # fmt: skip
             checks = [(what, pct([row[i] for row in out], q), limit) for what, i, q, limit in targets(args.targets, n)]
             print(f"  targets ({args.targets}): " + "; ".join(
                 f"{what} {value:.3f} s {'<=' if value <= limit else '>'} {limit:g}: {'met' if value <= limit else 'MISSED'}"
