@@ -268,9 +268,9 @@ class TextDecoder(nn.Module):
         if isinstance(cross_slots, int):
             cross_slots = list(range(cross_slots, cross_slots + audio_features.shape[0]))
         positions = audio_features.shape[1]
-        copies = cache.shape.n_audio_ctx // positions if tile else 1
-        if positions * copies != (cache.shape.n_audio_ctx if tile else positions):
+        if tile and cache.shape.n_audio_ctx % positions:
             raise ValueError(f"{positions} positions do not tile a cross slot of {cache.shape.n_audio_ctx}")
+        copies = cache.shape.n_audio_ctx // positions if tile else 1
         for slot in cross_slots:
             cache.set_cross_len(slot, positions)
         filled = slice(positions)
