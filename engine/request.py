@@ -72,7 +72,8 @@ class DecodeOptions:
     # short context's window (context_margin_s) decodes one token fewer than its cap, if that is fewer.
     fixed_decode_tokens: int | None = None
     # Benchmarks only, instead: each window decodes this many tokens a second of its audio (rounded up), as speech
-    # has, so that a preview of a few seconds costs what a real one does and a 30 s window what it does.
+    # has, so that a preview of a few seconds costs what a real one does and a 30 s window what it does (a prefix's
+    # tokens count toward the share: a partial continuing the words sent decodes only the rest).
     fixed_decode_tokens_per_s: float | None = None
     # Set: VAD cuts the audio into windows decoded in parallel (no previous-text conditioning across them).
     chunking: ChunkingOptions | None = None

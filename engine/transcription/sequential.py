@@ -155,11 +155,12 @@ class Transcription:
         else:
             prompt += tok.sot_sequence(language, opts.task.value) + tail
             forced = []
-        if opts.prefix_tokens and self.seek == 0:  # the first window's text begins with them, as if decoded
+        prefix = list(opts.prefix_tokens or ()) if self.seek == 0 else []
+        if prefix:  # the first window's text begins with them, as if decoded
             if detect:
-                forced += list(opts.prefix_tokens)
+                forced += prefix
             else:
-                prompt += list(opts.prefix_tokens)
+                prompt += prefix
         frames = self._context_frames(window.shape[-1])
         max_tokens = None if frames == N_FRAMES else self._short_context_tokens(window.shape[-1])
         return WindowJob(
@@ -170,7 +171,7 @@ class Transcription:
             detect_language=detect,
             forced_after_language=forced,
             with_timestamps=not opts.without_timestamps,
-            fixed_decode_tokens=self._fixed_tokens(window.shape[-1], max_tokens),
+            fixed_decode_tokens=self._fixed_tokens(window.shape[-1], max_tokens, len(prefix)),
             window_index=index,
             word_timestamps=opts.word_timestamps,
             num_frames=window.shape[-1],
@@ -182,13 +183,15 @@ class Transcription:
             max_tokens=max_tokens,
         )
 
-    def _fixed_tokens(self, frames: int, max_tokens: int | None) -> int | None:
+    def _fixed_tokens(self, frames: int, max_tokens: int | None, prefix: int = 0) -> int | None:
         """The tokens a window of `frames` mel frames of audio decodes when benchmarks fix them; a short context's
-        stop one short of its cap, which would take them for a repetition and give no text."""
+        stop one short of its cap, which would take them for a repetition and give no text. Per second of audio,
+        a prefix's `prefix` tokens count toward the audio's share: a real decode after a prefix (a realtime partial
+        continuing the words sent) writes only the text of the audio that the prefix does not cover."""
         opts = self.options
         fixed = opts.fixed_decode_tokens
         if opts.fixed_decode_tokens_per_s is not None:
-            fixed = max(1, math.ceil(opts.fixed_decode_tokens_per_s * frames / FRAMES_PER_SECOND))
+            fixed = max(1, math.ceil(opts.fixed_decode_tokens_per_s * frames / FRAMES_PER_SECOND) - prefix)
         if fixed is not None and max_tokens is not None:
             fixed = min(fixed, max_tokens - 1)
         return fixed

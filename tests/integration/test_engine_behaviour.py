@@ -119,13 +119,21 @@ def test_time_to_first_token_is_measured_from_submission(tiny_engine, load_clip)
 
 
 def test_benchmarks_fixed_tokens_a_second_of_audio_and_a_short_context_that_still_gives_text(tiny_engine, load_clip):
-    """fixed_decode_tokens_per_s: a window decodes that many tokens a second of its audio, rounded up; a short
-    context's decode (a realtime preview) stops one short of its token cap, under which it gives text."""
+    """fixed_decode_tokens_per_s: a window decodes that many tokens a second of its audio, rounded up, less a
+    prefix's tokens (at least one); a short context's decode (a realtime preview) stops one short of its token cap,
+    under which it gives text."""
     audio = load_clip(JFK)
     options = DecodeOptions(without_timestamps=True, fixed_decode_tokens_per_s=4.0)
     for seconds in (3.0, JFK_DURATION_S):
         result = tiny_engine.submit(audio[: int(seconds * 16000)], options).wait(timeout=WAIT_S)
         assert result.num_tokens == int(np.ceil(4.0 * seconds))
+    # a prefix's tokens count toward the share: only the rest is decoded, and at least one token
+    for prefix in ("And so, my fellow Americans", " ".join(["And so, my fellow Americans"] * 8)):
+        share = 44 - len(tiny_engine.tokenizer.encode(" " + prefix))  # 11 s of audio: 44 tokens in all
+        expected = share if share > 0 else 1
+        prefixed = DecodeOptions(without_timestamps=True, fixed_decode_tokens_per_s=4.0, prefix=prefix)
+        result = tiny_engine.submit(audio[: 11 * 16000], prefixed).wait(timeout=WAIT_S)
+        assert result.num_tokens == expected
     short = DecodeOptions(without_timestamps=True, fixed_decode_tokens=48, context_margin_s=3.0)
     result = tiny_engine.submit(audio[: 3 * 16000], short).wait(timeout=WAIT_S)
     assert result.num_tokens == 10 + 8 * 3 - 1  # the cap of a 3 s short context, less one
