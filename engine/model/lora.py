@@ -10,10 +10,11 @@ adapters its rows use; a pass whose rows use none costs nothing more.
 Before each pass the runner says which adapter each row uses (Adapters.use, 0 for none); the paths that compute a
 product add what the rows' adapters give (Adapters.add_to): the layer operations (with_adapters), the CPU's
 native decode kernels and its int8 encoder products. On a GPU a pass over whole windows (the encoder, the cross
-K/V) whose windows all use one adapter (the runner gives an adapter with several windows in a batch a pass of its
-own) instead runs each product on its weight with the adapter merged in, made for that product and dropped after
-it (Adapters.merged): its rows then cost what the base model's do, and the adapter's deltas are not a second pass
-over their many rows.
+K/V) instead runs each product on its weight with the adapter merged in, made for that product and dropped after
+it: all of the pass's windows at once where they use one adapter (Adapters.merged), else each run of consecutive
+windows of one adapter (the runner orders an encoder pass's windows by adapter) on its own merged weight
+(Adapters.merged_runs). Its windows then cost what the base model's do, plus one read and write of each weight an
+adapter changes; the deltas would read each window's 1,500 positions once more and read and write its outputs again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -372,30 +374,67 @@ class Adapters:
         writing their inputs and outputs once more (what the deltas cost) outweighs reading and writing the weight
         once (what the merge costs); None where the deltas are cheaper or the stacks do not hold it. `weight` itself
         where the adapter changes none of these products."""
-        if not self.merges or not self._active or not self._row_list:  # (a graph's capture has no rows)
+        names = self._mergeable(weight, names, x)
+        if names is None or not self._row_list:  # (a graph's capture has no rows)
             return None
-        if self._kernel_serves(x):
-            return None
-        if isinstance(names, str):
-            names = (names,)
         out, inp = weight.shape
-        rows = x.numel() // x.shape[-1]
-        if (
-            rows * (out + inp) < out * inp
-            or inp != self.shapes[names[0]][1]
-            or out != len(names) * self.shapes[names[0]][0]
-        ):
+        if x.numel() // inp * (out + inp) < out * inp:
             return None
         group, _ = self._torch_paths()
         if group is None or group[1] is not None:  # rows of several adapters, or some on none
             return None
-        adapter = group[0]
-        if not any(name in adapter.weights for name in names):
-            return weight
-        stacked = self.group_stacks.get(names)
-        if stacked is None:
+        return self._merge(weight, names, self.indices[group[0].name])
+
+    def merged_runs(
+        self, weight: Tensor, names: str | tuple[str, ...], x: Tensor
+    ) -> Iterator[tuple[slice, Tensor]] | None:
+        """For a GPU pass of whole windows, x (windows, positions, in), whose windows use several adapters (or some
+        none) in runs of consecutive windows (the encoder orders them so): each run's windows and `weight` with the
+        run's adapter merged in (`weight` itself for the base model's and for an adapter that changes none of
+        these products), where for every run the merge costs less than the deltas (as in merged). One product per
+        run then reads each window's input and writes its output once, as a pass without adapters does; the deltas
+        would read the input again and read and write the output again, several times a merge's bytes for windows
+        of 1,500 positions. None where that does not hold, or for one run (merged)."""
+        rows = self._row_list
+        names = self._mergeable(weight, names, x)
+        if names is None or x.dim() != 3 or x.shape[0] != len(rows):
             return None
-        index = self.indices[adapter.name]
+        out, inp = weight.shape
+        runs, start = [], 0
+        for end in range(1, len(rows) + 1):
+            if end == len(rows) or rows[end] != rows[start]:
+                runs.append((start, end))
+                start = end
+        positions = x.shape[1]
+        if len(runs) < 2 or any(
+            rows[start] and (end - start) * positions * (out + inp) < out * inp for start, end in runs
+        ):  # fmt: skip
+            return None
+        # each run's merged weight made as its product comes: one at a time, its memory reused by the next run's
+        return ((slice(start, end), self._merge(weight, names, rows[start])) for start, end in runs)
+
+    def _mergeable(self, weight: Tensor, names: str | tuple[str, ...], x: Tensor) -> tuple[str, ...] | None:
+        """`names` as a tuple where this pass may run `weight`'s product on merged weights: a GPU's, some row on an
+        adapter, not the kernels' one-token rows, and the stacks holding the products at the weight's shape."""
+        if not self.merges or not self._active or self._kernel_serves(x):
+            return None
+        if isinstance(names, str):
+            names = (names,)
+        out, inp = weight.shape
+        if names not in self.group_stacks or (len(names) * self.shapes[names[0]][0], self.shapes[names[0]][1]) != (
+            out, inp
+        ):  # fmt: skip
+            return None
+        return names
+
+    def _merge(self, weight: Tensor, names: tuple[str, ...], index: int) -> Tensor:
+        """`weight` (out, in) + B A for the adapter at `index` over the products `names` (a fused q/k/v's slices each
+        their own); `weight` itself for index 0 or an adapter that changes none of them."""
+        adapter = self.loaded.get(index)
+        if adapter is None or not any(name in adapter.weights for name in names):
+            return weight
+        out, inp = weight.shape
+        stacked = self.group_stacks[names]
         a, b = stacked[0][index], stacked[1][index]  # (slices, R, in), (slices, out, R): zeros where it has none
         return torch.baddbmm(weight.view(len(names), -1, inp), b, a).view(out, inp)
 
@@ -423,6 +462,22 @@ class Adapters:
         return indices.pin_memory().to(self.device, non_blocking=True)
 
 
+def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool, ops: LayerOps) -> None:
+    """out = x @ weight.T + bias (then GELU where `gelu`, in the form ops.linear_gelu computes it), written into
+    `out` (a run of a pass's windows: a contiguous slice of its output): the product a pass without adapters runs,
+    its result in place."""
+    rows, dest = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
+    if gelu and bias is not None and rows.is_cuda and rows.dtype in (torch.float16, torch.bfloat16):
+        torch._addmm_activation(bias, rows, weight.t(), use_gelu=True, out=dest)  # GELU in cuBLASLt's epilogue
+        return
+    if bias is None:
+        torch.mm(rows, weight.t(), out=dest)
+    else:
+        torch.addmm(bias, rows, weight.t(), out=dest)
+    if gelu:
+        dest.copy_(ops.gelu(dest))
+
+
 def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
     """Each targetable product weight the model's passes read, by id(), to its name: a fused q/k/v weight to its
     three (in order). Read once the backend has laid the weights out (it may replace them)."""
@@ -437,11 +492,21 @@ def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
 
 
 def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tuple[str, ...]]) -> LayerOps:
-    """`ops` with each product's adapter deltas added for the rows that use one (Adapters.use)."""
+    """`ops` with each product's adapter deltas added for the rows that use one (Adapters.use); on a GPU, passes of
+    whole windows take their adapters merged into the weights instead (Adapters.merged, Adapters.merged_runs)."""
 
     def merged(proj, name, x: Tensor):
         weight = adapters.merged(proj.weight, name, x)
         return None if weight is None else Projection(weight, proj.bias)
+
+    def by_runs(proj, name, x: Tensor, gelu: bool) -> Tensor | None:
+        runs = adapters.merged_runs(proj.weight, name, x)
+        if runs is None:
+            return None
+        y = x.new_empty(*x.shape[:-1], proj.weight.shape[0])
+        for windows, weight in runs:
+            product_into(y[windows], x[windows], weight, proj.bias, gelu, ops)
+        return y
 
     def linear(proj, x: Tensor, pdl: bool = True) -> Tensor:
         name = names.get(id(proj.weight)) if adapters.active else None
@@ -449,6 +514,8 @@ def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tupl
             return ops.linear(proj, x, pdl)
         if (whole := merged(proj, name, x)) is not None:
             return ops.linear(whole, x, pdl)
+        if (y := by_runs(proj, name, x, gelu=False)) is not None:
+            return y
         return adapters.add_to(ops.linear(proj, x, pdl), name, x)
 
     def linear_gelu(proj, x: Tensor) -> Tensor:
@@ -457,6 +524,8 @@ def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tupl
             return ops.linear_gelu(proj, x)
         if (whole := merged(proj, name, x)) is not None:
             return ops.linear_gelu(whole, x)
+        if (y := by_runs(proj, name, x, gelu=True)) is not None:
+            return y
         return ops.gelu(adapters.add_to(ops.linear(proj, x), name, x))
 
     def qkv(attn, x: Tensor) -> Tensor:

@@ -32,11 +32,6 @@ from engine.transcription.alignment import AlignmentInput
 log = logging.getLogger(__name__)
 
 MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
-# An adapter with this many windows in an encoder batch gets a pass of its own on merged weights: the merge reads and
-# writes every weight once (about a window's delta cost on large-v3), and a pass of fewer windows wastes the GEMMs;
-# fewer windows share a pass with the other adapters' (benchmarks/lora_cost.py on a GPU: 16 adapters in passes of 2
-# windows each cost more than one shared pass of deltas)
-MERGED_PASS_MIN_WINDOWS = 8
 MULTI_STEP_GPU = 4  # greedy steps per launch for a few windows on a GPU (EngineConfig.multi_step)
 MULTI_STEP_MAX_ROWS = 8  # the most windows decoded several steps per launch
 # A window's first timestamp is at most 1 s in (openai/whisper's and faster-whisper's max_initial_timestamp), in
@@ -318,7 +313,7 @@ class ModelRunner:
         passes: dict[tuple[int, str | None], list[int]] = {}
         for i, mel in enumerate(mels):
             passes.setdefault((mel.shape[-1], adapters[i]), []).append(i)
-        passes = self._merged_passes(passes)
+        passes = self._adapter_passes(passes, adapters)
         for (frames, _), group in passes.items():
             batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
             self.use_adapters([adapters[i] for i in group])
@@ -334,21 +329,20 @@ class ModelRunner:
             return mel
         return pad_or_trim(mel, 2 * tiled_positions(frames // 2, self.model.dims.n_audio_ctx))
 
-    def _merged_passes(self, passes: dict[tuple[int, str | None], list[int]]) -> dict[tuple, list[int]]:
-        """The encoder's passes from the windows of each (length, adapter): on a GPU, the base model's windows and
-        each adapter's with MERGED_PASS_MIN_WINDOWS or more get a pass of their own (the base model's replays its
-        graph; an adapter's runs on weights with the adapter merged in, engine/model/lora.py Adapters.merged), the
-        other adapters' windows share a pass that adds each row's deltas (or merges too, if they are all one
-        adapter's). Elsewhere one pass per length."""
+    def _adapter_passes(
+        self, passes: dict[tuple[int, str | None], list[int]], adapters: list[str | None]
+    ) -> dict[tuple, list[int]]:
+        """The encoder's passes from the windows of each (length, adapter): on a GPU, the base model's windows get
+        a pass of their own (it replays its graph) and every adapter's share one, ordered by adapter, whose products
+        run each adapter's windows on its weights merged in (engine/model/lora.py Adapters.merged_runs; a pass of
+        one adapter's, Adapters.merged): a pass per adapter would launch the whole encoder again for a few windows,
+        where only the products need their own. Elsewhere one pass per length."""
         by_adapter = self.on_gpu and self.adapters is not None
         out: dict[tuple, list[int]] = {}
         for (frames, adapter), group in passes.items():
-            if not by_adapter:
-                adapter = None
-            elif adapter is not None and len(group) < MERGED_PASS_MIN_WINDOWS:
-                adapter = "(several)"
-            out.setdefault((frames, adapter), []).extend(group)
-        return {key: sorted(group) for key, group in out.items()}
+            kind = "(adapters)" if by_adapter and adapter is not None else None
+            out.setdefault((frames, kind), []).extend(group)
+        return {key: sorted(group, key=lambda i: (adapters[i] or "", i)) for key, group in out.items()}
 
     def admissible_encoder_batch(self, n: int) -> int:
         return self.graphs.admissible_encoder_batch(n) if self.graphs else n

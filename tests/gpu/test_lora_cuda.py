@@ -121,38 +121,44 @@ def test_adapter_rows_in_shared_steps_match_their_merged_models(
 def test_windows_encoded_on_weights_with_their_adapter_merged_in_match_the_merged_model(
     cuda, gpu_model, gpu_clips, read_wav, adapters, tmp_path, monkeypatch
 ):
-    """Every adapter's windows in an encoder pass of their own (the threshold lowered to one window), its products on
-    merged weights (Adapters.merged): in float32 the tokens of the merged model."""
+    """Windows of two adapters and of the model itself submitted together: the base model's windows get their own
+    encoder pass, the adapters' share one whose products run each adapter's windows on its merged weights
+    (Adapters.merged_runs); in float32 each request gives the tokens of its merged model."""
     from engine.model.lora import Adapters
-    from engine.runtime import model_runner
 
-    monkeypatch.setattr(model_runner, "MERGED_PASS_MIN_WINDOWS", 1)
     made = []
-    original = Adapters.merged
+    original = Adapters.merged_runs
 
     def spy(self, weight, names, x):
-        whole = original(self, weight, names, x)
-        if whole is not None and whole is not weight:
-            made.append(names)
-        return whole
+        runs = original(self, weight, names, x)
+        if runs is not None:
+            runs = list(runs)
+            made.append((names, len(runs), sum(w is not weight for _, w in runs)))
+        return runs
 
-    monkeypatch.setattr(Adapters, "merged", spy)
-    clips = [read_wav(p) for p in gpu_clips[:4]]
+    monkeypatch.setattr(Adapters, "merged_runs", spy)
+    clips = [read_wav(p) for p in gpu_clips[:3]]
+    names = ["community", None, "random"]
+    asks = [(audio, name) for audio in clips for name in names]
     loras = tuple((name, str(path)) for name, path in adapters.items())
     engine = Engine(EngineConfig(model=gpu_model, device="cuda", dtype="float32", loras=loras))
     engine.start()
     try:
-        got = transcribe(engine, [(audio, "community") for audio in clips])
+        got = transcribe(engine, asks)
     finally:
         engine.shutdown()
-    assert any(isinstance(n, tuple) for n in made) and any("encoder" in str(n) for n in made)  # q/k/v, encoder
-    reference = Engine(EngineConfig(model=str(merged(gpu_model, adapters["community"], tmp_path / "m")),
-                                    device="cuda", dtype="float32"))  # fmt: skip
-    reference.start()
-    try:
-        assert got == transcribe(reference, [(audio, None) for audio in clips])
-    finally:
-        reference.shutdown()
+    # the encoder's products ran as two runs (an adapter's windows each), an adapter merged in; its fused q/k/v too
+    assert any("encoder" in str(n) and runs == 2 and merges for n, runs, merges in made), made
+    assert any(isinstance(n, tuple) and "encoder" in n[0] for n, _, _ in made), made
+    for name in names:
+        model = gpu_model if name is None else str(merged(gpu_model, adapters[name], tmp_path / str(name)))
+        reference = Engine(EngineConfig(model=model, device="cuda", dtype="float32"))
+        reference.start()
+        try:
+            want = transcribe(reference, [(audio, None) for audio in clips])
+        finally:
+            reference.shutdown()
+        assert [got[i] for i, (_, n) in enumerate(asks) if n == name] == want, name
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

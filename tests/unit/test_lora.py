@@ -247,15 +247,47 @@ def test_a_pass_over_many_rows_of_one_adapter_runs_on_the_weight_with_it_merged(
     assert bank.merged(fc2, "encoder.blocks.3.mlp.2", x_fc2) is None
 
 
-def test_the_encoders_passes_give_an_adapter_with_many_windows_its_own_pass_on_a_gpu():
+def test_the_encoders_passes_on_a_gpu_put_every_adapters_windows_in_one_pass_ordered_by_adapter():
     from types import SimpleNamespace
 
-    from engine.runtime.model_runner import MERGED_PASS_MIN_WINDOWS as N
     from engine.runtime.model_runner import ModelRunner
 
-    many, few = list(range(N)), [N, N + 1]
-    passes = {(3000, "a"): many, (3000, None): [20, 21], (3000, "b"): few, (3000, "c"): [22], (800, "a"): [30]}
-    gpu = ModelRunner._merged_passes(SimpleNamespace(on_gpu=True, adapters=object()), passes)
-    assert gpu == {(3000, "a"): many, (3000, None): [20, 21], (3000, "(several)"): [*few, 22], (800, "(several)"): [30]}
-    cpu = ModelRunner._merged_passes(SimpleNamespace(on_gpu=False, adapters=object()), passes)
-    assert cpu == {(3000, None): sorted(many + [20, 21] + few + [22]), (800, None): [30]}
+    adapters = ["b", "a", None, "b", "a", None, "c", "a"]
+    passes = {(3000, "a"): [1, 4], (3000, "b"): [0, 3], (3000, None): [2, 5], (3000, "c"): [6], (800, "a"): [7]}
+    gpu = ModelRunner._adapter_passes(SimpleNamespace(on_gpu=True, adapters=object()), passes, adapters)
+    assert gpu == {(3000, "(adapters)"): [1, 4, 0, 3, 6], (3000, None): [2, 5], (800, "(adapters)"): [7]}
+    cpu = ModelRunner._adapter_passes(SimpleNamespace(on_gpu=False, adapters=object()), passes, adapters)
+    assert cpu == {(3000, None): [2, 5, 1, 4, 0, 3, 6], (800, None): [7]}  # the CPU's int8 products add deltas
+
+
+def test_a_pass_of_several_adapters_windows_runs_each_run_on_its_merged_weight(tmp_path):
+    from engine.model.layer_ops import TORCH_OPS
+    from engine.model.lora import with_adapters
+
+    bank = Adapters(DIMS, capacity=3, dtype=torch.float32, device=torch.device("cpu"))
+    bank.merges = True  # a GPU's rule, here on the CPU's arithmetic
+    for i in range(3):  # a2 changes no encoder product of these: its windows keep the weight
+        modules = TARGETS if i < 2 else {k: v for k, v in TARGETS.items() if k.startswith("decoder")}
+        bank.add(f"a{i}", write_adapter(tmp_path / f"a{i}", seed=i, rank=4 + 2 * i, modules=modules)[0])
+    fc2 = torch.nn.Linear(4 * D, D).requires_grad_(False)
+    names = {id(fc2.weight): "encoder.blocks.3.mlp.2"}
+    ops = with_adapters(TORCH_OPS, bank, names)
+    torch.manual_seed(8)
+    x = torch.randn(6, 400, 4 * D)  # six windows' positions: runs of a0 (x2), a1, the base model (x2), a2
+    rows = [1, 1, 2, 0, 0, 3]
+    bank.use(rows)
+    runs = list(bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x))
+    assert [r for r, _ in runs] == [slice(0, 2), slice(2, 3), slice(3, 5), slice(5, 6)]
+    assert runs[2][1] is fc2.weight and runs[3][1] is fc2.weight  # nothing merged for either
+    for windows, weight in runs[:2]:
+        w = bank.loaded[rows[windows.start]].weights["encoder.blocks.3.mlp.2"]
+        assert torch.allclose(weight, fc2.weight + w.b @ w.a, atol=1e-6)
+    deltas = bank.add_to(fc2(x), "encoder.blocks.3.mlp.2", x)
+    assert torch.allclose(ops.linear(fc2, x), deltas, atol=1e-4)  # the runs' products: what the deltas add up to
+    assert torch.allclose(ops.linear_gelu(fc2, x), torch.nn.functional.gelu(deltas), atol=1e-4)
+    assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x[:, :20]) is None  # few positions: the deltas
+    bank.use([1, 1, 1, 1, 1, 1])
+    assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x) is None  # one run: Adapters.merged
+    bank.merges = False  # a CPU
+    bank.use(rows)
+    assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x) is None
