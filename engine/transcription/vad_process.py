@@ -25,7 +25,17 @@ from engine.transcription.vad import FRAME_SAMPLES
 
 START_TIMEOUT_S = 120.0  # importing torch and loading Silero on a cold, busy machine
 PROCESS_NAME = "whisper-vad"
-CHILD_THREADS = 1  # each pass is many small calls: one thread, so that it never competes with the engine's
+# A pass over a few streams is many small calls: one thread, which never competes with the engine's. Past
+# PARALLEL_STREAMS its convolutions are the work (1,000 open microphones' 100 ms: ~120 ms of one core of a 2-core VM,
+# more than the audio's time, so turn detection falls ever further behind; ~75 ms on two): up to a quarter of the
+# cores, at most MAX_PASS_THREADS, take it (a GPU server's engine leaves its cores mostly idle).
+PARALLEL_STREAMS = 128
+MAX_PASS_THREADS = 4
+
+
+def pass_threads(streams: int, cpus: int) -> int:
+    """Threads for a pass over `streams` streams on a machine of `cpus` available cores."""
+    return 1 if streams < PARALLEL_STREAMS else max(1, min(MAX_PASS_THREADS, cpus // 4))
 
 
 class RemoteSpeechStream:
@@ -89,9 +99,11 @@ def _child_main(conn, setup: tuple) -> None:
     setup_child(setup, PROCESS_NAME)
     import torch
 
+    from engine.cpus import available_cpus
     from engine.transcription.vad import VoiceActivityDetector, push_many
 
-    torch.set_num_threads(CHILD_THREADS)
+    cpus = available_cpus()
+    torch.set_num_threads(1)
     try:
         vad = VoiceActivityDetector()
         vad.start()
@@ -110,6 +122,9 @@ def _child_main(conn, setup: tuple) -> None:
                 stream.pending = torch.zeros(samples_before % FRAME_SAMPLES)
                 stream.frames_done = samples_before // FRAME_SAMPLES
             chosen.append(stream)
+        threads = pass_threads(len(work), cpus)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
         return push_many(chosen, [audio for _, _, audio in work])
 
     while True:

@@ -48,6 +48,22 @@ def test_streams_in_the_child_get_what_they_get_here(audio, remote):
         assert np.abs(np.array(a) - np.array(b)).max() < 1e-6
 
 
+def test_a_pass_over_many_streams_gets_what_it_gets_here_on_a_quarter_of_the_cores(audio, remote):
+    """Past PARALLEL_STREAMS a pass runs on up to a quarter of the cores (one on a 4-core machine or smaller)."""
+    from engine.transcription.vad_process import MAX_PASS_THREADS, PARALLEL_STREAMS, pass_threads
+
+    assert pass_threads(PARALLEL_STREAMS - 1, 64) == 1 and pass_threads(PARALLEL_STREAMS, 2) == 1
+    assert pass_threads(PARALLEL_STREAMS, 8) == 2 and pass_threads(1000, 64) == MAX_PASS_THREADS
+    vad = VoiceActivityDetector()
+    clips = [audio[i * 4_000 : i * 4_000 + 8_000] for i in range(PARALLEL_STREAMS)]  # 0.5 s each, overlapping
+    here = [vad.stream() for _ in clips]
+    there = [remote.stream() for _ in clips]
+    for pieces in ([c[:1_600] for c in clips], [c[1_600:] for c in clips]):  # a microphone's 100 ms, then the rest
+        for a, b in zip(push_many(here, pieces), remote.push_many(there, pieces)):
+            assert len(a) == len(b)
+            assert np.abs(np.array(a) - np.array(b)).max(initial=0) < 1e-5
+
+
 def test_a_stream_goes_from_the_child_with_its_stand_in(audio, remote):
     local = VoiceActivityDetector().stream()
     kept, dropped = remote.stream(), remote.stream()
