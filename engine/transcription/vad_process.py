@@ -26,9 +26,9 @@ from engine.transcription.vad import FRAME_SAMPLES
 START_TIMEOUT_S = 120.0  # importing torch and loading Silero on a cold, busy machine
 PROCESS_NAME = "whisper-vad"
 # A pass over a few streams is many small calls: one thread, which never competes with the engine's. Past
-# PARALLEL_STREAMS its convolutions are the work (1,000 open microphones' 100 ms: ~120 ms of one core of a 2-core VM,
-# more than the audio's time, so turn detection falls ever further behind; ~75 ms on two): up to a quarter of the
-# cores, at most MAX_PASS_THREADS, take it (a GPU server's engine leaves its cores mostly idle).
+# PARALLEL_STREAMS its convolutions are the work, and on one core a thousand open microphones' pass can take longer
+# than the audio it covers, so that turn detection falls ever further behind: up to a quarter of the cores, at most
+# MAX_PASS_THREADS, take it (a GPU server's engine leaves its cores mostly idle).
 PARALLEL_STREAMS = 128
 MAX_PASS_THREADS = 4
 
