@@ -30,6 +30,7 @@ from engine.kernels.fused_ops import (
     gelu,
     linear,
     linear_gelu,
+    linear_into,
     norm,
     norm_product_applies,
     one_row_logits,
@@ -55,7 +56,9 @@ def decode_self_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
 
 # The model's layer operations on a GPU: a residual add and its layer norm in one kernel, GELU in the product's
 # epilogue, a lone row's products in one-row kernels (each falls back to torch where its kernel does not apply)
-FUSED_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu, gelu=gelu)
+FUSED_OPS = LayerOps(
+    add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu, gelu=gelu, linear_into=linear_into
+)
 
 
 class GpuBackend(DecodeBackend):

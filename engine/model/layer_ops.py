@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -25,6 +26,9 @@ class LayerOps:
     conv1d: Callable[[nn.Conv1d, Tensor], Tensor] = nn.Conv1d.__call__  # conv(x), x (batch, channels, time)
     qkv: Callable[[nn.Module, Tensor], Tensor] = lambda attn, x: attn.qkv(x)  # [q | k | v] of a self-attention
     gelu: Callable[[Tensor], Tensor] = F.gelu  # GELU as linear_gelu computes it, for a product finished apart
+    # (proj, x, out, with_gelu) -> None: linear (with_gelu: linear_gelu) written into `out`, a contiguous tensor of the output's
+    # shape (a run of a pass's windows, engine/model/lora.py); None where the backend's products cannot
+    linear_into: Callable[..., None] | None = None
 
 
 class Projection(NamedTuple):
@@ -52,4 +56,14 @@ def linear_gelu(proj: nn.Linear, x: Tensor) -> Tensor:
     return F.gelu(F.linear(x, proj.weight, proj.bias))
 
 
-TORCH_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu)
+def linear_into(proj: nn.Linear, x: Tensor, out: Tensor, with_gelu: bool = False) -> None:
+    rows, dest = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
+    if proj.bias is None:
+        torch.mm(rows, proj.weight.t(), out=dest)
+    else:
+        torch.addmm(proj.bias, rows, proj.weight.t(), out=dest)
+    if with_gelu:
+        dest.copy_(F.gelu(dest))
+
+
+TORCH_OPS = LayerOps(add_norm=add_norm, norm=norm, linear=linear, linear_gelu=linear_gelu, linear_into=linear_into)

@@ -13,7 +13,8 @@ native decode kernels and its int8 encoder products. On a GPU a pass over whole 
 K/V) instead runs each product on its weight with the adapter merged in, made for that product and dropped after
 it: all of the pass's windows at once where they use one adapter (Adapters.merged), else each run of consecutive
 windows of one adapter (the runner orders an encoder pass's windows by adapter) on its own merged weight
-(Adapters.merged_runs). Its windows then cost what the base model's do, plus one read and write of each weight an
+(Adapters.merged_runs, where the backend's products write a run's rows in place, LayerOps.linear_into; the
+batch-invariant ones add the deltas). Its windows then cost what the base model's do, plus one read and write of each weight an
 adapter changes; the deltas would read each window's 1,500 positions once more and read and write its outputs again.
 """
 
@@ -462,22 +463,6 @@ class Adapters:
         return indices.pin_memory().to(self.device, non_blocking=True)
 
 
-def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool, ops: LayerOps) -> None:
-    """out = x @ weight.T + bias (then GELU where `gelu`, in the form ops.linear_gelu computes it), written into
-    `out` (a run of a pass's windows: a contiguous slice of its output): the product a pass without adapters runs,
-    its result in place."""
-    rows, dest = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
-    if gelu and bias is not None and rows.is_cuda and rows.dtype in (torch.float16, torch.bfloat16):
-        torch._addmm_activation(bias, rows, weight.t(), use_gelu=True, out=dest)  # GELU in cuBLASLt's epilogue
-        return
-    if bias is None:
-        torch.mm(rows, weight.t(), out=dest)
-    else:
-        torch.addmm(bias, rows, weight.t(), out=dest)
-    if gelu:
-        dest.copy_(ops.gelu(dest))
-
-
 def product_names(model: nn.Module) -> dict[int, str | tuple[str, ...]]:
     """Each targetable product weight the model's passes read, by id(), to its name: a fused q/k/v weight to its
     three (in order). Read once the backend has laid the weights out (it may replace them)."""
@@ -500,12 +485,13 @@ def with_adapters(ops: LayerOps, adapters: Adapters, names: dict[int, str | tupl
         return None if weight is None else Projection(weight, proj.bias)
 
     def by_runs(proj, name, x: Tensor, gelu: bool) -> Tensor | None:
-        runs = adapters.merged_runs(proj.weight, name, x)
+        # each run's product writes its rows of the output (a backend without in-place products adds the deltas)
+        runs = adapters.merged_runs(proj.weight, name, x) if ops.linear_into is not None else None
         if runs is None:
             return None
         y = x.new_empty(*x.shape[:-1], proj.weight.shape[0])
         for windows, weight in runs:
-            product_into(y[windows], x[windows], weight, proj.bias, gelu, ops)
+            ops.linear_into(Projection(weight, proj.bias), x[windows], y[windows], gelu)
         return y
 
     def linear(proj, x: Tensor, pdl: bool = True) -> Tensor:

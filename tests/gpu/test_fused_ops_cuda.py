@@ -30,6 +30,21 @@ def test_add_norm_matches_torch(cuda, dtype, shape):
     assert ours <= torchs + (4e-3 if dtype == torch.float16 else 1e-5), (ours, torchs)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_runs_product_written_in_place_is_the_product_of_those_rows(cuda, dtype):
+    """linear_into (an encoder pass's run of one adapter's windows, engine/model/lora.py) writes into its rows of the
+    pass's output what linear and linear_gelu give for those rows alone."""
+    gen = torch.Generator(cuda).manual_seed(3)
+    proj = nn.Linear(384, 1536, device=cuda, dtype=dtype).requires_grad_(False)
+    x = torch.randn(5, 300, 384, device=cuda, dtype=dtype, generator=gen)
+    for gelu in (False, True):
+        out = torch.full((5, 300, 1536), float("nan"), device=cuda, dtype=dtype)
+        for run in (slice(0, 2), slice(2, 3), slice(3, 5)):
+            fused_ops.linear_into(proj, x[run], out[run], gelu)
+            want = (linear_gelu if gelu else fused_ops.linear)(proj, x[run])
+            assert torch.equal(out[run], want), (gelu, run)
+
+
 def test_add_norm_falls_back_for_views(cuda):
     x = torch.randn(4, 8, 64, device=cuda, dtype=torch.float16).transpose(0, 1)  # not contiguous
     y = torch.randn_like(x)

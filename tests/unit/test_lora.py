@@ -5,6 +5,7 @@ in tests/e2e); here the files are written directly, to test each refusal."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -285,6 +286,11 @@ def test_a_pass_of_several_adapters_windows_runs_each_run_on_its_merged_weight(t
     deltas = bank.add_to(fc2(x), "encoder.blocks.3.mlp.2", x)
     assert torch.allclose(ops.linear(fc2, x), deltas, atol=1e-4)  # the runs' products: what the deltas add up to
     assert torch.allclose(ops.linear_gelu(fc2, x), torch.nn.functional.gelu(deltas), atol=1e-4)
+    made = []  # products that cannot write a run's rows in place (the batch-invariant ones): the deltas, no merge
+    no_runs = with_adapters(dataclasses.replace(TORCH_OPS, linear_into=None), bank, names)
+    bank.merged_runs, merged_runs = (lambda *args: made.append(args)), bank.merged_runs
+    assert torch.equal(no_runs.linear(fc2, x), deltas) and not made
+    bank.merged_runs = merged_runs
     assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x[:, :20]) is None  # few positions: the deltas
     bank.use([1, 1, 1, 1, 1, 1])
     assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x) is None  # one run: Adapters.merged
