@@ -277,18 +277,17 @@ def gelu(x: Tensor) -> Tensor:
 
 
 def linear_into(proj: nn.Linear, x: Tensor, out: Tensor, with_gelu: bool = False) -> None:
-    """linear (with_gelu: linear_gelu) written into `out`, a contiguous tensor of the output's shape: a many-row product
-    (cuBLAS, GELU in cuBLASLt's epilogue in half precision, as linear_gelu's)."""
-    rows, dest = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
-    w, b = proj.weight, proj.bias
-    if with_gelu and b is not None and rows.is_cuda and rows.dtype in HALF_DTYPES:
+    """linear (with_gelu: linear_gelu) written into `out`, a contiguous tensor of the output's shape: a product of
+    many rows (cuBLAS; in half precision GELU in cuBLASLt's epilogue, as linear_gelu's)."""
+    rows, dest, w, b = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]), proj.weight, proj.bias
+    epilogue = with_gelu and b is not None and x.is_cuda and x.dtype in HALF_DTYPES
+    if epilogue:
         torch._addmm_activation(b, rows, w.t(), use_gelu=True, out=dest)
-        return
-    if b is None:
+    elif b is None:
         torch.mm(rows, w.t(), out=dest)
     else:
         torch.addmm(b, rows, w.t(), out=dest)
-    if with_gelu:
+    if with_gelu and not epilogue:
         dest.copy_(gelu(dest))
 
 

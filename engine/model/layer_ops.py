@@ -26,8 +26,8 @@ class LayerOps:
     conv1d: Callable[[nn.Conv1d, Tensor], Tensor] = nn.Conv1d.__call__  # conv(x), x (batch, channels, time)
     qkv: Callable[[nn.Module, Tensor], Tensor] = lambda attn, x: attn.qkv(x)  # [q | k | v] of a self-attention
     gelu: Callable[[Tensor], Tensor] = F.gelu  # GELU as linear_gelu computes it, for a product finished apart
-    # (proj, x, out, with_gelu) -> None: linear (with_gelu: linear_gelu) written into `out`, a contiguous tensor of the output's
-    # shape (a run of a pass's windows, engine/model/lora.py); None where the backend's products cannot
+    # (proj, x, out, with_gelu) -> None: linear (with_gelu: linear_gelu) written into `out`, a contiguous tensor of
+    # the output's shape (a run of a pass's windows, engine/model/lora.py); None where the backend's products cannot
     linear_into: Callable[..., None] | None = None
 
 

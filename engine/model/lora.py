@@ -14,8 +14,9 @@ K/V) instead runs each product on its weight with the adapter merged in, made fo
 it: all of the pass's windows at once where they use one adapter (Adapters.merged), else each run of consecutive
 windows of one adapter (the runner orders an encoder pass's windows by adapter) on its own merged weight
 (Adapters.merged_runs, where the backend's products write a run's rows in place, LayerOps.linear_into; the
-batch-invariant ones add the deltas). Its windows then cost what the base model's do, plus one read and write of each weight an
-adapter changes; the deltas would read each window's 1,500 positions once more and read and write its outputs again.
+batch-invariant ones add the deltas). Its windows then cost what the base model's do, plus one read and write of
+each weight an adapter changes; the deltas would read each window's 1,500 positions once more and read and write its
+outputs again.
 """
 
 from __future__ import annotations
