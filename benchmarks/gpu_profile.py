@@ -6,8 +6,10 @@ Dummy weights, float16, random 30 s windows, exactly --tokens tokens per window.
 and RTFx of one run, then a profiled run whose CUDA kernels are grouped (GEMM, attention, copies, ...) with their
 share of the wall time (--top N: also the N kernels with the most time); with --host, the wall time of each
 engine-loop phase for --host-concurrency windows (default one: encoder, prompt, graph replay, logit rules, sampling
-and the wait for the step's tokens); with --loras N, the windows take N random adapters round-robin; with --gaps, the GPU's idle time in a run of the largest concurrency (no
-kernel or copy running on any stream), split by the engine-loop phase the host was in meanwhile: what starves it.
+and the wait for the step's tokens); with --loras N, the windows take N random adapters round-robin; with --gaps,
+the GPU's idle time in a run of the largest concurrency (no kernel or copy running on any stream), split by the
+engine-loop phase the host was in meanwhile: what starves it. Each concurrency also prints its encoder passes: how
+many, their windows and how many adapters each held.
 """
 
 from __future__ import annotations
@@ -88,10 +90,20 @@ def main() -> None:
             handle.wait(timeout=600)
         return time.perf_counter() - start
 
+    passes: list[tuple[int, int]] = []  # each encoder pass: its windows, and their adapters (None counts as one)
+    encode = engine.runner.encode_into_slots
+
+    def counted(mels, cross_slots, adapters=None):
+        passes.append((len(mels), len(set(adapters or [None]))))
+        return encode(mels, cross_slots, adapters)
+
+    engine.runner.encode_into_slots = counted
     run(1)  # warm-up
     for n in args.concurrency:
         run(n)
+        passes.clear()
         wall = run(n)
+        sizes, mixes = sorted(w for w, _ in passes), sorted(a for _, a in passes)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             profiled = run(n)
         total, by_kind, count = 0.0, collections.Counter(), collections.Counter()
@@ -109,6 +121,8 @@ def main() -> None:
         busy = sum(end - start for start, end in merged(spans))
         print(f"\n{args.model}, {n} windows: {wall:.3f} s, RTFx {30 * n / wall:.0f}; profiled run {profiled:.3f} s, "
               f"kernels busy {busy / 1e6 / profiled:.0%} of it (their times add up to {total / 1e6 / profiled:.0%})")
+        print(f"encoder passes: {len(sizes)}, windows a pass median {sizes[len(sizes) // 2]} (range {sizes[0]}-"
+              f"{sizes[-1]}), adapters a pass median {mixes[len(mixes) // 2]} (most {mixes[-1]})")
         print("| kind | ms | kernels | share of kernel time |")
         print("|---|---|---|---|")
         for kind, us in by_kind.most_common():

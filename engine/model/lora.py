@@ -41,6 +41,11 @@ from engine.model.sources import ADAPTER_FILES, resolve_adapter
 from engine.model.weights import openai_name
 
 MAX_RANK = 64
+# The fewest positions (eight 30 s windows) of one adapter's run that merged_runs merges for: a run's merge copies
+# and rewrites the weight and adds launches that the host must issue; below this the deltas over the whole pass
+# cost the GPU less than the merges and the idle time while the host launches them (benchmarks/gpu_profile.py
+# --loras 16: runs of two windows left the GPU idle for a third of the run)
+MERGED_RUN_MIN_POSITIONS = 12_000
 CONFIG_FILE, WEIGHTS_FILE = ADAPTER_FILES
 MAX_CONFIG_BYTES = 1 << 20
 _PEFT_PREFIX = "base_model.model."
@@ -219,6 +224,7 @@ class Adapters:
         # whole windows' passes on merged weights (merged): a GPU's; a CPU's encoder products are the int8 kernels,
         # which add the deltas themselves
         self.merges = device.type == "cuda"
+        self.min_run_positions = MERGED_RUN_MIN_POSITIONS
         self.ranks: Tensor | None = None  # (capacity + 1,) int32 on the GPU: each index's rank
         self.table: Tensor | None = None  # the step's rows by adapter, on the GPU (reserve_rows)
         self.partial: Tensor | None = None  # the kernel's parts of A x
@@ -393,7 +399,8 @@ class Adapters:
         """For a GPU pass of whole windows, x (windows, positions, in), whose windows use several adapters (or some
         none) in runs of consecutive windows (the encoder orders them so): each run's windows and `weight` with the
         run's adapter merged in (`weight` itself for the base model's and for an adapter that changes none of
-        these products), where for every run the merge costs less than the deltas (as in merged). One product per
+        these products), where every adapter's run is long enough that its merge costs less than its deltas
+        (MERGED_RUN_MIN_POSITIONS, and fewer bytes as in merged). One product per
         run then reads each window's input and writes its output once, as a pass without adapters does; the deltas
         would read the input again and read and write the output again, several times a merge's bytes for windows
         of 1,500 positions. None where that does not hold, or for one run (merged)."""
@@ -409,7 +416,8 @@ class Adapters:
                 start = end
         positions = x.shape[1]
         if len(runs) < 2 or any(
-            rows[start] and (end - start) * positions * (out + inp) < out * inp for start, end in runs
+            rows[start] and (end - start) * positions < max(self.min_run_positions, out * inp / (out + inp))
+            for start, end in runs
         ):  # fmt: skip
             return None
         # each run's merged weight made as its product comes: one at a time, its memory reused by the next run's

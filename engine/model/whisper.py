@@ -267,6 +267,12 @@ class TextDecoder(nn.Module):
         together. The slot's length (KVCache.cross_len) stays the positions' count, for readers that slice it."""
         if isinstance(cross_slots, int):
             cross_slots = list(range(cross_slots, cross_slots + audio_features.shape[0]))
+        elif cross_slots != sorted(cross_slots):
+            # windows in their slots' order (the encoder may order them otherwise, by adapter): each run of
+            # consecutive slots is written by one kernel per layer, not one per window
+            order = sorted(range(len(cross_slots)), key=cross_slots.__getitem__)
+            audio_features = audio_features[torch.tensor(order, device=audio_features.device)]
+            cross_slots = [cross_slots[i] for i in order]
         positions = audio_features.shape[1]
         if tile and cache.shape.n_audio_ctx % positions:
             raise ValueError(f"{positions} positions do not tile a cross slot of {cache.shape.n_audio_ctx}")

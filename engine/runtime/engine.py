@@ -84,7 +84,11 @@ class Engine(EngineFront):
         self.stepwise_prompt_tokens = stepwise if stepwise is not None else (8 if self.runner.on_gpu else 0)
         runner = self.runner
         self.scheduler = Scheduler(
-            runner.num_slots, runner.max_encoder_batch, runner.admissible_encoder_batch, runner.num_cross_slots
+            runner.num_slots,
+            runner.max_encoder_batch,
+            runner.admissible_encoder_batch,
+            runner.num_cross_slots,
+            group_adapters=runner.on_gpu and runner.adapters is not None,
         )
         # On a GPU step N+1 is launched before step N's tokens are read, so the host's work between steps (reading,
         # bookkeeping, the next step's inputs and rules) runs while the GPU computes instead of leaving it idle.

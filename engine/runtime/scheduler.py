@@ -9,6 +9,10 @@ from collections.abc import Callable
 from engine.model.kv_cache import KVCache
 from engine.runtime.sequence import Sequence, WindowJob
 
+# How far into the new windows an admission looks for windows of the adapters it takes, in encoder batches; those
+# it passes over keep their places, so every admission still takes the oldest waiting window
+ADAPTER_LOOKAHEAD_BATCHES = 4
+
 
 class Scheduler:
     """
@@ -19,17 +23,22 @@ class Scheduler:
     encoder batch between decode steps. While the engine paces admissions (`admit(pace=True)`), a window that
     continues a request, or a background one, waits as long as another request's sequences decode: a long
     upload's next window (an encoder pass that costs a CPU forty decode steps) must not stall a short request's
-    steps again and again. New requests are never held back.
+    steps again and again. New requests are never held back. With `group_adapters` (a GPU serving LoRA adapters,
+    whose encoder runs each adapter's windows of a pass on its merged weights when they are many) new windows of
+    one adapter are admitted together: the next batch takes, after the first waiting window, the windows of its
+    adapter among the next few batches' worth, then the next adapter's, in the order the adapters first appear;
+    the windows passed over keep their places, so the oldest still comes first in the next batch.
     """
 
     def __init__(
         self, num_slots: int, max_encoder_batch: int, admissible: Callable[[int], int] = lambda n: n,
-        num_cross_slots: int | None = None,
+        num_cross_slots: int | None = None, group_adapters: bool = False,
     ):  # fmt: skip
         self.num_slots = num_slots  # rows: sequences decoded at once
         self.num_cross_slots = num_cross_slots or num_slots  # windows decoded at once
         self.max_encoder_batch = max_encoder_batch
         self.admissible = admissible  # rounds a batch to a captured encoder size when padding would waste
+        self.group_adapters = group_adapters
         self.waiting_next: deque[WindowJob] = deque()  # windows of requests already in flight
         self.waiting_new: deque[WindowJob] = deque()  # first windows of new requests
         self.waiting_background: deque[WindowJob] = deque()  # any window of a background request
@@ -85,9 +94,20 @@ class Scheduler:
         return lambda job: len(running) > 1 or (bool(running) and job.request_id not in running)
 
     def _take(self, free: int, slots: int, held: Callable[[WindowJob], bool] | None) -> list[WindowJob]:
-        """Up to `free` waiting windows, in queue order, whose beams fit in `slots` together, passing over the
-        continuing and background windows `held` names; first come, first served: no later window jumps ahead of
-        one that does not fit."""
+        """Up to `free` waiting windows, in queue order (new windows by adapter with `group_adapters`), whose beams
+        fit in `slots` together, passing over the continuing and background windows `held` names; first come, first
+        served: no later window jumps ahead of one that does not fit."""
+        ahead = self._by_adapter(self.waiting_new) if self.group_adapters else None
+        jobs = self._take_in_order(free, slots, held)
+        if ahead is not None:  # the windows passed over back to their places, ahead of the rest in their order
+            taken = {id(job) for job in jobs}
+            left = [job for job in ahead if id(job) not in taken]
+            for _ in range(len(left)):
+                self.waiting_new.popleft()
+            self.waiting_new.extendleft(reversed(left))
+        return jobs
+
+    def _take_in_order(self, free: int, slots: int, held: Callable[[WindowJob], bool] | None) -> list[WindowJob]:
         jobs: list[WindowJob] = []
         used = 0
         for queue in self.queues:
@@ -105,6 +125,22 @@ class Scheduler:
                 used += job.beam_size
             queue.extendleft(reversed(passed))
         return jobs
+
+    def _by_adapter(self, queue: deque[WindowJob]) -> list[WindowJob] | None:
+        """Put the queue's first ADAPTER_LOOKAHEAD_BATCHES batches' worth of windows in order of adapter, each
+        adapter's in the order they came, the adapters in the order they first appear (the first window stays
+        first); returns those windows in their own order, or None where they all use one adapter."""
+        ahead = list(itertools.islice(queue, ADAPTER_LOOKAHEAD_BATCHES * self.max_encoder_batch))
+        first: dict[str | None, int] = {}
+        for job in ahead:
+            first.setdefault(job.options.adapter, len(first))
+        if len(first) < 2:
+            return None
+        for _ in range(len(ahead)):
+            queue.popleft()
+        ordered = sorted(ahead, key=lambda job: first[job.options.adapter])
+        queue.extendleft(ordered[::-1])
+        return ahead
 
     @staticmethod
     def _sequence(job: WindowJob, slot: int, cross_slot: int) -> Sequence:

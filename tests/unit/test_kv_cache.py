@@ -141,3 +141,28 @@ def test_a_short_context_tiled_across_its_slot_attends_as_its_positions_once(int
         torch.testing.assert_close(got[row : row + 1], want, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="tile"):
         decoder.fill_cross_cache(features[:, :240], cache, [2, 0], tile=True)
+
+
+@pytest.mark.parametrize("int8_cross", [False, True])
+def test_windows_given_out_of_their_slots_order_fill_each_its_own_slot_in_one_run(int8_cross, monkeypatch):
+    """The encoder may hand windows over in another order than their cross slots' (by adapter): each slot holds its
+    own window's keys and values, as filled one window at a time, and consecutive slots are written together."""
+    from engine.model import whisper
+
+    dims = DUMMY_DIMS["tiny"]
+    with torch.device("meta"):
+        model = Whisper(dims)
+    model.load_state_dict(dummy_state_dict(dims), strict=True, assign=True)
+    decoder = model.eval().requires_grad_(False).decoder
+    features = torch.randn(4, dims.n_audio_ctx, dims.n_audio_state, generator=torch.Generator().manual_seed(4))
+    runs = []
+    consecutive = whisper._consecutive
+    monkeypatch.setattr(whisper, "_consecutive", lambda slots: runs.append(consecutive(slots)) or runs[-1])
+    together, alone = (filled_cache(int8_cross, dims.n_audio_ctx, rows=4, cross=4) for _ in range(2))
+    with torch.inference_mode():
+        decoder.fill_cross_cache(features, together, [3, 1, 2, 0])
+        assert runs == [[(0, 4, 0)]] * dims.n_text_layer  # each layer: one run of slots 0-3
+        for window, slot in enumerate([3, 1, 2, 0]):
+            decoder.fill_cross_cache(features[window : window + 1], alone, [slot])
+    for got, want in zip(cross_tensors(together), cross_tensors(alone)):
+        assert torch.equal(got, want)

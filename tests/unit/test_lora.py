@@ -267,6 +267,7 @@ def test_a_pass_of_several_adapters_windows_runs_each_run_on_its_merged_weight(t
 
     bank = Adapters(DIMS, capacity=3, dtype=torch.float32, device=torch.device("cpu"))
     bank.merges = True  # a GPU's rule, here on the CPU's arithmetic
+    bank.min_run_positions = 400  # a run of one of these windows is long enough
     for i in range(3):  # a2 changes no encoder product of these: its windows keep the weight
         modules = TARGETS if i < 2 else {k: v for k, v in TARGETS.items() if k.startswith("decoder")}
         bank.add(f"a{i}", write_adapter(tmp_path / f"a{i}", seed=i, rank=4 + 2 * i, modules=modules)[0])
@@ -292,6 +293,9 @@ def test_a_pass_of_several_adapters_windows_runs_each_run_on_its_merged_weight(t
     assert torch.equal(no_runs.linear(fc2, x), deltas) and not made
     bank.merged_runs = merged_runs
     assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x[:, :20]) is None  # few positions: the deltas
+    bank.min_run_positions = 800  # the adapters' runs of one window are too short (the base model's need none)
+    assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x) is None
+    bank.min_run_positions = 400
     bank.use([1, 1, 1, 1, 1, 1])
     assert bank.merged_runs(fc2.weight, "encoder.blocks.3.mlp.2", x) is None  # one run: Adapters.merged
     bank.merges = False  # a CPU

@@ -78,3 +78,35 @@ def test_pacing_holds_another_requests_next_window_but_never_a_new_one():
     # two requests run now: every continuing window waits while pacing, and goes in once the engine stops pacing
     assert sched.admit(pace=True) == []
     assert [s.job.request_id for s in sched.admit()] == ["long", "long"]
+
+
+def test_with_adapters_grouped_each_batch_takes_the_oldest_window_then_its_adapters_and_the_rest_keep_their_places():
+    """A GPU serving adapters admits new windows of one adapter together (the encoder merges an adapter's weights
+    once for all its windows in a pass); the windows passed over keep their places, so the oldest waiting window is
+    in every batch and none waits for ever behind a stream of another adapter's."""
+    from engine.request import DecodeOptions
+
+    def window(adapter: str | None, n: int) -> WindowJob:
+        w = job(request_id=f"{adapter}-{n}")
+        w.options = DecodeOptions(adapter=adapter)
+        return w
+
+    sched = Scheduler(num_slots=64, max_encoder_batch=4, group_adapters=True)
+    order = ["a", "b", "c", None] * 4  # round-robin, as concurrent requests of four callers arrive
+    for n, adapter in enumerate(order):
+        sched.add(window(adapter, n), continuing=False)
+
+    def ids(seqs: list) -> list[str]:
+        return [s.job.request_id for s in seqs]
+
+    assert ids(sched.admit()) == ["a-0", "a-4", "a-8", "a-12"]
+    assert [j.request_id for j in sched.waiting_new][:3] == ["b-1", "c-2", "None-3"]  # in their places
+    assert ids(sched.admit()) == ["b-1", "b-5", "b-9", "b-13"]
+    for n in range(16, 24):  # a stream of a's new windows behind the rest: the oldest, c's, come first
+        sched.add(window("a", n), continuing=False)
+    assert ids(sched.admit()) == ["c-2", "c-6", "c-10", "c-14"]
+    assert ids(sched.admit()) == ["None-3", "None-7", "None-11", "None-15"]
+    plain = Scheduler(num_slots=64, max_encoder_batch=4)  # elsewhere first come, first served
+    for n, adapter in enumerate(order):
+        plain.add(window(adapter, n), continuing=False)
+    assert ids(plain.admit()) == ["a-0", "b-1", "c-2", "None-3"]
