@@ -1,10 +1,16 @@
 """The encoder's products in int8 on a CPU (dtype int8), CTranslate2's scheme: weights with a scale per output,
-activations with a scale per row, products in integers (torch._int_mm: oneDNN's AVX2 / AVX-512 VNNI / AMX kernels)
-and rescaled to float32 for the norms, GELU and attention, which stay float32. A 30 s window's products read a
-quarter of the bytes and run some 3x faster than float32's at tiny.en's and base's widths
-(`benchmarks/cpu_int8.py`)."""
+activations with a scale per row, products in integers (torch._int_mm: oneDNN's AVX-512 VNNI / AVX-VNNI / AMX
+kernels) and rescaled to float32 for the norms, GELU and attention, which stay float32. A 30 s window's products
+read a quarter of the bytes and run some 3x faster than float32's at tiny.en's and base's widths on a CPU with VNNI
+(`benchmarks/cpu_int8.py`). Where torch's integer product is slower than float32's (a CPU without VNNI or AMX: its
+reference path there runs some 50x slower than float32's product), the same integer operands are multiplied as
+float32 (integer_products_fast, measured once)."""
 
 from __future__ import annotations
+
+import functools
+import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +19,33 @@ from torch import Tensor, nn
 from engine.kernels.cpu_kernels import quantize_columns
 from engine.model.layer_ops import add_norm
 from engine.model.lora import Adapters
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def integer_products_fast() -> bool:
+    """Whether torch._int_mm beats float32's product of the same operands on this CPU, timed once on a product of
+    an encoder's shape (best of three each)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (256, 384), dtype=torch.int8, generator=gen)
+    b = torch.randint(-127, 128, (384, 384), dtype=torch.int8, generator=gen)
+    af, bf = a.float(), b.float()
+
+    def best(product) -> float:
+        product()  # warm-up: oneDNN picks and builds its kernel on the first call
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    integer, floating = best(lambda: torch._int_mm(a, b)), best(lambda: torch.mm(af, bf))
+    fast = integer < floating
+    log.info("encoder int8 products: %s (int8 %.2f ms, float32 %.2f ms for 256 x 384 x 384)",
+             "torch._int_mm" if fast else "their integer operands in float32", integer * 1e3, floating * 1e3)  # fmt: skip
+    return fast
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -28,6 +61,9 @@ class Int8Linear:
         self.values, scales = quantize_columns(weight.t())  # (in, out) int8, the decode kernels' scheme
         self.scales = scales[None, :]
         self.bias = bias.float().contiguous() if bias is not None else None
+        # without a fast integer product, float32's product of the integer values: exact wherever the sums stay
+        # within float32's 24 bits, and a last bit off where a sum grows past them
+        self.float_values = None if integer_products_fast() else self.values.float()
 
     @classmethod
     def fuse(cls, linears: list[nn.Linear]) -> Int8Linear:
@@ -37,7 +73,11 @@ class Int8Linear:
         return cls(weight, bias)
 
     def __call__(self, rows: Tensor, row_scales: Tensor) -> Tensor:
-        out = torch._int_mm(rows, self.values).float().mul_(self.scales).mul_(row_scales)
+        if self.float_values is None:
+            out = torch._int_mm(rows, self.values).float()
+        else:
+            out = torch.mm(rows.float(), self.float_values)
+        out.mul_(self.scales).mul_(row_scales)
         return out if self.bias is None else out.add_(self.bias)
 
 

@@ -43,6 +43,24 @@ def test_int8_linear_is_the_integer_product_rescaled(bias):
     torch.testing.assert_close(product(rows, scales), want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_cpu_without_a_fast_integer_product_multiplies_the_same_integers_in_float32(monkeypatch):
+    """Where torch._int_mm is slower than float32's product (no VNNI or AMX), the integer operands are multiplied in
+    float32: bitwise the integer product's result while the sums stay within float32's 24 bits (here 384 products
+    of at most 127 x 127)."""
+    from engine.backends import cpu_int8_encoder
+
+    torch.manual_seed(1)
+    linear = nn.Linear(384, 1152)
+    rows, scales = quantize_rows(torch.randn(1500, 384))
+    got = {}
+    for fast in (True, False):
+        monkeypatch.setattr(cpu_int8_encoder, "integer_products_fast", lambda fast=fast: fast)
+        product = Int8Linear(linear.weight, linear.bias)
+        assert (product.float_values is None) == fast
+        got[fast] = product(rows, scales)
+    assert torch.equal(got[True], got[False])
+
+
 def test_int8_encoder_is_close_to_float32():
     """tiny's shapes, seeded weights: the int8 encoder's output within a few percent of float32's (on real speech
     CTranslate2's int8 encoder is 6.1% away from its float32 one, ours 6.3%: benchmarks/cpu_int8.py's notes)."""
