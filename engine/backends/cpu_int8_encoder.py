@@ -3,8 +3,8 @@ activations with a scale per row, products in integers (torch._int_mm: oneDNN's 
 kernels) and rescaled to float32 for the norms, GELU and attention, which stay float32. A 30 s window's products
 read a quarter of the bytes and run some 3x faster than float32's at tiny.en's and base's widths on a CPU with VNNI
 (`benchmarks/cpu_int8.py`). Where torch's integer product is slower than float32's (a CPU without VNNI or AMX: its
-reference path there ran 35x slower than float32's product on an AVX2-only EPYC), the same integer operands are multiplied as
-float32 (integer_products_fast, measured once)."""
+reference path there ran 35x slower than float32's product on an AVX2-only EPYC), the same integer operands are
+multiplied as float32 (integer_products_fast, measured once)."""
 
 from __future__ import annotations
 
