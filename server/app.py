@@ -32,7 +32,7 @@ from .logs import REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .realtime.calls import Calls
 from .realtime.client_secrets import ClientSecrets
-from .realtime.load import SharedLoad
+from .realtime.load import CPU_PARTIAL_DECODES, GPU_PARTIAL_DECODES, SharedLoad
 from .realtime.speech_batcher import SpeechBatcher
 from .routes import audio, chat, health, models, realtime, ui
 from .served_models import ServedModels
@@ -118,10 +118,13 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
     # what the realtime sessions share
-    app.state.realtime = SharedLoad(settings.realtime_max_partial_decodes, settings.realtime_partials_wait_for_finals)
+    on_gpu = resolve_device(settings.device).type == "cuda"
+    partials = settings.realtime_max_partial_decodes
+    if partials is None:
+        partials = GPU_PARTIAL_DECODES if on_gpu else CPU_PARTIAL_DECODES
+    app.state.realtime = SharedLoad(partials, settings.realtime_partials_wait_for_finals)
     # their turn detection: Silero, and semantic_vad's end-of-turn model (each loads on first use: most servers
     # never ask the second)
-    on_gpu = resolve_device(settings.device).type == "cuda"
     app.state.speech_process = settings.realtime_vad_process == "on" or (
         settings.realtime_vad_process == "auto" and on_gpu
     )

@@ -254,11 +254,12 @@ class Settings(BaseSettings):
     realtime_max_buffered_seconds_total: float = Field(default=3600.0, gt=0)
     """Seconds of uncommitted audio all realtime sessions together may hold, 64 KB a second (16 kHz float32); an
     append past it gets an error (server_buffer_full) and the audio already buffered stays."""
-    realtime_max_partial_decodes: int = Field(default=4, ge=0)
+    realtime_max_partial_decodes: int | None = Field(default=None, ge=0)
     """Live (partial) decodes of open realtime turns in flight at once, server-wide. 0: no live deltas, only each
-    turn's transcript at its end. More previews cost the finals: on a GPU with hundreds of sessions in
-    conversation, 64 in flight without waiting for finals delayed the finals and the first deltas as well
-    (BENCHMARKS.md, realtime)."""
+    turn's transcript at its end. Unset: 16 when the engine runs on a GPU, 4 on a CPU. Each partial decodes the
+    turn's new words only, so a GPU batches many side by side; more in flight cost the finals: at 256 sessions in
+    conversation 32 or 64 delayed the finals past 0.3 s and gave the first deltas no sooner, and on a CPU each
+    partial takes the cores the finals need (BENCHMARKS.md, realtime)."""
     realtime_partials_wait_for_finals: bool = True
     """No partial decode starts while a turn's final decode runs anywhere on the server (finals first: a preview is
     soon replaced, a final is what a voice agent waits for)."""

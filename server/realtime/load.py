@@ -18,6 +18,10 @@ from .passes import WorkerPasses
 log = logging.getLogger(__name__)
 
 OFFLOAD_BASE64 = 2**16  # events longer than this (a second of 24 kHz PCM) are parsed and decoded in a worker thread
+# Partial decodes in flight server-wide unless `--realtime-max-partial-decodes` says: a GPU decodes many side by side
+# in one step (each decodes only its turn's new words), a CPU's cores are what the finals need
+GPU_PARTIAL_DECODES = 16
+CPU_PARTIAL_DECODES = 4
 
 
 @dataclasses.dataclass

