@@ -257,9 +257,9 @@ class Settings(BaseSettings):
     realtime_max_partial_decodes: int | None = Field(default=None, ge=0)
     """Live (partial) decodes of open realtime turns in flight at once, server-wide. 0: no live deltas, only each
     turn's transcript at its end. Unset: 16 when the engine runs on a GPU, 4 on a CPU. Each partial decodes the
-    turn's new words only, so a GPU batches many side by side; more in flight cost the finals: at 256 sessions in
-    conversation 32 or 64 delayed the finals past 0.3 s and gave the first deltas no sooner, and on a CPU each
-    partial takes the cores the finals need (BENCHMARKS.md, realtime)."""
+    turn's new words only, so a GPU batches many side by side; more in flight cost the finals (on a GPU with
+    hundreds of sessions in conversation, more made each step larger and brought the first deltas no sooner), and
+    on a CPU each partial takes the cores the finals need (BENCHMARKS.md, realtime)."""
     realtime_partials_wait_for_finals: bool = True
     """No partial decode starts while a turn's final decode runs anywhere on the server (finals first: a preview is
     soon replaced, a final is what a voice agent waits for)."""
