@@ -56,6 +56,11 @@ class EngineConfig:
     # The encoder's products: in the model's dtype, or "float8" (e4m3 with a scale per row; engine/kernels/fp8.py):
     # faster on GPUs with FP8 tensor cores, at some cost in precision, so opt-in.
     encoder_precision: str = "model"
+    # While other requests decode, a background window (DecodeOptions.background: a live preview) is admitted only
+    # once they have decoded this many times as long as the last admission took (its encoder pass and prompt pass,
+    # which wait for the GPU): admissions then take at most 1 / (1 + pace) of the loop from them, and the previews
+    # that waited meanwhile are encoded together. 1: paced as a continuing window is.
+    background_pace: float = 1.0
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None
     # Decode steps per launch while a few windows (up to 8) decode greedily and none waits: one CUDA graph replays
@@ -96,6 +101,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if self.stepwise_prompt_tokens is not None and self.stepwise_prompt_tokens < 0:
             raise ValueError(f"stepwise_prompt_tokens must be >= 0, got {self.stepwise_prompt_tokens}")
+        if self.background_pace < 1.0:
+            raise ValueError(f"background_pace must be >= 1, got {self.background_pace}")
         if self.multi_step is not None and self.multi_step < 1:
             raise ValueError(f"multi_step must be >= 1, got {self.multi_step}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -209,6 +209,9 @@ class Settings(BaseSettings):
     stepwise_prompt_tokens: int | None = Field(default=None, ge=0)
     """Prompts up to this many tokens are fed by the running batch's decode steps instead of a prefill pass
     while the batch is small; default 8 on a GPU, 0 (always prefill) on a CPU."""
+    background_pace: float = Field(default=1.0, ge=1.0)
+    """While other requests decode, a live preview (a realtime partial) is admitted once they have decoded this many
+    times as long as the last admission took: the share of the loop previews may take from them."""
     cross_cache_dtype: Literal["auto", "model", "int8"] = "auto"
     """Cross-attention cache type: the model's dtype, or int8 with a scale per vector (half the bytes each decode
     step reads on a GPU; same transcripts in our tests)."""

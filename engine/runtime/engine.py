@@ -98,6 +98,7 @@ class Engine(EngineFront):
         self._in_flight: Launch | None = None
         self._admitted_at = 0.0  # when the last admission (encoder pass and prompts) ended, and what it took
         self._admission_s = 0.0
+        self.background_pace = config.background_pace
         self.requests = RequestTable(runner, self.scheduler, self._mark_started)
         self.num_steps = 0
         self.num_tokens = 0
@@ -267,9 +268,13 @@ class Engine(EngineFront):
         sched, runner = self.scheduler, self.runner
         # Paced: until the running sequences have decoded for as long as the last admission took, only new
         # requests are admitted, so that a long upload's windows take at most about half of the loop from
-        # another request's steps (host time: on a GPU the launches return before the kernels end, and rarely pace)
+        # another request's steps (host time: on a GPU the launches return before the kernels end, and rarely pace);
+        # background windows (previews) wait `background_pace` times as long, and then go together
         started = time.perf_counter()
-        new = sched.admit(pace=started - self._admitted_at < self._admission_s)
+        since = started - self._admitted_at
+        new = sched.admit(
+            pace=since < self._admission_s, pace_background=since < self.background_pace * self._admission_s
+        )
         if not new:
             return new
         runner.admit(new)

@@ -21,9 +21,10 @@ class Scheduler:
     background requests (DecodeOptions.background: previews) only get slots no other window waits for.
     Each step admits at most `max_encoder_batch` windows so running sequences wait for at most one
     encoder batch between decode steps. While the engine paces admissions (`admit(pace=True)`), a window that
-    continues a request, or a background one, waits as long as another request's sequences decode: a long
-    upload's next window (an encoder pass that costs a CPU forty decode steps) must not stall a short request's
-    steps again and again. New requests are never held back. With `group_adapters` (a GPU serving LoRA adapters,
+    continues a request waits as long as another request's sequences decode: a long upload's next window (an
+    encoder pass that costs a CPU forty decode steps) must not stall a short request's steps again and again; a
+    background window waits likewise while `pace_background` (which the engine holds longer). New requests are
+    never held back. With `group_adapters` (a GPU serving LoRA adapters,
     whose encoder runs each adapter's windows of a pass on its merged weights when they are many) new windows of
     one adapter are admitted together: the next batch takes, after the first waiting window, the windows of its
     adapter among the next few batches' worth, then the next adapter's, in the order the adapters first appear;
@@ -62,16 +63,16 @@ class Scheduler:
         else:
             (self.waiting_next if continuing else self.waiting_new).append(job)
 
-    def admit(self, pace: bool = False) -> list[Sequence]:
+    def admit(self, pace: bool = False, pace_background: bool | None = None) -> list[Sequence]:
         """Give free rows and cross slots to waiting windows; the new sequences take the rows right after the
         running ones. A window decoded with beam search takes one row per beam, side by side, and one cross slot
         that its beams share (the runner makes them its beams: ModelRunner.admit). `pace`: hold back continuing
-        and background windows while other requests' sequences run."""
+        windows while other requests' sequences run; `pace_background` (None: as `pace`) background ones."""
         waiting = self.num_waiting
         rows = self.num_slots - len(self.running)
         if not waiting or not rows:  # most steps: nothing to admit, and nothing is counted (per step, per slot)
             return []
-        held = self._held() if pace else None
+        held = self._held(pace, pace if pace_background is None else pace_background)
         if held is not None:  # less the held, so that the encoder batch below is sized for what is taken
             waiting -= sum(held(job) for queue in (self.waiting_next, self.waiting_background) for job in queue)
         cross = self._free_cross(min(rows, self.max_encoder_batch, waiting))
@@ -87,11 +88,18 @@ class Scheduler:
         used = {s.cross_slot for s in self.running}
         return list(itertools.islice((c for c in range(self.num_cross_slots) if c not in used), max(limit, 0)))
 
-    def _held(self) -> Callable[[WindowJob], bool]:
-        """While pacing, a continuing or background window waits if another request's sequences are running (a
-        request's own windows do not slow another's)."""
+    def _held(self, pace: bool, pace_background: bool) -> Callable[[WindowJob], bool] | None:
+        """While pacing, a continuing (background) window waits if another request's sequences are running (a
+        request's own windows do not slow another's); None: nothing is paced."""
+        if not (pace or pace_background):
+            return None
         running = {s.job.request_id for s in self.running}
-        return lambda job: len(running) > 1 or (bool(running) and job.request_id not in running)
+
+        def held(job: WindowJob) -> bool:
+            paced = pace_background if job.background else pace
+            return paced and (len(running) > 1 or (bool(running) and job.request_id not in running))
+
+        return held
 
     def _take(self, free: int, slots: int, held: Callable[[WindowJob], bool] | None) -> list[WindowJob]:
         """Up to `free` waiting windows, in queue order (new windows by adapter with `group_adapters`), whose beams

@@ -80,6 +80,25 @@ def test_pacing_holds_another_requests_next_window_but_never_a_new_one():
     assert [s.job.request_id for s in sched.admit()] == ["long", "long"]
 
 
+def test_previews_are_paced_longer_than_continuing_windows_and_go_in_together():
+    """Background windows (live previews) wait while `pace_background` though continuing ones do not; once the
+    engine stops pacing them, those that waited meanwhile are admitted in one batch, after every other window."""
+    sched = Scheduler(num_slots=16, max_encoder_batch=8)
+    sched.add(job(request_id="final"), continuing=False)
+    sched.admit()
+    previews = []
+    for n in range(3):
+        preview = job(request_id=f"preview-{n}")
+        preview.background = True
+        previews.append(preview)
+        sched.add(preview, continuing=False)
+    sched.add(job(request_id="upload"), continuing=True)
+    # the continuing window goes in, the previews wait: another request decodes
+    assert [s.job.request_id for s in sched.admit(pace=False, pace_background=True)] == ["upload"]
+    assert list(sched.waiting_background) == previews
+    assert [s.job.request_id for s in sched.admit()] == ["preview-0", "preview-1", "preview-2"]
+
+
 def test_with_adapters_grouped_each_batch_takes_the_oldest_window_then_its_adapters_and_the_rest_keep_their_places():
     """A GPU serving adapters admits new windows of one adapter together (the encoder merges an adapter's weights
     once for all its windows in a pass); the windows passed over keep their places, so the oldest waiting window is
