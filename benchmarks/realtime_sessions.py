@@ -33,8 +33,10 @@ process tree) and the GPUs' memory in use (nvidia-smi) while the row ran, the se
 sessions whose p95 after the commit stays below 0.5 s;
 under each row, how many turns' final decodes started early (before the VAD ended the turn) and were used or
 dropped (the server's whisper_realtime_early_finals_total), how late the client sent its chunks (it runs in
-processes, one per 128 sessions), how long /health took (asked every 0.5 s while the row ran; target 100 ms), and
-the targets the row meets or misses (`--targets gpu` or `cpu`: targets()).
+processes, one per 128 sessions), how long /health took (asked every 0.5 s while the row ran; target 100 ms), the
+engine's load from the server's counters (the share of the run its loop spent in steps, tokens a step, and the mean
+time from a partial decode's launch to its delta: an engine busy the whole run while its GPU is not is bound by its
+host work), and the targets the row meets or misses (`--targets gpu` or `cpu`: targets()).
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
 """
@@ -375,6 +377,15 @@ def partial_decodes(url: str) -> float:
     return sum(metric(server, "whisper_realtime_partial_decodes_total", f'{{prefix="{p}"}}') for p in ("no", "yes"))
 
 
+def engine_load(url: str) -> list[float]:
+    """What shows where a live session's time goes, from the server's counters: the engine's busy seconds (inside its
+    loop's steps), steps and tokens, and the sum and count of its partial decodes' launch-to-delta latencies."""
+    server = SimpleNamespace(url=url)
+    engine = [metric(server, "whisper_engine_total", f'{{name="{n}"}}') for n in ("busy_seconds", "steps", "tokens")]
+    delta = [metric(server, f"whisper_realtime_delta_latency_seconds_{part}") for part in ("sum", "count")]
+    return engine + delta
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spawn", nargs="?", const="", default=None, help="start `python -m server serve SPAWN`")
@@ -419,10 +430,13 @@ def main() -> None:
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
             partials_before = partial_decodes(url)
+            load_before, started = engine_load(url), time.perf_counter()
             with PeakMemory(pid, url) as memory:
                 processes = args.client_processes or min(math.ceil(n / 128), max(1, (os.cpu_count() or 2) // 2))
                 processes = max(1, min(processes, n))
                 out, errors = run(url, pcm, n, delay, talk, processes)
+            busy, steps, tokens, delta_s, deltas = (b - a for a, b in zip(load_before, engine_load(url)))
+            wall = time.perf_counter() - started
             speech, commit, first, gaps, changed, sent, lag, late = ([row[i] for row in out] for i in range(8))
             peer = http_peer(url, pcm, n)
             done = f"{len(out)} turns, {n * args.turns} clips" if talk else f"{len(out)} of {n}"
@@ -440,6 +454,10 @@ def main() -> None:
                   f"client: {processes} processes, chunks sent late by at most {pct(late, 50):.3f} / {pct(late, 95):.3f} s "
                   f"(p50 / p95 of the sessions); /health p95 / max {pct(memory.health, 95) * 1000:.0f} / "
                   f"{max(memory.health, default=float('nan')) * 1000:.0f} ms")  # fmt: skip
+            # an engine busy the whole run while its GPU is not is bound by its loop's host work
+            print(f"  engine: busy {busy / wall:.0%} of the run, {tokens / max(steps, 1):.1f} tokens a step, "
+                  f"{steps / wall:.0f} steps a second; a partial decode's launch to its delta "
+                  f"{delta_s / deltas if deltas else float('nan'):.3f} s (mean)")  # fmt: skip
             checks = [(what, pct([row[i] for row in out], q), limit) for what, i, q, limit in targets(args.targets, n)]
             print(f"  targets ({args.targets}): " + "; ".join(
                 f"{what} {value:.3f} s {'<=' if value <= limit else '>'} {limit:g}: {'met' if value <= limit else 'MISSED'}"
