@@ -24,11 +24,11 @@ class Scheduler:
     continues a request waits as long as another request's sequences decode: a long upload's next window (an
     encoder pass that costs a CPU forty decode steps) must not stall a short request's steps again and again; a
     background window waits likewise while `pace_background` (which the engine holds longer). New requests are
-    never held back. With `group_adapters` (a GPU serving LoRA adapters,
-    whose encoder runs each adapter's windows of a pass on its merged weights when they are many) new windows of
-    one adapter are admitted together: the next batch takes, after the first waiting window, the windows of its
-    adapter among the next few batches' worth, then the next adapter's, in the order the adapters first appear;
-    the windows passed over keep their places, so the oldest still comes first in the next batch.
+    never held back. With `group_adapters` (a GPU serving LoRA adapters, whose encoder runs each adapter's windows
+    of a pass on its merged weights when they are many) new windows of one adapter are admitted together: the next
+    batch takes, after the first waiting window, the windows of its adapter among the next few batches' worth, then
+    the next adapter's, in the order the adapters first appear; the windows passed over keep their places, so the
+    oldest still comes first in the next batch.
     """
 
     def __init__(
