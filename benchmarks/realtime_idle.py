@@ -12,7 +12,9 @@ held, `--speaking` more sessions stream a LibriSpeech clip in real time as bench
 100 ms on a fresh connection. Prints, per phase (before, while the idle sessions connect, with them held, while the
 others speak, after all closed): the server's resident memory (the process and its children, from /proc: run it on
 the server's machine) and /health's latency p50 / p95 / max; then the speaking sessions' completed transcripts and
-their p50 / p95 after the commit and speech_stopped lag (realtime_sessions.py's). The server's
+their p50 / p95 after the commit and speech_stopped lag (realtime_sessions.py's). With `--silence` and the server's
+process known, also the server's CPU time per append while the idle sessions are held, in its own process and in
+its children: what one open microphone costs, and so how many one process can hear. The server's
 --realtime-max-sessions must admit them all.
 Target (issue: realtime for voice agents): memory bounded, /health under 100 ms throughout.
 """
@@ -25,6 +27,7 @@ import base64
 import http.client
 import json
 import multiprocessing
+import os
 import queue
 import statistics
 import sys
@@ -133,12 +136,35 @@ async def hold_idle(
         tick += 1
         if silence:
             await asyncio.gather(*(ws.send(chunk) for ws in sockets), return_exceptions=True)
+            out["sent"] = out.get("sent", 0) + len(sockets)
         late = max(late, time.perf_counter() - (start + (tick - 1) * 0.1))
         await asyncio.sleep(max(0.0, start + tick * 0.1 - time.perf_counter()))
     out["client_late_s"] = late
     open_at_release = sum(1 for ws in sockets if ws.state.name == "OPEN")
     out["open_at_release"] = open_at_release
     await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The server's CPU seconds so far (user and system, Linux /proc): its own process's, and its descendants'."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime and stime, stat's 14th and 15th fields
+
+    def children(p: int) -> list[int]:
+        return [int(c) for task in Path(f"/proc/{p}/task").iterdir() for c in (task / "children").read_text().split()]
+
+    descendants, todo = 0.0, children(pid)
+    while todo:
+        p = todo.pop()
+        try:
+            descendants += used(p)
+            todo += children(p)
+        except OSError:  # gone meanwhile
+            continue
+    return used(pid), descendants
 
 
 def main() -> None:
@@ -176,7 +202,11 @@ def main() -> None:
         idle.start()
         connected.wait()
         mark("held idle")
+        cpu_before, sent_before = (cpu_seconds(pid), held.get("sent", 0)) if pid and args.silence else (None, 0)
         time.sleep(args.hold_s)
+        if cpu_before is not None:  # what one open microphone's append costs the server, in each of its processes
+            sent = held.get("sent", 0) - sent_before
+            per_append = [(b - a) / max(sent, 1) * 1e6 for a, b in zip(cpu_before, cpu_seconds(pid))]
         rss["held idle"] = tree_rss_mib(pid) if pid else float("nan")
         mark("speaking")
         pcm = pcm24k(CLIP)
@@ -205,6 +235,10 @@ def main() -> None:
     worst = max((x for v in probe.latencies.values() for x in v), default=float("nan"))
     print(f"/health worst {worst * 1000:.1f} ms (target < {HEALTH_TARGET_S * 1000:.0f} ms): "
           f"{'met' if worst < HEALTH_TARGET_S and not probe.failures else 'NOT met'}")  # fmt: skip
+    if args.silence and pid:
+        print(f"server CPU per append while held ({sent:g} appends): {per_append[0]:.0f} us in its own process (the "
+              f"event loop, the appends' decoding, Silero where it runs in a thread), {per_append[1]:.0f} us in its "
+              f"child processes (Silero where it runs in one, the engine)")  # fmt: skip
     if args.speaking:
         after = [o[1] for o in out]
         print(f"{args.speaking} speaking beside them: {len(out)} completed, {len(errors)} failed; after the commit "
