@@ -27,6 +27,9 @@ MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while paddi
 # first token (the TTFT column of `benchmarks/gpu_throughput.py --concurrency 1`).
 PREFILL_TOKENS = (2, 3, 4)
 PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
+# Short contexts tiled across cross slots (live previews: ModelRunner.encode_into_slots) come a few at a time, each
+# pass at one of a few lengths; eagerly a pass launches the encoder's kernels one by one, hundreds of them
+SHORT_ENCODER_BATCH_BUCKETS = (1, 2, 4, 8)
 MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8)  # batches with a multi-step graph: a few windows, where the host bounds a step
 
 
@@ -124,6 +127,8 @@ class GraphRunner:
         self.adapted_decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.adapted_multi_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.short_encoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, mel frames)
+        self.pool = None  # the memory pool every graph shares (capture)
         self.stats = GraphStats()
 
     # ---- capture ----------------------------------------------------------------------------------
@@ -162,10 +167,22 @@ class GraphRunner:
     def _encode(self, bs: int) -> None:
         self.enc.features[:bs] = self.backend.encode(self.enc.mel[:bs])
 
+    def _short_buffers(self, bs: int, frames: int) -> tuple[Tensor, Tensor]:
+        """The static mel and features of a short pass (bs windows of `frames` mel frames), contiguous, laid over
+        the full windows' buffers (no two graphs run at once)."""
+        d = self.model.dims
+        mel = self.enc.mel.view(-1)[: bs * d.n_mels * frames].view(bs, d.n_mels, frames)
+        features = self.enc.features.view(-1)[: bs * (frames // 2) * d.n_audio_state]
+        return mel, features.view(bs, frames // 2, d.n_audio_state)
+
+    def _encode_short(self, bs: int, frames: int) -> None:
+        mel, features = self._short_buffers(bs, frames)
+        features.copy_(self.backend.encode(mel))
+
     @torch.inference_mode()
     def capture(self) -> None:
         free_before = torch.cuda.mem_get_info(self.device)[0]
-        pool = torch.cuda.graph_pool_handle()  # one pool shared by every graph: they never run at once
+        self.pool = pool = torch.cuda.graph_pool_handle()  # one pool shared by every graph: they never run at once
         stream = torch.cuda.Stream(self.device)
         # Capture the largest first so later, smaller graphs fit in the pool the first ones reserved.
         for bs in reversed(self.encoder_sizes):
@@ -201,6 +218,21 @@ class GraphRunner:
             used,
         )  # fmt: skip
 
+    @torch.inference_mode()
+    def capture_short_encoders(self, frames: list[int]) -> None:
+        """Encoder graphs for short contexts of these mel lengths, a few windows a pass, after capture(): in the
+        pool the full windows' passes reserved, which each of these fits."""
+        sizes = [b for b in SHORT_ENCODER_BATCH_BUCKETS if b <= self.encoder_sizes[-1]]
+        stream = torch.cuda.Stream(self.device)
+        for length in sorted(frames, reverse=True):
+            for bs in reversed(sizes):
+                self.short_encoder_graphs[(bs, length)] = self._capture_one(
+                    lambda: self._encode_short(bs, length), self.pool, stream
+                )
+        torch.cuda.synchronize(self.device)
+        log.info("captured %d encoder graphs of short contexts (batch %s x mel frames %s)",
+                 len(self.short_encoder_graphs), sizes, sorted(frames))  # fmt: skip
+
     def _capture_one(self, fn, pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -212,7 +244,6 @@ class GraphRunner:
         return graph
 
     # ---- replay -----------------------------------------------------------------------------------
-
 
     def encoder_size_for(self, n: int) -> int | None:
         """The captured batch size to pad n windows to, or None (run eagerly) when padding would waste too much."""
@@ -231,6 +262,8 @@ class GraphRunner:
     @torch.inference_mode()
     def encode(self, mels: Tensor) -> Tensor:
         n = mels.shape[0]
+        if mels.shape[-1] != N_FRAMES:
+            return self._encode_short_contexts(mels)
         size = self.encoder_size_for(n)
         if size is None:
             self.stats.encoder_eager += 1
@@ -242,6 +275,29 @@ class GraphRunner:
         self.encoder_graphs[size].replay()
         self.stats.encoder_replays += 1
         return self.enc.features[:n]
+
+    def _encode_short_contexts(self, mels: Tensor) -> Tensor:
+        """A pass of short contexts of one length: replayed in pieces of the captured batch sizes, eagerly where
+        none was captured at that length."""
+        n, frames = mels.shape[0], mels.shape[-1]
+        sizes = sorted(b for b, f in self.short_encoder_graphs if f == frames)
+        if not sizes:
+            self.stats.encoder_eager += 1
+            return self.backend.encode(mels)
+        pieces = []
+        for start in range(0, n, sizes[-1]):
+            piece = mels[start : start + sizes[-1]]
+            size = next(b for b in sizes if b >= len(piece))
+            mel, features = self._short_buffers(size, frames)
+            mel[: len(piece)].copy_(piece)
+            if size > len(piece):
+                mel[len(piece) :].zero_()  # padding rows: their output is ignored
+                self.stats.encoder_padded_windows += size - len(piece)
+            self.short_encoder_graphs[(size, frames)].replay()
+            self.stats.encoder_replays += 1
+            # the next piece's replay overwrites the static features: all but the last are copied out first
+            pieces.append(features[: len(piece)] if start + len(piece) >= n else features[: len(piece)].clone())
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     @torch.inference_mode()
     def decode(self, tokens: Tensor, positions: Tensor, kv_needed: int) -> Tensor | None:

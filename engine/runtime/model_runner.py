@@ -162,6 +162,8 @@ class ModelRunner:
         # where the kernels read whole cross slots, short contexts are tiled across them (encode_into_slots) once
         # each length has run here; else (a failure at start) they are encoded as full windows
         self.tiles_short_contexts = not self.backend.short_context and self._warm_tiled_lengths()
+        if self.graphs is not None and self.tiles_short_contexts:
+            self._capture_short_encoders()
 
     @torch.inference_mode()
     def _warm_tiled_lengths(self) -> bool:
@@ -171,10 +173,9 @@ class ModelRunner:
         of each length on a busy engine. False, logged, if one fails."""
         dims = self.model.dims
         try:
-            for n in range(-(-dims.n_audio_ctx // 6), dims.n_audio_ctx):
-                if dims.n_audio_ctx % n == 0:
-                    mel = torch.zeros(1, dims.n_mels, 2 * n, device=self.device, dtype=self.dtype)
-                    self.model.decoder.fill_cross_cache(self.backend.encode(mel), self.cache, [0], tile=True)
+            for n in self._tiled_lengths():
+                mel = torch.zeros(1, dims.n_mels, 2 * n, device=self.device, dtype=self.dtype)
+                self.model.decoder.fill_cross_cache(self.backend.encode(mel), self.cache, [0], tile=True)
         except Exception:  # partials then cost full windows, which every backend runs
             log.warning("short contexts could not be tiled across cross slots here: full windows instead",
                         exc_info=True)  # fmt: skip
@@ -182,6 +183,21 @@ class ModelRunner:
         finally:
             self.cache.set_cross_len(0, dims.n_audio_ctx)
         return True
+
+    def _tiled_lengths(self) -> list[int]:
+        """The encoder positions of the tiled short contexts warmed and captured: from a sixth of a window up (a
+        partial decode of 2 s of audio and its margin on); shorter ones run eagerly."""
+        ctx = self.model.dims.n_audio_ctx
+        return [n for n in range(-(-ctx // 6), ctx) if ctx % n == 0]
+
+    def _capture_short_encoders(self) -> None:
+        """Graphs of the tiled lengths' encoder passes (GraphRunner.capture_short_encoders); if capture fails here,
+        those passes run eagerly as before, logged."""
+        try:
+            self.graphs.capture_short_encoders([2 * n for n in self._tiled_lengths()])
+        except Exception:  # an optimisation: the eager passes give the same features
+            log.warning("short contexts' encoder graphs could not be captured: eager passes instead", exc_info=True)
+            self.graphs.short_encoder_graphs.clear()
 
     def _adapters(self, config: EngineConfig) -> Adapters | None:
         """The LoRA adapters' bank where the config allows any, its deltas added to every product path of the
@@ -314,10 +330,10 @@ class ModelRunner:
         for i, mel in enumerate(mels):
             passes.setdefault((mel.shape[-1], adapters[i]), []).append(i)
         passes = self._adapter_passes(passes, adapters)
-        for (frames, _), group in passes.items():
+        for group in passes.values():
             batch = torch.stack([mels[i] for i in group]).to(device=self.device, dtype=self.dtype)
             self.use_adapters([adapters[i] for i in group])
-            graph = self.graphs and frames == N_FRAMES and not self.backend.adapted  # captured without adapters
+            graph = self.graphs and not self.backend.adapted  # captured without adapters
             encode = self.graphs.encode if graph else self.backend.encode
             self.model.decoder.fill_cross_cache(encode(batch), self.cache, [cross_slots[i] for i in group], tile)
 

@@ -69,3 +69,30 @@ def test_an_engine_decodes_a_short_context_as_the_cpu_reads_it(cuda, gpu_model, 
             engine.shutdown()
     # float16 on the GPU, the CPU's own precision there: the same words, case and punctuation aside
     assert texts[0] and normalize_text(texts[0]) == normalize_text(texts[1]), texts
+
+
+def test_short_contexts_replay_encoder_graphs_that_give_the_eager_passes_features(cuda, gpu_model):
+    """Every tiled length has encoder graphs of a few windows: a pass of 1, 8, 3 (padded to 4) and 11 windows (a
+    piece of 8, then 3) replays them and gives the features of the same pass run eagerly: bit for bit at a captured
+    size; padded, the products' row count differs, which may change their tiling, so up to float16 rounding."""
+    from engine.runtime.model_runner import ModelRunner
+
+    runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=16))
+    graphs, dims = runner.graphs, runner.model.dims
+    assert runner.tiles_short_contexts and graphs is not None
+    lengths = sorted({frames for _, frames in graphs.short_encoder_graphs})
+    assert lengths == [2 * n for n in range(250, 1500) if 1500 % n == 0], lengths
+    gen = torch.Generator(cuda).manual_seed(0)
+    for frames in (lengths[0], lengths[-1]):
+        for n in (1, 8, 3, 11):
+            mels = torch.randn(n, dims.n_mels, frames, device=cuda, generator=gen).to(runner.dtype)
+            replays = graphs.stats.encoder_replays
+            with torch.inference_mode():
+                replayed = graphs.encode(mels).clone()
+                eager = runner.backend.encode(mels)
+            assert graphs.stats.encoder_replays == replays + (2 if n > 8 else 1), (frames, n)
+            assert replayed.shape == (n, frames // 2, dims.n_audio_state)
+            if n in (1, 8):
+                assert torch.equal(replayed, eager), (frames, n)
+            else:
+                torch.testing.assert_close(replayed, eager, rtol=1e-2, atol=1e-2)
