@@ -162,7 +162,7 @@ class ModelRunner:
         # where the kernels read whole cross slots, short contexts are tiled across them (encode_into_slots) once
         # each length has run here; else (a failure at start) they are encoded as full windows
         self.tiles_short_contexts = not self.backend.short_context and self._warm_tiled_lengths()
-        if self.graphs is not None and self.tiles_short_contexts:
+        if self.graphs is not None and self.tiles_short_contexts and config.short_context_graphs:
             self._capture_short_encoders()
 
     @torch.inference_mode()

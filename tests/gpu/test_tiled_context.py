@@ -77,7 +77,7 @@ def test_short_contexts_replay_encoder_graphs_that_give_the_eager_passes_feature
     size; padded, the products' row count differs, which may change their tiling, so up to float16 rounding."""
     from engine.runtime.model_runner import ModelRunner
 
-    runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=16))
+    runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=16, short_context_graphs=True))
     graphs, dims = runner.graphs, runner.model.dims
     assert runner.tiles_short_contexts and graphs is not None
     lengths = sorted({frames for _, frames in graphs.short_encoder_graphs})
