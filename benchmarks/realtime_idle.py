@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.realtime_sessions import pct
 from benchmarks.realtime_sessions import run as speak
 from tests.helpers.realtime import pcm24k
-from tests.helpers.server import spawn_or_exit, tree_rss_mib
+from tests.helpers.server import process_tree, spawn_or_exit, tree_rss_mib
 
 HEALTH_TARGET_S = 0.1
 CLIP = ROOT / "tests" / "data" / "g1_en_librispeech-test-clean_1221-135766-0001.wav"
@@ -153,15 +153,12 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
         fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / tick  # utime and stime, stat's 14th and 15th fields
 
-    def children(p: int) -> list[int]:
-        return [int(c) for task in Path(f"/proc/{p}/task").iterdir() for c in (task / "children").read_text().split()]
-
-    descendants, todo = 0.0, children(pid)
-    while todo:
-        p = todo.pop()
+    descendants = 0.0
+    for p in process_tree(pid):
+        if p == pid:
+            continue
         try:
             descendants += used(p)
-            todo += children(p)
         except OSError:  # gone meanwhile
             continue
     return used(pid), descendants

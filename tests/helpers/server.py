@@ -26,16 +26,28 @@ STARTUP_TIMEOUT_S = 600  # first start may load weights from a cold disk
 REQUEST_TIMEOUT_S = 600
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of the process `pid` and all its descendants, MiB (Linux /proc)."""
-    total, todo = 0, [pid]
+def process_tree(pid: int) -> list[int]:
+    """The process `pid` and all its descendants (Linux /proc), those gone meanwhile left out."""
+    tree, todo = [], [pid]
     while todo:
         p = todo.pop()
         try:
+            todo += [
+                int(c) for task in Path(f"/proc/{p}/task").iterdir() for c in (task / "children").read_text().split()
+            ]
+        except OSError:
+            continue
+        tree.append(p)
+    return tree
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of the process `pid` and all its descendants, MiB (Linux /proc)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
             status = Path(f"/proc/{p}/status").read_text()
             total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, StopIteration):
             continue
     return total / 1024
