@@ -62,9 +62,9 @@ class EngineConfig:
     # that waited meanwhile are encoded together. 1: paced as a continuing window is.
     background_pace: float = 1.0
     # CUDA graphs for the encoder passes of short contexts tiled across cross slots (live previews), a few windows a
-    # pass at each tiled length (GraphRunner.capture_short_encoders); off: those passes run eagerly. Off by default
-    # until measured on a GPU (benchmarks/realtime_sessions.py).
-    short_context_graphs: bool = False
+    # pass at each tiled length (GraphRunner.capture_short_encoders); off: those passes run eagerly (an A/B:
+    # benchmarks/realtime_sessions.py, a partial decode's launch to its delta).
+    short_context_graphs: bool = True
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None
     # Decode steps per launch while a few windows (up to 8) decode greedily and none waits: one CUDA graph replays

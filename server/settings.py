@@ -212,8 +212,9 @@ class Settings(BaseSettings):
     background_pace: float = Field(default=1.0, ge=1.0)
     """While other requests decode, a live preview (a realtime partial) is admitted once they have decoded this many
     times as long as the last admission took: the share of the loop previews may take from them."""
-    short_context_graphs: bool = False
-    """CUDA graphs for the encoder passes of live previews' short contexts (a GPU; off: those passes run eagerly)."""
+    short_context_graphs: bool = True
+    """CUDA graphs for the encoder passes of live previews' short contexts (a GPU; off: those passes run eagerly,
+    for an A/B)."""
     cross_cache_dtype: Literal["auto", "model", "int8"] = "auto"
     """Cross-attention cache type: the model's dtype, or int8 with a scale per vector (half the bytes each decode
     step reads on a GPU; same transcripts in our tests)."""
