@@ -2,8 +2,8 @@
 the device (the last token, the one before and the last timestamp), so a step launched before the previous one is
 read, and the multi-step graph, can apply them.
 
-On a GPU the rules are a fixed sequence of batched operations over the rows (no host value, so a graph can replay
-them). On a CPU, where reading the state costs nothing, each row's rules become the few slices that apply to it,
+On a GPU the rules are one kernel, a program per row (engine/kernels/timestamp_rules.py), or without Triton a fixed
+sequence of batched operations over the rows; neither reads a host value, so a graph can replay them. On a CPU, where reading the state costs nothing, each row's rules become the few slices that apply to it,
 filled in place: each batched operation is a pass over a copy of the rows' whole vocabulary, a large share of a
 small model's step there. Both compute the same edits; which one runs is chosen once, by the device.
 """
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from engine.decoding.rule import NEG_INF, LogitRule, RuleRows, RuleSetup, StepContext
-from engine.kernels import row_logsumexp
+from engine.kernels import row_logsumexp, timestamp_rules
 
 if TYPE_CHECKING:
     from engine.runtime.sequence import WindowJob
@@ -48,18 +48,18 @@ class TimestampRules(LogitRule):
     def admit(self, job: WindowJob) -> bool | None:
         return True if job.with_timestamps else None
 
-    def inputs(self, rows: RuleRows, step: StepContext) -> TimestampInputs | HostRows:
+    def inputs(self, rows: RuleRows, step: StepContext) -> DeviceRows | HostRows:
         assert step.rule_state is not None, "a timestamp row without the rule state"
         if self.on_host:
             return HostRows(rows.rows, step.rule_state)
-        return self.state_inputs(step.to_device(rows.rows), step.rule_state)
+        return DeviceRows(step.to_device(rows.rows), step.rule_state)
 
     def apply_every_row(self, logits: Tensor, state: Tensor) -> None:
         """The rules on every row of `logits`, given every row's state (the multi-step form)."""
         if self.on_host:
             self.apply(logits, HostRows(range(len(logits)), state))
         else:
-            self.apply(logits, self.state_inputs(torch.arange(len(logits), device=logits.device), state))
+            self.apply(logits, DeviceRows(torch.arange(len(logits), device=logits.device), state))
 
     def state_inputs(self, rows: Tensor, state: Tensor) -> TimestampInputs:
         """The rules' inputs for `rows` from the rule state: per row of a batch its last token, the one before (-1:
@@ -79,11 +79,19 @@ class TimestampRules(LogitRule):
         last_ts = torch.where(tokens >= self.ts_begin, tokens, state[:, 2])
         return torch.stack((tokens, state[:, 0], last_ts), dim=1)
 
-    def apply(self, logits: Tensor, r: TimestampInputs | HostRows) -> None:
+    def apply(self, logits: Tensor, r: TimestampInputs | DeviceRows | HostRows) -> None:
         if isinstance(r, HostRows):
             for row, (last, penult, last_ts) in zip(r.rows, r.state[list(r.rows)].tolist()):
                 self._apply_row(logits[row], last, penult, last_ts)
             return
+        if isinstance(r, DeviceRows):
+            if timestamp_rules.applies(logits):
+                timestamp_rules.apply_rules(
+                    logits, r.rows, r.state.contiguous(), self.ts_begin, self.eot, self.no_timestamps,
+                    self.max_initial_offset,
+                )  # fmt: skip
+                return
+            r = self.state_inputs(r.rows, r.state)
         x = logits[r.rows]  # (n, n_vocab) copy of the timestamp rows; written back at the end
         x[:, self.no_timestamps] = NEG_INF
         ts, text = x[:, self.ts_begin :], x[:, : self.eot]  # views into x
@@ -125,6 +133,14 @@ class TimestampRules(LogitRule):
         logprobs = torch.log_softmax(x, dim=-1)
         if logprobs[ts_begin:].logsumexp(dim=-1) > logprobs[:ts_begin].amax():
             x[:ts_begin] = neg_inf
+
+
+@dataclass(slots=True)
+class DeviceRows:
+    """On a GPU: the timestamp rows' indices in the batch (on the device) and the batch's rule state."""
+
+    rows: Tensor  # (n,) int64
+    state: Tensor  # (batch, 3) int64
 
 
 @dataclass(slots=True)

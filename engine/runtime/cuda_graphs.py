@@ -20,12 +20,14 @@ log = logging.getLogger(__name__)
 DECODE_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 MAX_ENCODER_PADDING = 0.25  # pad a batch up to a captured size only while padding stays under this share
-# Prompt passes with a graph: windows admitted when none is running (slots 0..n-1), every prompt the same length and
-# starting with <|startoftranscript|>: [sot] [lang task] [notimestamps] is 2-4 tokens. Eagerly such a pass launches
-# hundreds of kernels one by one, the time of several graph-replayed steps; fed one token per graph-replayed step it
-# costs a step per token; replayed, it is one pass for the whole prompt, which shortens a lone window's time to
-# first token (the TTFT column of `benchmarks/gpu_throughput.py --concurrency 1`).
-PREFILL_TOKENS = (2, 3, 4)
+# Prompt passes with a graph: a few windows admitted together, their prompts right-padded to a captured length.
+# [sot] [lang task] [notimestamps] is 2-4 tokens; a live preview's prompt carries the words its turn has sent, and a
+# window may carry the text before it. Eagerly such a pass launches hundreds of kernels one by one, the time of
+# several graph-replayed steps; fed one token per graph-replayed step it costs a step per token; replayed, it is one
+# pass for the whole prompt: a lone window's time to first token (the TTFT column of `benchmarks/gpu_throughput.py
+# --concurrency 1`), and the host time of every admission beside running windows (live previews come by the
+# dozen a second: `benchmarks/realtime_sessions.py`, a partial decode's launch to its delta).
+PREFILL_TOKENS = (2, 3, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
 # Short contexts tiled across cross slots (live previews: ModelRunner.encode_into_slots) come a few at a time, each
 # pass at one of a few lengths; eagerly a pass launches the encoder's kernels one by one, hundreds of them
@@ -46,7 +48,8 @@ class DecoderBuffers:
     positions: Tensor  # (max_bs, 1) int64
     logits: Tensor  # (max_bs, n_vocab) float32
     prompt: Tensor  # (max prefill batch, max prompt length) int64: a prompt pass's tokens
-    prompt_logits: Tensor  # (2, max prefill batch, n_vocab) float32: at each prompt's last token and at its first
+    prompt_index: Tensor  # (3, max prefill batch) int64: each row, its prompt's last token and its <|sot|>
+    prompt_logits: Tensor  # (2, max prefill batch, n_vocab) float32: at each prompt's last token and at its sot
     no_eot: Tensor  # (max multi-step batch,) bool: rows whose multi-step steps must not end (fixed token counts)
     multi_tokens: Tensor  # (steps, max multi-step batch) int64: each step's greedy tokens
     multi_logprobs: Tensor  # (steps, max multi-step batch) float32: their log-probabilities
@@ -100,6 +103,9 @@ class GraphRunner:
         max_bs = self.decode_sizes[-1]
         self.prefill_sizes = [b for b in PREFILL_BATCH_BUCKETS if b <= num_slots]
         self.prefill_tokens = [t for t in PREFILL_TOKENS if t <= n_ctx]
+        # The rows a prompt graph writes: the last ones, free unless the batch is nearly full. New windows take the
+        # rows after the running ones, wherever those end; their prompts' keys and values are copied there after.
+        self.prompt_row = max(0, num_slots - self.prefill_sizes[-1])
         # several steps per replay need the step kernel (each row attends its own prefix, whatever its position)
         self.multi_steps = multi_steps if processor is not None and self.step_kernel else 1
         self.multi_sizes = [b for b in MULTI_STEP_BATCH_BUCKETS if b <= num_slots] if self.multi_steps > 1 else []
@@ -109,7 +115,8 @@ class GraphRunner:
             tokens=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             positions=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             logits=torch.zeros(max_bs, dims.n_vocab, dtype=torch.float32, device=dev),
-            prompt=torch.zeros(self.prefill_sizes[-1], max(PREFILL_TOKENS, default=1), dtype=torch.long, device=dev),
+            prompt=torch.zeros(self.prefill_sizes[-1], max(self.prefill_tokens), dtype=torch.long, device=dev),
+            prompt_index=torch.arange(self.prefill_sizes[-1], device=dev).repeat(3, 1),
             prompt_logits=torch.zeros(2, self.prefill_sizes[-1], dims.n_vocab, dtype=torch.float32, device=dev),
             no_eot=torch.zeros(max_mb, dtype=torch.bool, device=dev),
             multi_tokens=torch.zeros(self.multi_steps, max_mb, dtype=torch.long, device=dev),
@@ -138,11 +145,13 @@ class GraphRunner:
         self.backend.logits(hidden[:, -1], out=self.dec.logits[:bs])
 
     def _prefill(self, bs: int, width: int) -> None:
-        """The prompt pass of rows 0..bs-1 (slots 0..bs-1), prompts of `width` tokens from position 0: logits at
-        each prompt's last token (the first sampled token) and at its first (the no-speech probability)."""
-        hidden = self.backend.prompt_pass(self.dec.prompt[:bs, :width], self.cache, 0)
-        self.backend.logits(hidden[:, width - 1], out=self.dec.prompt_logits[0, :bs])
-        self.backend.logits(hidden[:, 0], out=self.dec.prompt_logits[1, :bs])
+        """The prompt pass of bs rows in slots prompt_row.., prompts of up to `width` tokens from position 0: logits
+        at each prompt's last token (the first sampled token) and at its <|startoftranscript|> (the no-speech
+        probability), where prompt_index says."""
+        hidden = self.backend.prompt_pass(self.dec.prompt[:bs, :width], self.cache, self.prompt_row)
+        rows, last, sot = self.dec.prompt_index[:, :bs]
+        self.backend.logits(hidden[rows, last], out=self.dec.prompt_logits[0, :bs])
+        self.backend.logits(hidden[rows, sot], out=self.dec.prompt_logits[1, :bs])
 
     def _multi_step(self, bs: int, timestamps: bool) -> None:
         """multi_steps greedy steps of rows 0..bs-1: each step's logits get the rules (LogitsProcessor.plain, with
@@ -320,23 +329,41 @@ class GraphRunner:
         return self.dec.logits[:n]
 
     def prefill_size_for(self, n: int, width: int) -> int | None:
-        """The captured prompt-pass batch for n prompts of `width` tokens, or None (no graph)."""
-        if width not in self.prefill_tokens:
+        """The captured prompt-pass batch for n prompts of up to `width` tokens, or None (no graph)."""
+        if width > self.prefill_tokens[-1]:
             return None
         return next((b for b in self.prefill_sizes if b >= n), None)
 
+    def prefill_fits(self, start: int, n: int, width: int) -> bool:
+        """Whether prefill() serves n new rows start.. with prompts of up to `width` tokens: a graph of that size,
+        and rows that end before the graph's own (prompt_row), or are them."""
+        fits_rows = start == self.prompt_row or start + n <= self.prompt_row
+        return fits_rows and self.prefill_size_for(n, width) is not None
+
     @torch.inference_mode()
-    def prefill(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """A prompt pass for rows 0..n-1 (slots 0..n-1, no other row running): tokens (n, width) with a graph
-        (prefill_size_for). Returns the float32 logits at each prompt's last and first token, (n, n_vocab) each."""
+    def prefill(self, tokens: Tensor, index: Tensor, start: int, cross_slots: list[int]) -> tuple[Tensor, Tensor]:
+        """A prompt pass for new rows start..start+n-1 (prefill_fits), reading the cross slots `cross_slots`:
+        tokens (n, width) right-padded, index (2, n): each prompt's last token and its <|startoftranscript|>.
+        The graph's rows (prompt_row..) read those cross slots, and their keys and values are copied to the new
+        rows after. Returns the float32 logits at each prompt's last token and at its sot, (n, n_vocab) each."""
         n, width = tokens.shape
         bs = self.prefill_size_for(n, width)
-        assert bs is not None, (n, width)
+        assert bs is not None and self.prefill_fits(start, n, width), (start, n, width)
+        captured = next(w for w in self.prefill_tokens if w >= width)
+        moved = start != self.prompt_row
+        if moved:
+            self.cache.map_rows(self.prompt_row, cross_slots)
         self.dec.prompt[:n, :width].copy_(tokens)
-        if bs > n:  # padding rows write positions 0..width-1 of free slots, as the decode graphs' padding does
-            self.dec.prompt[n:bs, :width].zero_()
-        self.prefill_graphs[(bs, width)].replay()
+        self.dec.prompt_index[1:, :n].copy_(index)
+        if captured > width:  # past each prompt's end: written into the cache, never attended to
+            self.dec.prompt[:n, width:captured].zero_()
+        if bs > n:  # padding rows write positions of free slots, as the decode graphs' padding does
+            self.dec.prompt[n:bs, :captured].zero_()
+            self.dec.prompt_index[1:, n:bs].zero_()
+        self.prefill_graphs[(bs, captured)].replay()
         self.stats.prefill_replays += 1
+        if moved:
+            self.cache.move_slots([(self.prompt_row + i, start + i, width) for i in range(n)])
         return self.dec.prompt_logits[0, :n], self.dec.prompt_logits[1, :n]
 
     def multi_size_for(self, n: int) -> int | None:

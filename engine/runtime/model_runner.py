@@ -373,14 +373,12 @@ class ModelRunner:
         self.beam_search.admit(seqs)
 
     def prompt_graph_fits(self, seqs: list[Sequence]) -> bool:
-        """Whether prefill(seqs) replays a graph: new sequences in slots 0..n-1 (nothing else running), prompts of
-        one captured length, each starting with <|startoftranscript|> (its logits give the no-speech probability)."""
-        width = len(seqs[0].pending)
+        """Whether prefill(seqs) replays a graph (GraphRunner.prefill_fits): no adapter, a few new sequences whose
+        rows end before the graph's, prompts no longer than the longest captured."""
         adapted = self.adapters is not None and any(s.job.options.adapter for s in seqs)
         return (
-            self.graphs is not None and not adapted and seqs[0].slot == 0 and all(len(s.pending) == width for s in seqs)
-            and all(s.pending[0] == self.tokenizer.sot for s in seqs)
-            and self.graphs.prefill_size_for(len(seqs), width) is not None
+            self.graphs is not None and not adapted
+            and self.graphs.prefill_fits(seqs[0].slot, len(seqs), max(len(s.pending) for s in seqs))
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -392,15 +390,15 @@ class ModelRunner:
         width = max(lengths)
         rows = [s.pending + [self.tokenizer.eot] * (width - len(s.pending)) for s in seqs]
         tokens = self.io.to_device(rows)
+        # each prompt's last token (the first sampled token's logits) and its <|sot|> (the no-speech probability)
+        index = self.io.to_device([[n - 1 for n in lengths], [s.pending.index(self.tokenizer.sot) for s in seqs]])
         if self.prompt_graph_fits(seqs):
-            logits, sot_logits = self.graphs.prefill(tokens)
+            logits, sot_logits = self.graphs.prefill(tokens, index, slot_start, [s.cross_slot for s in seqs])
         else:
             hidden = self.backend.prompt_pass(tokens, self.cache, slot_start)
-            last = self.io.to_device(lengths) - 1
-            sot_index = self.io.to_device([s.pending.index(self.tokenizer.sot) for s in seqs])
             batch = torch.arange(len(seqs), device=self.device)
-            logits = self.backend.logits(hidden[batch, last])
-            sot_logits = self.backend.logits(hidden[batch, sot_index])
+            logits = self.backend.logits(hidden[batch, index[0]])
+            sot_logits = self.backend.logits(hidden[batch, index[1]])
         no_speech = sot_logits.softmax(dim=-1)[:, self.tokenizer.no_speech]
         timestamps = any(s.job.with_timestamps for s in seqs)
         state = self.io.to_device([host_state(s) for s in seqs]) if timestamps else None

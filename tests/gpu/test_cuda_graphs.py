@@ -5,11 +5,11 @@ test_engine_graphs_give_eager_tokens); with the batch-invariant kernels there is
 test_batch_invariance.py asserts identity."""
 
 import jiwer
+import numpy as np
 import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.decoding import Sampler
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
@@ -63,28 +63,68 @@ def test_every_decoder_bucket_matches_eager(graph_engine):
 
 
 def test_every_prompt_graph_matches_eager(graph_engine):
-    """A prompt pass replayed from its graph (batch x prompt length, padded batches included) against the eager
-    pass over the same rows: logits at each prompt's last token (the first sampled) and at its first."""
+    """A prompt pass replayed from its graph (batch x captured length, padded batches and prompts shorter than the
+    length included, <|startoftranscript|> anywhere in them) against the eager pass over the same rows, for new rows
+    at slot 0 and after running ones: logits at each prompt's last token (the first sampled) and at its sot, and
+    the keys and values the pass leaves in the new rows."""
     runner = graph_engine.runner
     graphs, backend, cache = runner.graphs, runner.backend, runner.cache
     replays = graphs.stats.prefill_replays
+    sot = runner.tokenizer.sot
     with torch.inference_mode():
         gen = random_cross_cache(runner, max(graphs.prefill_sizes), seed=3)
-        checked = 0
+        checked, shorter = 0, 0
         for width in graphs.prefill_tokens:
             for n in sorted({1, 3, *graphs.prefill_sizes}):
-                if graphs.prefill_size_for(n, width) is None:
+                start = 0 if (n + width) % 2 else 5  # new rows after five running ones, or the first rows
+                if graphs.prefill_size_for(n, width) is None or not graphs.prefill_fits(start, n, width):
                     continue
+                lengths = torch.randint(max(1, width // 2), width + 1, (n,), generator=gen, device="cpu").tolist()
+                lengths[0] = width  # the longest fills the captured length; the rest may be shorter
+                shorter += any(length < width for length in lengths)
                 tokens = torch.randint(0, 50000, (n, width), device=runner.device, generator=gen)
-                tokens[:, 0] = runner.tokenizer.sot
-                last, first = (t.clone() for t in graphs.prefill(tokens))
-                hidden = backend.prompt_pass(tokens, cache, 0)
-                for got, want in ((last, backend.logits(hidden[:, -1])), (first, backend.logits(hidden[:, 0]))):
-                    assert torch.equal(got.argmax(-1), want.argmax(-1)), (n, width)
-                    assert (got - want).abs().max().item() < 1e-2 * want.abs().max().item(), (n, width)
+                sot_at = [int(torch.randint(0, length, (1,), generator=gen, device="cpu")) for length in lengths]
+                for row, at in enumerate(sot_at):
+                    tokens[row, at] = sot
+                index = torch.tensor([[length - 1 for length in lengths], sot_at], device=runner.device)
+                cross = list(range(n))[::-1]
+                last, first = (t.clone() for t in graphs.prefill(tokens, index, start, cross))
+                rows = slice(start, start + n)
+                kv = cache.self_kv[:, :, rows, :, :width].clone()
+                cache.map_rows(start, cross)
+                hidden = backend.prompt_pass(tokens, cache, start)
+                batch = torch.arange(n, device=runner.device)
+                for got, want in ((last, backend.logits(hidden[batch, index[0]])),
+                                  (first, backend.logits(hidden[batch, index[1]]))):  # fmt: skip
+                    assert torch.equal(got.argmax(-1), want.argmax(-1)), (n, width, start)
+                    assert (got - want).abs().max().item() < 1e-2 * want.abs().max().item(), (n, width, start)
+                want_kv = cache.self_kv[:, :, rows, :, :width]
+                for row, length in enumerate(lengths):  # past a prompt's end the cache holds padding's keys
+                    got_row, want_row = kv[:, :, row, :, :length], want_kv[:, :, row, :, :length]
+                    assert (got_row - want_row).abs().max().item() < 1e-2 * want_row.abs().max().item() + 1e-3
                 checked += 1
-    assert checked >= len(graphs.prefill_tokens) * len(graphs.prefill_sizes)
+    assert checked >= len(graphs.prefill_tokens) * len(graphs.prefill_sizes) and shorter
     assert graphs.stats.prefill_replays == replays + checked
+
+
+def test_a_prompt_beside_running_windows_is_one_replayed_pass(graph_engine, eager_engine, gpu_clips, read_wav):
+    """A window admitted while another request decodes, with the text before it as its prompt (past the 2-4 tokens
+    of a bare prompt): its prompt pass replays a graph in the rows past the running ones, and its transcript is the
+    eager engine's."""
+    jfk = read_wav(next(p for p in gpu_clips if "jfk" in p.name))
+    long = np.concatenate([read_wav(p) for p in gpu_clips if "jfk" not in p.name][:3])
+    options = DecodeOptions(without_timestamps=True, temperatures=(0.0,),
+                            prompt="The President spoke to the nation in January, at his inauguration.")  # fmt: skip
+    plain = DecodeOptions(temperatures=(0.0,))
+    stats = graph_engine.runner.graphs.stats
+    before = stats.prefill_replays
+    running = graph_engine.submit(long, plain)
+    replayed = graph_engine.transcribe(jfk, options).text.lower()
+    running.wait()
+    assert stats.prefill_replays >= before + 1
+    eager = eager_engine.transcribe(jfk, options).text.lower()
+    assert "ask not what your country can do for you" in replayed
+    assert jiwer.wer(eager, replayed) < 0.05, (replayed, eager)
 
 
 def test_a_lone_window_prompt_is_one_replayed_pass(graph_engine, eager_engine, gpu_clips, read_wav):
