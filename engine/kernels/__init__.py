@@ -12,6 +12,7 @@ says which of them run.
   whatever the batch).
 - encoder_attention.py: the encoder's self-attention, each (window, head, query block) computed alone.
 - row_logsumexp.py: a row-invariant logsumexp on the GPU (the timestamp rules' comparison).
+- timestamp_rules.py: the timestamp rules on the GPU in one kernel, a program per row.
 - lora.py: a decode step's LoRA deltas, each row on its own adapter, in one Triton kernel per product.
 
 Each function falls back to torch where its kernel cannot run. Imports only torch, Triton and each other.

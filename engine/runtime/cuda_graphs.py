@@ -116,7 +116,7 @@ class GraphRunner:
             positions=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             logits=torch.zeros(max_bs, dims.n_vocab, dtype=torch.float32, device=dev),
             prompt=torch.zeros(self.prefill_sizes[-1], max(self.prefill_tokens), dtype=torch.long, device=dev),
-            prompt_index=torch.arange(self.prefill_sizes[-1], device=dev).repeat(3, 1),
+            prompt_index=torch.arange(self.prefill_sizes[-1], device=dev) * torch.tensor([[1], [0], [0]], device=dev),
             prompt_logits=torch.zeros(2, self.prefill_sizes[-1], dims.n_vocab, dtype=torch.float32, device=dev),
             no_eot=torch.zeros(max_mb, dtype=torch.bool, device=dev),
             multi_tokens=torch.zeros(self.multi_steps, max_mb, dtype=torch.long, device=dev),
