@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_phases import print_engine_phases  # noqa: E402
 
-from engine import audio as engine_audio  # noqa: E402
+from engine.audio import uploads as engine_audio  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 
 CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "g1_en_spontaneous_mfa-acoustic-corpus.wav"
