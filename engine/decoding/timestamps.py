@@ -3,9 +3,10 @@ the device (the last token, the one before and the last timestamp), so a step la
 read, and the multi-step graph, can apply them.
 
 On a GPU the rules are one kernel, a program per row (engine/kernels/timestamp_rules.py), or without Triton a fixed
-sequence of batched operations over the rows; neither reads a host value, so a graph can replay them. On a CPU, where reading the state costs nothing, each row's rules become the few slices that apply to it,
-filled in place: each batched operation is a pass over a copy of the rows' whole vocabulary, a large share of a
-small model's step there. Both compute the same edits; which one runs is chosen once, by the device.
+sequence of batched operations over the rows; neither reads a host value, so a graph can replay them. On a CPU,
+where reading the state costs nothing, each row's rules become the few slices that apply to it, filled in place:
+each batched operation is a pass over a copy of the rows' whole vocabulary, a large share of a small model's step
+there. All compute the same edits; which one runs is chosen once, by the device.
 """
 
 from __future__ import annotations
