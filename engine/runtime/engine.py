@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -103,6 +104,7 @@ class Engine(EngineFront):
         self.num_steps = 0
         self.num_tokens = 0
         self.busy_seconds = 0.0  # time spent in step(): busy / wall time is how loaded the engine is
+        self.single_steps: collections.Counter[str] = collections.Counter()  # by what kept a launch to one step
 
     # ---- public API (any thread) ------------------------------------------------------------------
 
@@ -138,6 +140,8 @@ class Engine(EngineFront):
 
     def _totals(self) -> dict[str, float]:
         totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds}
+        # a copy first: the loop's thread may add a reason meanwhile (dict() copies under the GIL, in one call)
+        totals.update((f"single_steps_{reason}", float(n)) for reason, n in dict(self.single_steps).items())
         graphs = self.runner.graphs
         if graphs is not None:
             s = graphs.stats
@@ -299,12 +303,18 @@ class Engine(EngineFront):
 
     def _launch(self, admitted: list[Sequence]) -> Launch | None:
         """One decode step for every running sequence, or several greedy steps in one launch while a few windows
-        decode and none waits (ModelRunner.multi_steps). The runner reads each sequence before launch() advances
+        decode and none waits (ModelRunner.no_multi_step). The runner reads each sequence before launch() advances
         it."""
         running = self.scheduler.running
         if not running:
             return None
-        k = 1 if admitted or self.scheduler.num_waiting else self.runner.multi_steps(running)
+        k = self.runner.multi_step
+        if k > 1:  # why a launch takes one step where it might take several: counted, for /metrics
+            blocker = "admitted" if admitted else "waiting" if self.scheduler.num_waiting else None
+            blocker = blocker or self.runner.no_multi_step(running)
+            if blocker is not None:
+                self.single_steps[blocker] += 1
+                k = 1
         if k > 1:
             output = self.runner.decode_multi(running, keep=self.overlap_steps)
             launched = [seq.launch_greedy(k, row) for row, seq in enumerate(running)]

@@ -441,38 +441,41 @@ class ModelRunner:
         if self.adapters is not None:
             self.use_adapters([s.job.options.adapter for s in seqs])
 
-    def multi_steps(self, seqs: list[Sequence]) -> int:
-        """How many steps the next launch may take for `seqs` (decode_multi): multi_step where every sequence
-        samples greedily past its first token, all with timestamp rules or none, all stay within the context for
-        that many steps, a fixed token count does not end inside them, and a graph (or eager steps) serves that many
-        rows; else 1."""
+    def no_multi_step(self, seqs: list[Sequence]) -> str | None:
+        """What keeps `seqs` from several steps in one launch, or None: they must be a few rows that a graph (or
+        eager steps) serves, every one sampling greedily past its first token, all with timestamp rules or none,
+        none decided by the host, all within the context for that many steps, and no fixed token count ending
+        inside them. Engine counts each reason (/metrics: `whisper_engine_total{name="single_steps_..."}`)."""
         k = self.multi_step
-        if k == 1 or len(seqs) > MULTI_STEP_MAX_ROWS:
-            return 1
-        if self.graphs is not None and self.graphs.multi_size_for(len(seqs)) is None:
-            return 1
+        graph_rows = self.graphs is None or self.graphs.multi_size_for(len(seqs)) is not None
+        if len(seqs) > MULTI_STEP_MAX_ROWS or not graph_rows:
+            return "rows"
         timestamps = seqs[0].job.with_timestamps
         for s in seqs:
             job = s.job
-            if not s.sampling or s.num_launched == 0 or job.with_timestamps != timestamps or job.temperature > 0:
-                return 1
+            if not s.sampling or s.num_launched == 0:
+                return "first_token"
+            if job.with_timestamps != timestamps:
+                return "mixed_timestamps"
+            if job.temperature > 0:
+                return "temperature"
             if s.host_bound:  # the host decides each next token
-                return 1
+                return "host_bound"
             if s.num_cached + k > self.n_text_ctx:
-                return 1
+                return "context"
             if s.ends_within(k):
-                return 1
-        return k
+                return "fixed_count"
+        return None
 
     @torch.inference_mode()
     def decode_multi(self, seqs: list[Sequence], keep: bool = False) -> StepOutput:
-        """multi_steps(seqs) greedy steps in one launch (seqs[i] in slot i), each step's token (and with timestamps
-        its rule state) fed to the next on the device: a graph replays them on a GPU. The output holds every step's
-        tokens and log-probabilities, step by step (row order within a step); with `keep` the last step's tokens and
-        rule state stay on the device for the next launch."""
+        """multi_step greedy steps in one launch for `seqs` (seqs[i] in slot i; no_multi_step found nothing in the
+        way), each step's token (and with timestamps its rule state) fed to the next on the device: a graph replays
+        them on a GPU. The output holds every step's tokens and log-probabilities, step by step (row order within a
+        step); with `keep` the last step's tokens and rule state stay on the device for the next launch."""
         k = self.multi_step
         self.map_rows(seqs)
-        # the state is every row's or None: multi_steps allows no mix of windows with and without timestamps
+        # the state is every row's or None: no_multi_step allows no mix of windows with and without timestamps
         tokens, positions, state, h = self.io.build(seqs, [int(s.must_not_end) for s in seqs])
         no_eot = h[:, -1] > 0  # the extra column
         if self.graphs is not None:

@@ -92,7 +92,12 @@ def test_a_timestamp_window_joins_windows_without_timestamps(tiny_alone, load_cl
             time.sleep(0.005)  # the first window is decoding
         stamped = engine.submit(jfk, DecodeOptions(temperatures=(0.0,)))
         results = first.wait(timeout=WAIT_S), stamped.wait(timeout=WAIT_S)
+        totals = engine.stats().extra
     finally:
         engine.shutdown()
     assert fields(results[0]) == fields(tiny_alone("g2_en_earnings22_4482311_3-62s.wav", GREEDY))
     assert fields(results[1]) == fields(tiny_alone(CLIPS[0], DecodeOptions(temperatures=(0.0,))))
+    # what kept launches to one step is counted (/metrics), the mix of rules among them; one step per launch by
+    # configuration counts nothing
+    mixed = totals.get("single_steps_mixed_timestamps", 0)
+    assert mixed > 0 if multi_step > 1 else mixed == 0
