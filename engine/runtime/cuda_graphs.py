@@ -105,7 +105,8 @@ class GraphRunner:
         self.prefill_tokens = [t for t in PREFILL_TOKENS if t <= n_ctx]
         # The rows a prompt graph writes: the last ones, free unless the batch is nearly full. New windows take the
         # rows after the running ones, wherever those end; their prompts' keys and values are copied there after.
-        self.prompt_row = max(0, num_slots - self.prefill_sizes[-1])
+        max_pb = self.prefill_sizes[-1]
+        self.prompt_row = max(0, num_slots - max_pb)
         # several steps per replay need the step kernel (each row attends its own prefix, whatever its position)
         self.multi_steps = multi_steps if processor is not None and self.step_kernel else 1
         self.multi_sizes = [b for b in MULTI_STEP_BATCH_BUCKETS if b <= num_slots] if self.multi_steps > 1 else []
@@ -115,14 +116,15 @@ class GraphRunner:
             tokens=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             positions=torch.zeros(max_bs, 1, dtype=torch.long, device=dev),
             logits=torch.zeros(max_bs, dims.n_vocab, dtype=torch.float32, device=dev),
-            prompt=torch.zeros(self.prefill_sizes[-1], max(self.prefill_tokens), dtype=torch.long, device=dev),
-            prompt_index=torch.arange(self.prefill_sizes[-1], device=dev) * torch.tensor([[1], [0], [0]], device=dev),
-            prompt_logits=torch.zeros(2, self.prefill_sizes[-1], dims.n_vocab, dtype=torch.float32, device=dev),
+            prompt=torch.zeros(max_pb, max(self.prefill_tokens), dtype=torch.long, device=dev),
+            prompt_index=torch.zeros(3, max_pb, dtype=torch.long, device=dev),
+            prompt_logits=torch.zeros(2, max_pb, dims.n_vocab, dtype=torch.float32, device=dev),
             no_eot=torch.zeros(max_mb, dtype=torch.bool, device=dev),
             multi_tokens=torch.zeros(self.multi_steps, max_mb, dtype=torch.long, device=dev),
             multi_logprobs=torch.zeros(self.multi_steps, max_mb, dtype=torch.float32, device=dev),
             multi_state=torch.zeros(max_mb, 3, dtype=torch.long, device=dev),
         )
+        self.dec.prompt_index[0] = torch.arange(max_pb, device=dev)  # the batch rows the other two index into
         max_enc = self.encoder_sizes[-1]
         self.enc = EncoderBuffers(
             mel=torch.zeros(max_enc, dims.n_mels, N_FRAMES, dtype=dtype, device=dev),

@@ -447,8 +447,9 @@ class ModelRunner:
         none decided by the host, all within the context for that many steps, and no fixed token count ending
         inside them. Engine counts each reason (/metrics: `whisper_engine_total{name="single_steps_..."}`)."""
         k = self.multi_step
-        graph_rows = self.graphs is None or self.graphs.multi_size_for(len(seqs)) is not None
-        if len(seqs) > MULTI_STEP_MAX_ROWS or not graph_rows:
+        if len(seqs) > MULTI_STEP_MAX_ROWS:  # checked first: a large batch's every step asks
+            return "rows"
+        if self.graphs is not None and self.graphs.multi_size_for(len(seqs)) is None:
             return "rows"
         timestamps = seqs[0].job.with_timestamps
         for s in seqs:
