@@ -462,7 +462,7 @@ class Connection:
         """What the detector finds, each handled before it reads on: the buffer's events, and the turns committed."""
         for found in detections:
             if isinstance(found, SpeechStarted):
-                self.partials.restart()
+                self.partials.restart(found.voice_at)
                 self.send(event("input_audio_buffer.speech_started", audio_start_ms=found.audio_start_ms,
                                 item_id=found.item_id))  # fmt: skip
             elif isinstance(found, SpeechStopped):

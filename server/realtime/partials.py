@@ -35,8 +35,7 @@ log = logging.getLogger(__name__)
 DELAYS = {"minimal": (0.25, 1), "low": (0.5, 1), "medium": (0.5, 2), "high": (1.0, 2), "xhigh": (2.0, 2)}
 DEFAULT_DELAY = "medium"
 # While a turn's words wait, the audio between its partial decodes is this fraction of the delay's: until its first
-# delta when words wait for `agreeing` decodes (they are what a listener waits for), and after a decode that sent
-# nothing (one that only added its last word, which waits for the next: a word a chunk would otherwise send one
+# delta (what a listener waits for), and after a decode that sent nothing (one that only added its last word, which waits for the next: a word a chunk would otherwise send one
 # every other chunk). benchmarks/realtime_sessions.py: first delta, longest wait for a delta.
 WAITING_PACE = 0.5
 # Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
@@ -130,9 +129,12 @@ class PartialScheduler:
         """The session's `delay` (None: DEFAULT_DELAY), from the next partial decode on."""
         self.every_s, self.agreeing = DELAYS[delay or DEFAULT_DELAY]
 
-    def restart(self) -> None:
-        """The open turn starts with what the buffer holds now: its first partial is due `every_s` later."""
-        self.at = self.buffer.num_samples
+    def restart(self, voice_at: int | None = None) -> None:
+        """The open turn starts: its first partial is due once interval() of audio follows stream position
+        `voice_at` (the server VAD's first speech frame: the append that carried it may hold more), else what
+        the buffer holds now."""
+        buffer = self.buffer
+        self.at = buffer.num_samples - (0 if voice_at is None else max(0, buffer.end - voice_at))
         self.withdraw()
 
     def withdraw(self) -> None:
@@ -165,18 +167,17 @@ class PartialScheduler:
         return buffer.item_id, partials, audio
 
     def interval(self) -> float:
-        """Seconds of new audio before the open turn's next partial decode: the delay's, or WAITING_PACE of it while
-        the turn's words wait (before its first delta where words wait for `agreeing` decodes, or after a decode that
-        sent nothing) and no other partial decode is in flight on the server (on a busy engine, more frequent
-        decodes of less audio would only delay them all)."""
-        if self.load.partials_in_flight:
-            return self.every_s
+        """Seconds of new audio before the open turn's next partial decode: WAITING_PACE of the delay's until its
+        first delta (what a listener waits for most: the first decode of a few words often holds only one, which
+        waits for the next), and after a decode that sent nothing while no other partial decode is in flight on
+        the server (on a busy engine, more frequent decodes of less audio would only delay them all); else the
+        delay's."""
         partials = self.turns.get(self.buffer.item_id) if self.buffer.item_id is not None else None
-        if partials is None:
-            waiting = self.agreeing > 1
-        else:
-            waiting = partials.stalled or (self.agreeing > 1 and not partials.sent_keys)
-        return self.every_s * WAITING_PACE if waiting else self.every_s
+        if partials is None or not partials.sent_keys:
+            return self.every_s * WAITING_PACE
+        if partials.stalled and not self.load.partials_in_flight:
+            return self.every_s * WAITING_PACE
+        return self.every_s
 
     def finished(self, partials: Partials) -> None:
         """A launched partial decode is over (or never reached the engine): the turn and the server may launch

@@ -47,7 +47,8 @@ NEG_THRESHOLD_GAP = 0.15  # silero's hysteresis: speech ends below threshold - 0
 @dataclass(frozen=True)
 class SpeechStarted:
     item_id: str
-    audio_start_ms: int
+    audio_start_ms: int  # where the turn's audio begins: its first speech frame less the prefix padding
+    voice_at: int  # the stream position of its first speech frame
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class TurnDetector:
                     self.speech_start, self.silent_since = i, None
                     self.buffer.item_id = new_id("item")
                     start_ms = max(0, i * FRAME_MS - td.prefix_padding_ms, self.buffer.offset * 1000 // SAMPLE_RATE)
-                    yield SpeechStarted(self.buffer.item_id, start_ms)
+                    yield SpeechStarted(self.buffer.item_id, start_ms, i * FRAME_MS * SAMPLE_RATE // 1000)
                 continue
             if prob >= td.threshold - NEG_THRESHOLD_GAP:
                 if self.ending:

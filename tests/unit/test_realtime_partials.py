@@ -101,14 +101,35 @@ def test_the_sessions_delay_sets_how_often_the_open_turn_is_decoded_and_how_many
                 scheduler.finished(launched[1])
         return times, agreeing
 
-    # the default, medium: two decodes a second, two agreeing; until the first words agree (the second decode),
-    # twice as often
+    # the default, medium: two decodes a second, two agreeing; until the first delta (the second decode agrees
+    # on its first word), twice as often, whatever other sessions' previews are in flight meanwhile
     assert launches(None, 4.0) == ([0.3, 0.6, 1.1, 1.6, 2.1, 2.6, 3.1, 3.6], 2) == launches("medium", 4.0)
-    assert launches("medium", 2.0, busy=1) == ([0.5, 1.0, 1.5, 2.0], 2)  # others' previews in flight: no extra
-    # 0.25 s in appends of 0.1 s: every third append; one agreeing decode: no faster start
+    assert launches("medium", 2.0, busy=1) == ([0.3, 0.6, 1.1, 1.6], 2)
+    # low sends a decode's words but its last: the first decode heard one word, which waits for the second
+    assert launches("low", 2.0) == ([0.3, 0.6, 1.1, 1.6], 1)
+    # 0.25 s in appends of 0.1 s: every third append; 0.125 s until the first delta: every second
+    assert launches("minimal", 1.0) == ([0.2, 0.4, 0.7, 1.0], 1)
     assert {d: (len(times), agreeing) for d, (times, agreeing) in ((d, launches(d, 4.0)) for d in DELAYS)} == {
-        "minimal": (13, 1), "low": (8, 1), "medium": (8, 2), "high": (5, 2), "xhigh": (3, 2)
+        "minimal": (14, 1), "low": (8, 1), "medium": (8, 2), "high": (5, 2), "xhigh": (3, 2)
     }  # fmt: skip
+
+
+def test_a_turns_first_partial_is_due_counting_from_its_first_speech_frame():
+    load = SharedLoad()
+    buffer = InputBuffer("audio/pcm", Settings(), load)
+    scheduler = PartialScheduler(buffer, load)
+    scheduler.set_delay("low")  # the first decode 0.25 s after the voice starts
+    buffer.add(np.zeros(SAMPLE_RATE, dtype=np.float32))
+    scheduler.restart(voice_at=SAMPLE_RATE * 9 // 10)  # the server VAD heard the voice 0.1 s before the append's end
+    buffer.add(np.zeros(SAMPLE_RATE // 10, dtype=np.float32))
+    assert scheduler.launch(buffer.offset) is None  # 0.2 s of voice
+    buffer.add(np.zeros(SAMPLE_RATE // 10, dtype=np.float32))
+    assert scheduler.launch(buffer.offset) is not None  # 0.3 s: counted from the voice, not from the append
+    scheduler = PartialScheduler(buffer, load)
+    scheduler.set_delay("low")
+    scheduler.restart()  # no voice position (a cleared buffer): counted from what the buffer holds now
+    buffer.add(np.zeros(SAMPLE_RATE // 5, dtype=np.float32))
+    assert scheduler.launch(buffer.offset) is None
 
 
 def test_a_decode_that_heard_a_word_more_or_less_before_the_sent_ones_neither_repeats_nor_skips_one():
@@ -204,11 +225,12 @@ def test_after_a_decode_that_sent_nothing_the_next_comes_at_half_the_delays_pace
                 load.partials_in_flight = busy if len(times) >= 2 else 0
         return times
 
-    # the third decode adds no word before its last ("three" waits for the next decode): the next comes sooner
+    # the first decode comes at half the pace too (nothing is sent yet); the third adds no word before its last
+    # ("three" waits for the next decode): the next comes sooner
     texts = ["one two", "one two three", "one two three", "one two three four five", "one two three four five six"]
-    assert launches(texts) == [0.5, 1.0, 1.5, 1.8, 2.3]
-    assert launches(texts, busy=1) == [0.5, 1.0, 1.5, 2.0, 2.5]  # others' decodes in flight: no extra
+    assert launches(texts) == [0.3, 0.8, 1.3, 1.6, 2.1]
+    assert launches(texts, busy=1) == [0.3, 0.8, 1.3, 1.8, 2.3]  # others' decodes in flight: no extra
     # the first decode heard one word, which waits: the second comes sooner too
     assert launches(["one", "one two", "one two three", "one two three four", "one two three four five"]) == [
-        0.5, 0.8, 1.3, 1.8, 2.3
+        0.3, 0.6, 1.1, 1.6, 2.1
     ]  # fmt: skip
