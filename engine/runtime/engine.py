@@ -303,14 +303,14 @@ class Engine(EngineFront):
 
     def _launch(self, admitted: list[Sequence]) -> Launch | None:
         """One decode step for every running sequence, or several greedy steps in one launch while a few windows
-        decode and none waits (ModelRunner.no_multi_step). The runner reads each sequence before launch() advances
+        decode and none waits to be admitted but for its pacing (ModelRunner.no_multi_step). The runner reads each sequence before launch() advances
         it."""
         running = self.scheduler.running
         if not running:
             return None
         k = self.runner.multi_step
         if k > 1:  # why a launch takes one step where it might take several: counted, for /metrics
-            blocker = "admitted" if admitted else "waiting" if self.scheduler.num_waiting else None
+            blocker = "admitted" if admitted else "waiting" if self.scheduler.ready_waiting else None
             blocker = blocker or self.runner.no_multi_step(running)
             if blocker is not None:
                 self.single_steps[blocker] += 1

@@ -44,6 +44,9 @@ class Scheduler:
         self.waiting_new: deque[WindowJob] = deque()  # first windows of new requests
         self.waiting_background: deque[WindowJob] = deque()  # any window of a background request
         self.running: list[Sequence] = []  # running[i].slot == i
+        # waiting windows that the last admit() would have taken but for the size of its batch (the rows, the
+        # encoder batch): not those its pacing held back, which a launch of several decode steps does not delay
+        self.ready_waiting = 0
 
     @property
     def num_waiting(self) -> int:
@@ -70,6 +73,7 @@ class Scheduler:
         windows while other requests' sequences run; `pace_background` (None: as `pace`) background ones."""
         waiting = self.num_waiting
         rows = self.num_slots - len(self.running)
+        self.ready_waiting = waiting
         if not waiting or not rows:  # most steps: nothing to admit, and nothing is counted (per step, per slot)
             return []
         held = self._held(pace, pace if pace_background is None else pace_background)
@@ -77,8 +81,10 @@ class Scheduler:
             waiting -= sum(held(job) for queue in (self.waiting_next, self.waiting_background) for job in queue)
         cross = self._free_cross(min(rows, self.max_encoder_batch, waiting))
         free = self.admissible(len(cross)) if cross else 0
+        jobs = self._take(free, rows, held)
+        self.ready_waiting = waiting - len(jobs)
         admitted: list[Sequence] = []
-        for job, slot in zip(self._take(free, rows, held), cross):
+        for job, slot in zip(jobs, cross):
             admitted += [self._sequence(job, len(self.running) + len(admitted) + b, slot) for b in range(job.beam_size)]
         self.running.extend(admitted)
         return admitted

@@ -129,3 +129,20 @@ def test_with_adapters_grouped_each_batch_takes_the_oldest_window_then_its_adapt
     for n, adapter in enumerate(order):
         plain.add(window(adapter, n), continuing=False)
     assert ids(plain.admit()) == ["a-0", "b-1", "c-2", "None-3"]
+
+
+def test_windows_ready_to_wait_are_those_a_batch_had_no_room_for_not_those_pacing_holds():
+    """The engine launches several decode steps at once only while no window is ready_waiting: one that the next
+    admission would take. A window held back by pacing is not: a launch of several steps delays it a few steps."""
+    sched = Scheduler(num_slots=16, max_encoder_batch=2)
+    for n in range(3):
+        sched.add(job(request_id=f"new-{n}"), continuing=False)
+    assert len(sched.admit()) == 2 and sched.num_waiting == 1 and sched.ready_waiting == 1  # past the encoder batch
+    assert len(sched.admit()) == 1 and sched.ready_waiting == 0
+    preview = job(request_id="preview")
+    preview.background = True
+    sched.add(preview, continuing=False)
+    sched.add(job(request_id="new-0"), continuing=True)  # another request runs: paced, held like the preview
+    assert sched.admit(pace=True) == [] and sched.num_waiting == 2 and sched.ready_waiting == 0
+    assert len(sched.admit(pace=False, pace_background=True)) == 1 and sched.ready_waiting == 0
+    assert len(sched.admit()) == 1 and sched.num_waiting == 0 and sched.ready_waiting == 0
