@@ -303,8 +303,8 @@ class Engine(EngineFront):
 
     def _launch(self, admitted: list[Sequence]) -> Launch | None:
         """One decode step for every running sequence, or several greedy steps in one launch while a few windows
-        decode and none waits to be admitted but for its pacing (ModelRunner.no_multi_step). The runner reads each sequence before launch() advances
-        it."""
+        decode and none waits to be admitted but for its pacing (ModelRunner.no_multi_step). The runner reads each
+        sequence before launch() advances it."""
         running = self.scheduler.running
         if not running:
             return None

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 DELAYS = {"minimal": (0.25, 1), "low": (0.5, 1), "medium": (0.5, 2), "high": (1.0, 2), "xhigh": (2.0, 2)}
 DEFAULT_DELAY = "medium"
 # While a turn's words wait, the audio between its partial decodes is this fraction of the delay's: until its first
-# delta (what a listener waits for), and after a decode that sent nothing (one that only added its last word, which waits for the next: a word a chunk would otherwise send one
-# every other chunk). benchmarks/realtime_sessions.py: first delta, longest wait for a delta.
+# delta (what a listener waits for), and after a decode that sent nothing (one that only added its last word, which
+# waits for the next: a word a chunk would otherwise send one every other chunk). benchmarks/realtime_sessions.py:
+# first delta, longest wait for a delta.
 WAITING_PACE = 0.5
 # Live deltas cover a turn's first window: past it a partial decode would be long-form, its cost growing with the
 # turn at every refresh; the rest of a longer turn comes with its final decode.
