@@ -36,7 +36,8 @@ dropped (the server's whisper_realtime_early_finals_total), how late the client 
 processes, one per 128 sessions), how long /health took (asked every 0.5 s while the row ran; target 100 ms), the
 engine's load from the server's counters (the share of the run its loop spent in steps, tokens a step, and the mean
 time from a partial decode's launch to its delta: an engine busy the whole run while its GPU is not is bound by its
-host work), and the targets the row meets or misses (`--targets gpu` or `cpu`: targets()).
+host work; where several decode steps go in one launch, what kept the others to one: single_steps()), and the
+targets the row meets or misses (`--targets gpu` or `cpu`: targets()).
 Peer, in the same run: N HTTP transcription requests of the same clip sent at once (`/v1/audio/transcriptions`,
 the same decode), their latency p50 / p95: what the engine takes for N such turns without the realtime path.
 """
@@ -51,6 +52,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import statistics
 import sys
 import threading
@@ -386,6 +388,14 @@ def engine_load(url: str) -> list[float]:
     return engine + delta
 
 
+def single_steps(url: str) -> dict[str, float]:
+    """The engine's launches kept to one step where several might go, by what kept them (whisper_engine_total's
+    single_steps_<reason>; a GPU launches several greedy steps at once for a few windows)."""
+    text = httpx.get(f"{url}/metrics").text
+    found = re.finditer(r'^whisper_engine_total\{name="single_steps_(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {m.group(1): float(m.group(2)) for m in found}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spawn", nargs="?", const="", default=None, help="start `python -m server serve SPAWN`")
@@ -430,12 +440,13 @@ def main() -> None:
         for delay, n in ((d, n) for d in args.delay for n in args.sessions):
             early = [early_finals(url, outcome) for outcome in ("used", "dropped")]
             partials_before = partial_decodes(url)
-            load_before, started = engine_load(url), time.perf_counter()
+            load_before, singles_before, started = engine_load(url), single_steps(url), time.perf_counter()
             with PeakMemory(pid, url) as memory:
                 processes = args.client_processes or min(math.ceil(n / 128), max(1, (os.cpu_count() or 2) // 2))
                 processes = max(1, min(processes, n))
                 out, errors = run(url, pcm, n, delay, talk, processes)
             busy, steps, tokens, delta_s, deltas = (b - a for a, b in zip(load_before, engine_load(url)))
+            singles = {k: v - singles_before.get(k, 0.0) for k, v in single_steps(url).items()}
             wall = time.perf_counter() - started
             speech, commit, first, gaps, changed, sent, lag, late = ([row[i] for row in out] for i in range(8))
             peer = http_peer(url, pcm, n)
@@ -458,6 +469,9 @@ def main() -> None:
             print(f"  engine: busy {busy / wall:.0%} of the run, {tokens / max(steps, 1):.1f} tokens a step, "
                   f"{steps / wall:.0f} steps a second; a partial decode's launch to its delta "
                   f"{delta_s / deltas if deltas else float('nan'):.3f} s (mean)")  # fmt: skip
+            if any(singles.values()):  # what kept launches to one step, most first
+                print("  launches of one step where several might go: " + ", ".join(
+                    f"{reason} {n:g}" for reason, n in sorted(singles.items(), key=lambda kv: -kv[1]) if n))  # fmt: skip
             checks = [(what, pct([row[i] for row in out], q), limit) for what, i, q, limit in targets(args.targets, n)]
             print(f"  targets ({args.targets}): " + "; ".join(
                 f"{what} {value:.3f} s {'<=' if value <= limit else '>'} {limit:g}: {'met' if value <= limit else 'MISSED'}"
