@@ -194,6 +194,47 @@ def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprob
     assert metric(server, "whisper_realtime_partial_decodes_total", '{prefix="yes"}') >= 1
 
 
+def test_the_sessions_delay_sets_how_often_its_turn_is_decoded_while_it_speaks(server, data_dir):
+    """OpenAI's `delay` on a real session: the first 3 s of JFK streamed in real time under `minimal` (a decode each
+    0.25 s of audio, twice as often until the first delta, one at a time) and under `xhigh` (each 2 s; 1 s until
+    the first delta): minimal decodes the open turn several times as often and sends its first words sooner."""
+    pcm = pcm24k(data_dir / JFK)[: 3 * 48000]
+
+    def partial_decodes() -> float:
+        return sum(metric(server, "whisper_realtime_partial_decodes_total", f'{{prefix="{p}"}}') for p in ("yes", "no"))
+
+    def speak(delay: str) -> tuple[float, float | None]:
+        """Partial decodes the session's turn got while it spoke, and when its first delta came (s from the start)."""
+        before = partial_decodes()
+        s = RawSession(server)
+        first = None
+        try:
+            s.next()
+            s.send(type="session.update", session={"type": "transcription", "audio": {"input": {
+                "turn_detection": None, "transcription": {"delay": delay}}}})  # fmt: skip
+            assert s.until("session.updated").session.audio.input.transcription.delay == delay
+            start = time.perf_counter()
+            for i, piece in enumerate(chunks(pcm, 48)):
+                while (wait := start + i * CHUNK_MS / 1000 - time.perf_counter()) > 0:
+                    try:
+                        if s.next(timeout=wait).type.endswith(".delta") and first is None:
+                            first = time.perf_counter() - start
+                    except TimeoutError:
+                        break
+                s.send(type="input_audio_buffer.append", audio=piece)
+            s.send(type="input_audio_buffer.commit")
+            s.until("conversation.item.input_audio_transcription.completed")
+        finally:
+            s.close()
+        return partial_decodes() - before, first
+
+    often, first_soon = speak("minimal")
+    seldom, first_late = speak("xhigh")
+    # minimal's decodes go one at a time, so a slow machine gets fewer of them
+    assert seldom <= 3 and often >= seldom + 2, (often, seldom)
+    assert first_soon is not None and (first_late is None or first_soon < first_late), (first_soon, first_late)
+
+
 @pytest.mark.parametrize("where", ["thread", "process"])
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(where, request, data_dir):
     """Silero in a worker thread (`server`) and in a process of its own (`process_server`). Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
