@@ -174,11 +174,9 @@ class PartialScheduler:
         the server (on a busy engine, more frequent decodes of less audio would only delay them all); else the
         delay's."""
         partials = self.turns.get(self.buffer.item_id) if self.buffer.item_id is not None else None
-        if partials is None or not partials.sent_keys:
-            return self.every_s * WAITING_PACE
-        if partials.stalled and not self.load.partials_in_flight:
-            return self.every_s * WAITING_PACE
-        return self.every_s
+        # before the first delta, or stalled on an idle server
+        waiting = partials is None or not partials.sent_keys or (partials.stalled and not self.load.partials_in_flight)
+        return self.every_s * WAITING_PACE if waiting else self.every_s
 
     def finished(self, partials: Partials) -> None:
         """A launched partial decode is over (or never reached the engine): the turn and the server may launch
