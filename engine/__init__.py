@@ -22,7 +22,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SpeakerDiarizer", "SpeakerTurn", "diarized_segments", "segment_speakers", "speaker_label", "speaker_labels",
     ),
     "engine.runtime.engine": ("Engine",),
-    "engine.processes.engine_process": ("EngineProcess",),
+    "engine.processes.engine_process": ("EngineClient", "EngineProcess"),
     "engine.frontend": ("EngineLike", "Handle", "RequestHandle"),
     "engine.kernels.options": ("KernelOptions",),
     "engine.transcription.vad": ("VoiceActivityDetector",),

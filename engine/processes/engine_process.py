@@ -8,7 +8,9 @@ What crosses the process boundary: each request's float32 samples (one pipe writ
 small pickled messages: options, segment events, results, errors, stats.
 
 Protocol: two one-way pipes of the typed messages in engine/messages.py; the parent writes from one sender thread,
-so a full pipe never blocks its caller.
+so a full pipe never blocks its caller. Given an address to listen on, the child also serves other processes (the
+server's further front-ends, each an EngineClient) over a Unix socket with the same messages: the engine then
+batches every front-end's requests together, and each request's events go back on the connection it came from.
   parent -> child: Submit (followed by the samples' bytes), Abort, StatsQuery, Shutdown
   child -> parent: Ready or Failed once; Started when a request stops waiting (its first window got a slot, or it
                    ended first: the parent's backpressure count, as Engine's own); Event for each segment event, the
@@ -23,9 +25,11 @@ import gc
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import queue
+import socket
 import threading
 
 import numpy as np
@@ -66,32 +70,13 @@ STATS_TIMEOUT_S = 5.0
 SHUTDOWN_TIMEOUT_S = 3.0
 
 
-class EngineProcess(EngineFront):
-    """Engine's interface (submit, abort, stats, is_alive, tokenizer, start, shutdown) over a child process."""
+class _EngineLink(EngineFront):
+    """Engine's interface (submit, abort, stats, is_alive, tokenizer, shutdown) over a connection to an engine
+    process: `outgoing` carries requests to it, `incoming` its replies (two pipes, or one socket both ways)."""
 
-    def __init__(self, config: EngineConfig, gpu: int | None = None):
-        """`gpu`: the index of the one GPU the child may see (data parallel: one per engine); None: all of them."""
+    def __init__(self, config: EngineConfig, incoming, outgoing, first: Ready):
         self.config = config
-        self.gpu = gpu
-        # spawn, not fork: the parent may already hold CUDA or OpenMP state that a forked child cannot use
-        ctx = multiprocessing.get_context("spawn")
-        self._events, child_out = ctx.Pipe(duplex=False)
-        child_in, self._requests = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(
-            target=_child_main, args=(config, parent_setup(), child_in, child_out), name="whisper-engine", daemon=True
-        )
-        with _visible_gpu(gpu):
-            self._process.start()
-        child_in.close()
-        child_out.close()  # the parent keeps only its ends, so the child's exit reads as end-of-file here
-        try:
-            first = self._events.recv()
-        except EOFError:
-            self._process.join()
-            raise RuntimeError(f"the engine process exited while loading (exit code {self._process.exitcode})")
-        if isinstance(first, Failed):
-            self._process.join()
-            raise first.error
+        self._events, self._requests = incoming, outgoing
         self.tokenizer, self.n_text_ctx, self.num_slots = first.tokenizer, first.n_text_ctx, first.num_slots
         self.adapter_names = first.adapter_names
         self._ids = itertools.count()
@@ -112,20 +97,17 @@ class EngineProcess(EngineFront):
 
     @property
     def is_alive(self) -> bool:
-        return self._started and self._dead is None and not self._pipe_broken and self._process.is_alive()
+        return self._started and self._dead is None and not self._pipe_broken and self._peer_alive()
 
     @property
     def failure(self) -> str | None:
-        """Why the engine process stopped, once it has."""
-        if self._dead is None and self._started and not self._process.is_alive():
-            return f"the engine process exited (exit code {self._process.exitcode})"
+        """Why the engine stopped serving this link, once it has."""
         if self._dead is None and self._pipe_broken:
             return "the engine process stopped taking requests"
         return self._dead
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
+    def _peer_alive(self) -> bool:
+        return True
 
     def start(self) -> None:
         self._started = True
@@ -184,16 +166,6 @@ class EngineProcess(EngineFront):
             self._replies.pop(token, None)
         return reply[0]
 
-    def shutdown(self) -> None:
-        self._outbox.put((Shutdown(), None))
-        self._process.join(timeout=SHUTDOWN_TIMEOUT_S)
-        if self._process.is_alive():
-            log.warning("the engine process did not stop in %.0f s; terminating it", SHUTDOWN_TIMEOUT_S)
-            self._process.terminate()
-            self._process.join(timeout=5)
-        self._outbox.put(None)
-        self._mark_dead("the engine was shut down")
-
     # ---- threads ----------------------------------------------------------------------------------
 
     def _send_forever(self) -> None:
@@ -228,9 +200,11 @@ class EngineProcess(EngineFront):
                 elif isinstance(message, Dead):
                     self._mark_dead(message.reason)
         except (EOFError, OSError):
-            self._process.join(timeout=2)  # the pipe closes as the child dies: let it be reaped for its exit code
-            code = self._process.exitcode
-            self._mark_dead(f"the engine process exited (exit code {code})" if code is not None else "pipe closed")
+            self._mark_dead(self._closed_reason())
+
+    def _closed_reason(self) -> str:
+        """Why the engine's end of the connection closed (read once it has)."""
+        return "the connection to the engine process closed"
 
     def _mark_dead(self, reason: str) -> None:
         with self._lock:
@@ -250,6 +224,89 @@ class EngineProcess(EngineFront):
             self._windows.pop(request_id, None)
         if handle is not None:
             handle.emit(item)
+
+
+class EngineProcess(_EngineLink):
+    """The engine in a child process this one starts and stops; with `listen` (a Unix socket's path and the key
+    that authenticates its clients), other processes may connect to it as EngineClients."""
+
+    def __init__(self, config: EngineConfig, gpu: int | None = None, listen: tuple[str, bytes] | None = None):
+        """`gpu`: the index of the one GPU the child may see (data parallel: one per engine); None: all of them."""
+        self.gpu = gpu
+        self.address = listen
+        # spawn, not fork: the parent may already hold CUDA or OpenMP state that a forked child cannot use
+        ctx = multiprocessing.get_context("spawn")
+        events, child_out = ctx.Pipe(duplex=False)
+        child_in, requests = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=_child_main, args=(config, parent_setup(), child_in, child_out, listen), name="whisper-engine",
+            daemon=True,
+        )  # fmt: skip
+        with _visible_gpu(gpu):
+            self._process.start()
+        child_in.close()
+        child_out.close()  # the parent keeps only its ends, so the child's exit reads as end-of-file here
+        try:
+            first = events.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(f"the engine process exited while loading (exit code {self._process.exitcode})")
+        if isinstance(first, Failed):
+            self._process.join()
+            raise first.error
+        super().__init__(config, events, requests, first)
+
+    @property
+    def failure(self) -> str | None:
+        if self._dead is None and self._started and not self._process.is_alive():
+            return f"the engine process exited (exit code {self._process.exitcode})"
+        return super().failure
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def _peer_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def _closed_reason(self) -> str:
+        self._process.join(timeout=2)  # the pipe closes as the child dies: let it be reaped for its exit code
+        code = self._process.exitcode
+        return f"the engine process exited (exit code {code})" if code is not None else "pipe closed"
+
+    def shutdown(self) -> None:
+        self._outbox.put((Shutdown(), None))
+        self._process.join(timeout=SHUTDOWN_TIMEOUT_S)
+        if self._process.is_alive():
+            log.warning("the engine process did not stop in %.0f s; terminating it", SHUTDOWN_TIMEOUT_S)
+            self._process.terminate()
+            self._process.join(timeout=5)
+        self._outbox.put(None)
+        self._mark_dead("the engine was shut down")
+
+
+class EngineClient(_EngineLink):
+    """A connection to an engine process that another process started with `listen`: the same interface, and its
+    requests batched with everyone else's there. shutdown() closes the connection only; the engine serves on.
+    Raises OSError (nothing listens there yet, or any more) or multiprocessing's AuthenticationError."""
+
+    def __init__(self, config: EngineConfig, address: tuple[str, bytes], pid: int | None = None):
+        path, key = address
+        connection = multiprocessing.connection.Client(path, family="AF_UNIX", authkey=key)
+        try:
+            first = connection.recv()
+        except EOFError:
+            connection.close()
+            raise ConnectionError("the engine process closed the connection") from None
+        self.pid = pid
+        super().__init__(config, connection, connection, first)
+
+    def shutdown(self) -> None:
+        self._outbox.put(None)
+        self._mark_dead("the connection to the engine was closed")
+        # shut down, not only closed: that ends the receiving thread's read, and the engine aborts what is left
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._events.fileno())) as end:
+            end.shutdown(socket.SHUT_RDWR)
 
 
 _environment = threading.Lock()
@@ -278,34 +335,15 @@ def _visible_gpu(gpu: int | None):
 # ---- the child ------------------------------------------------------------------------------------
 
 
-class _ForwardingHandle(RequestHandle):
-    """A request's handle in the child: each event goes to the parent."""
+class _Outlet:
+    """One connection back from the child (to its parent, or to a client): each message pickled and written whole,
+    by whichever thread sends it (the loop's events and Started, the link's replies)."""
 
-    def __init__(self, engine: _ChildEngine, request_id: str):
-        super().__init__(engine, request_id)
-        self._forward = engine.send
+    def __init__(self, connection):
+        self.connection = connection
+        self._lock = threading.Lock()
 
-    def emit(self, item: object) -> None:
-        self._forward(Event(self.request_id, item))
-
-
-class _ChildEngine(Engine):
-    def __init__(self, config: EngineConfig, send):
-        self.send = send
-        super().__init__(config)
-
-    def make_handle(self, request_id: str) -> RequestHandle:
-        return _ForwardingHandle(self, request_id)
-
-    def on_started(self, request_id: str) -> None:
-        self.send(Started(request_id))
-
-
-def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
-    setup_child(setup)
-    lock = threading.Lock()  # the loop thread (events, STARTED) and this one (replies) both write
-
-    def send(message: Ready | Failed | Started | Event | Stats | AdapterChanged | Dead) -> None:
+    def __call__(self, message: Ready | Failed | Started | Event | Stats | AdapterChanged | Dead) -> None:
         try:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - an unpicklable error still has to reach its request
@@ -315,14 +353,140 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
                 message = Failed(RuntimeError(repr(message.error)))
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
             log.debug("unpicklable %s: %s", type(message).__name__, exc)
-        with lock:
+        with self._lock:
             try:
-                outbox.send_bytes(data)
-            except OSError:  # the parent is gone; the loop below ends at end-of-file
+                self.connection.send_bytes(data)
+            except OSError:  # that end is gone: the parent's loop ends at end-of-file, a client's thread too
                 pass
 
-    # The parent enforces max_waiting over what it has sent; the child's own count would refuse a burst the
-    # parent already admitted while it crossed the pipe.
+
+class _ForwardingHandle(RequestHandle):
+    """A request's handle in the child: each event goes back on the connection the request came from."""
+
+    def __init__(self, engine: _ChildEngine, request_id: str):
+        super().__init__(engine, request_id)
+        self._child = engine
+
+    def emit(self, item: object) -> None:
+        send, request_id = self._child.route(self.request_id)
+        if isinstance(item, (TranscriptionResult, BaseException)):  # its last event
+            self._child.routes.pop(self.request_id, None)
+        send(Event(request_id, item))
+
+
+class _ChildEngine(Engine):
+    def __init__(self, config: EngineConfig, send: _Outlet):
+        self.send = send
+        # the clients' requests in flight: the id here (the client's, prefixed) -> (its connection, its id there)
+        self.routes: dict[str, tuple[_Outlet, str]] = {}
+        super().__init__(config)
+
+    def route(self, request_id: str) -> tuple[_Outlet, str]:
+        """Where a request's events go, and under which id: the parent's requests are not in `routes`."""
+        return self.routes.get(request_id) or (self.send, request_id)
+
+    def make_handle(self, request_id: str) -> RequestHandle:
+        return _ForwardingHandle(self, request_id)
+
+    def on_started(self, request_id: str) -> None:
+        send, own = self.route(request_id)
+        send(Started(own))
+
+
+def _answer(engine: _ChildEngine, message, connection, send: _Outlet, prefix: str = "") -> bool:
+    """Do what one message from a link asks (its Submit's samples read from `connection`); True for Shutdown. A
+    client's request ids are prefixed here, so that no two links' ids meet in the engine."""
+    if isinstance(message, Submit):
+        samples = np.empty(message.num_samples, dtype=np.float32)  # received in place: one copy, writable
+        connection.recv_bytes_into(samples)
+        request_id = prefix + message.request_id
+        if prefix:
+            engine.routes[request_id] = (send, message.request_id)
+        try:
+            engine.submit_checked(samples, message.options, request_id=request_id)
+        except Exception as exc:  # noqa: BLE001 - the request's own error, sent to its handle
+            engine.routes.pop(request_id, None)
+            send(Event(message.request_id, exc))
+    elif isinstance(message, Abort):
+        engine.abort(prefix + message.request_id)
+    elif isinstance(message, StatsQuery):
+        send(Stats(message.token, engine.stats()))  # the link replaces num_waiting with its own count
+    elif isinstance(message, ChangeAdapter):
+        try:
+            engine.change_adapter(message.name, message.folder)
+        except AdapterError as exc:
+            send(AdapterChanged(message.token, str(exc)))
+        else:
+            send(AdapterChanged(message.token, None))
+    elif isinstance(message, Shutdown):
+        return not prefix  # only the parent stops the engine
+    return False
+
+
+class _Clients:
+    """The other processes connected to this engine (listen): each served by a thread of its own, which aborts its
+    requests when it disconnects."""
+
+    def __init__(self, engine: _ChildEngine, address: tuple[str, bytes]):
+        self.engine = engine
+        path, key = address
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # left by a child of this engine that was killed (a restart binds the same path)
+        self.listener = multiprocessing.connection.Listener(path, family="AF_UNIX", authkey=key)
+        self.outlets: set[_Outlet] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept_forever, name="engine-clients", daemon=True).start()
+
+    def _accept_forever(self) -> None:
+        for number in itertools.count(1):
+            try:
+                connection = self.listener.accept()
+            except (multiprocessing.AuthenticationError, EOFError, ConnectionError):
+                continue  # a wrong key, or a client gone during the handshake
+            except OSError:  # the listener was closed
+                return
+            threading.Thread(target=self._serve, args=(connection, f"c{number}/"), name=f"engine-client-{number}",
+                             daemon=True).start()  # fmt: skip
+
+    def _serve(self, connection, prefix: str) -> None:
+        send = _Outlet(connection)
+        send(_ready(self.engine))
+        with self._lock:
+            self.outlets.add(send)
+        try:
+            while True:
+                _answer(self.engine, connection.recv(), connection, send, prefix)
+        except (EOFError, OSError):
+            pass
+        finally:
+            with self._lock:
+                self.outlets.discard(send)
+            for request_id, (outlet, _) in list(self.engine.routes.items()):
+                if outlet is send:  # nobody is left to read them
+                    self.engine.routes.pop(request_id, None)
+                    self.engine.abort(request_id)
+            connection.close()
+
+    def broadcast(self, message: Dead) -> None:
+        with self._lock:
+            outlets = list(self.outlets)
+        for send in outlets:
+            send(message)
+
+    def close(self) -> None:
+        self.listener.close()  # removes the socket's file
+
+
+def _ready(engine: Engine) -> Ready:
+    """What a link learns of the engine as it connects (the adapters as they are now)."""
+    return Ready(engine.tokenizer, engine.n_text_ctx, engine.num_slots, engine.adapter_names)
+
+
+def _child_main(config: EngineConfig, setup: tuple, inbox, outbox, listen: tuple[str, bytes] | None) -> None:
+    setup_child(setup)
+    send = _Outlet(outbox)
+    # The parent enforces max_waiting over what it has sent (each client over its own); the child's own count
+    # would refuse a burst the parent already admitted while it crossed the pipe.
     config = dataclasses.replace(config, max_waiting=1 << 30)
     try:
         engine = _ChildEngine(config, send)
@@ -335,36 +499,28 @@ def _child_main(config: EngineConfig, setup: tuple, inbox, outbox) -> None:
     # a loaded tiny.en's objects took 150-200 ms on a 2-core CPU, a pause of the loop and every step it launches)
     gc.collect()
     gc.freeze()
-    send(Ready(engine.tokenizer, engine.n_text_ctx, engine.num_slots, engine.adapter_names))
+    try:
+        clients = _Clients(engine, listen) if listen is not None else None
+    except OSError as exc:
+        send(Failed(OSError(f"the engine process cannot listen for clients: {exc}")))
+        engine.shutdown()
+        return
+    send(_ready(engine))
     reported_dead = False
     while True:
         if not inbox.poll(0.5):
             if not engine.is_alive and not reported_dead:
                 send(Dead("the engine loop stopped"))
+                if clients is not None:
+                    clients.broadcast(Dead("the engine loop stopped"))
                 reported_dead = True
             continue
         try:
             message = inbox.recv()
         except EOFError:
             break
-        if isinstance(message, Submit):
-            samples = np.empty(message.num_samples, dtype=np.float32)  # received in place: one copy, writable
-            inbox.recv_bytes_into(samples)
-            try:
-                engine.submit_checked(samples, message.options, request_id=message.request_id)
-            except Exception as exc:  # noqa: BLE001 - the request's own error, sent to its handle
-                send(Event(message.request_id, exc))
-        elif isinstance(message, Abort):
-            engine.abort(message.request_id)
-        elif isinstance(message, StatsQuery):
-            send(Stats(message.token, engine.stats()))  # the parent replaces num_waiting with its own count
-        elif isinstance(message, ChangeAdapter):
-            try:
-                engine.change_adapter(message.name, message.folder)
-            except AdapterError as exc:
-                send(AdapterChanged(message.token, str(exc)))
-            else:
-                send(AdapterChanged(message.token, None))
-        elif isinstance(message, Shutdown):
+        if _answer(engine, message, inbox, send):
             break
+    if clients is not None:
+        clients.close()
     engine.shutdown()

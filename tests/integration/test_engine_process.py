@@ -1,18 +1,23 @@
 """EngineProcess: the engine in a child process gives the in-process engine's results, refuses bad requests at
-once in the caller, streams, aborts, and fails its requests (instead of leaving them waiting) when the child dies."""
+once in the caller, streams, aborts, and fails its requests (instead of leaving them waiting) when the child dies.
+EngineClient: other connections to that child share its engine, each request answered on its own connection."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
+import secrets
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine.config import EngineConfig
-from engine.processes.engine_process import EngineProcess
+from engine.processes.engine_process import EngineClient, EngineProcess
 from engine.request import DecodeOptions, EngineDeadError, InvalidRequestError, RequestAbortedError
 from tests.helpers.engine_runs import WAIT_S, submit_all
 
@@ -20,15 +25,30 @@ JFK = "g1_en_jfk.flac"
 OPTIONS = DecodeOptions(temperatures=(0.0,))
 
 
-def start(**config) -> EngineProcess:
-    engine = EngineProcess(EngineConfig(model="tiny.en", device="cpu", **config))
+CONFIG = EngineConfig(model="tiny.en", device="cpu")
+
+
+def start(listen: tuple[str, bytes] | None = None) -> EngineProcess:
+    engine = EngineProcess(CONFIG, listen=listen)
     engine.start()
     return engine
 
 
+def connect(address: tuple[str, bytes]) -> EngineClient:
+    client = EngineClient(CONFIG, address)
+    client.start()
+    return client
+
+
 @pytest.fixture(scope="module")
-def process_engine(tiny_engine):  # tiny_engine: skips without the weights, and is the in-process reference
-    engine = start()
+def socket_dir():
+    with tempfile.TemporaryDirectory(prefix="engine-") as folder:
+        yield Path(folder)
+
+
+@pytest.fixture(scope="module")
+def process_engine(tiny_engine, socket_dir):  # tiny_engine: skips without the weights; the in-process reference
+    engine = start(listen=(str(socket_dir / "engine.sock"), secrets.token_bytes(32)))
     yield engine
     engine.shutdown()
 
@@ -94,3 +114,76 @@ def test_a_dead_child_fails_its_requests(tiny_engine, load_clip):
 def test_load_errors_reach_the_caller(tiny_engine):
     with pytest.raises(FileNotFoundError, match="no-such-model"):  # the type Engine() raises, across the pipe
         EngineProcess(EngineConfig(model="./no-such-model", device="cpu"))
+
+
+def test_clients_share_the_engine_and_each_gets_its_own_requests(process_engine, tiny_engine, short_english_clips,
+                                                                  load_clip):  # fmt: skip
+    """Two clients, each numbering its requests from req-0, and the parent submit different clips at once: each
+    result is its own clip's, token for token the in-process engine's."""
+    names = [row["file"] for row in short_english_clips[:3]]
+    clips = {name: load_clip(name) for name in names}
+    reference = submit_all(tiny_engine, clips, OPTIONS)
+    first, second = connect(process_engine.address), connect(process_engine.address)
+    try:
+        assert first.tokenizer.eot == process_engine.tokenizer.eot and first.num_slots == process_engine.num_slots
+        links = dict(zip(names, [process_engine, first, second]))
+        handles = {name: link.submit(clips[name], OPTIONS) for name, link in links.items()}
+        assert handles[names[1]].request_id == handles[names[2]].request_id  # the same id on both clients
+        for name, handle in handles.items():
+            result = handle.wait(timeout=WAIT_S)
+            assert [s.tokens for s in result.segments] == [s.tokens for s in reference[name].segments], name
+        assert first.stats().num_slots == process_engine.num_slots
+    finally:
+        first.shutdown()
+        second.shutdown()
+    assert "ask not" in process_engine.submit(load_clip(JFK), OPTIONS).wait(timeout=WAIT_S).text.lower()
+
+
+def test_a_client_that_disconnects_has_its_requests_aborted(process_engine, load_clip):
+    client = connect(process_engine.address)
+    handle = client.submit(np.concatenate([load_clip(JFK)] * 20), OPTIONS)  # minutes of decoding on a CPU
+    deadline = time.monotonic() + WAIT_S
+    while process_engine.stats().num_running == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.shutdown()
+    with pytest.raises(EngineDeadError, match="closed"):
+        handle.wait(timeout=WAIT_S)
+    deadline = time.monotonic() + 30
+    while process_engine.stats().num_running and time.monotonic() < deadline:  # the engine let it go
+        time.sleep(0.05)
+    assert process_engine.stats().num_running == 0
+    with pytest.raises(EngineDeadError):
+        client.submit(load_clip(JFK), OPTIONS)
+
+
+def test_a_client_needs_the_key(process_engine):
+    path, key = process_engine.address
+    with pytest.raises(multiprocessing.AuthenticationError):
+        EngineClient(CONFIG, (path, bytes(len(key))))
+    with pytest.raises(OSError):
+        EngineClient(CONFIG, (path + ".nothing", key))
+
+
+def test_a_dead_engine_fails_its_clients_requests(tiny_engine, socket_dir, load_clip):
+    engine = start(listen=(str(socket_dir / "dying.sock"), secrets.token_bytes(32)))
+    client = connect(engine.address)
+    try:
+        handle = client.submit(np.concatenate([load_clip(JFK)] * 20), OPTIONS)
+        deadline = time.monotonic() + WAIT_S
+        while client.stats().num_running == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="closed"):
+            handle.wait(timeout=WAIT_S)
+        assert not client.is_alive
+        # a new engine on the same path (a restart) takes clients again, though the killed one left its socket
+        assert os.path.exists(engine.address[0])
+        again = start(listen=engine.address)
+        try:
+            assert "ask not" in connect(again.address).submit(load_clip(JFK), OPTIONS).wait(WAIT_S).text.lower()
+        finally:
+            again.shutdown()
+        assert not os.path.exists(engine.address[0])  # removed as the engine stops
+    finally:
+        client.shutdown()
+        engine.shutdown()
