@@ -56,13 +56,13 @@ def __dir__() -> list[str]:
     return __all__
 
 
-def start_engine(config, own_process: bool, gpu: int | None = None):
+def start_engine(config, own_process: bool, gpu: int | None = None, listen: tuple[str, bytes] | None = None):
     """Load the model and start serving (an EngineLike): in this process (a loop thread) or in a child process of
-    its own (which sees only GPU `gpu`, when given)."""
+    its own (which sees only GPU `gpu`, when given, and takes EngineClients at `listen`, when given)."""
     from engine.processes.engine_process import EngineProcess
     from engine.runtime.engine import Engine
 
-    engine = EngineProcess(config, gpu) if own_process else Engine(config)
+    engine = EngineProcess(config, gpu, listen) if own_process or listen else Engine(config)
     engine.start()
     return engine
 

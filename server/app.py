@@ -23,6 +23,7 @@ from engine import (
     resolve_device,
 )
 
+from . import shared_state
 from .auth import APIKeyMiddleware
 from .chat_templates import ChatTemplate
 from .drain import Drain
@@ -45,14 +46,19 @@ logger = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """The engines started, then what start-up made frozen out of garbage collection (heap.py)."""
+    """The engines started (then app.state.on_start: the first of several front-ends starts the others), then what
+    start-up made frozen out of garbage collection (heap.py)."""
     if app.state.speech_process:
         app.state.speech.start()  # in the background: a storm of first sessions must not wait for its start
     async with _engines(app):
+        for start in app.state.on_start:
+            start()
         freeze_startup_objects()
         try:
             yield
         finally:
+            for stop in app.state.on_stop:
+                await stop()
             await app.state.calls.close_all()
             await asyncio.to_thread(app.state.speech.close)
 
@@ -85,9 +91,10 @@ async def _data_parallel(app: FastAPI, settings: Settings) -> AsyncIterator[None
     engine. They load side by side; a failure to start any of them is the server's start-up failure."""
     members = settings.engine_members()
     pool = EnginePool(len(members))
+    models: ServedModels = app.state.models
     supervisors = [
-        EngineSupervisor(config, True, app.state.metrics, functools.partial(pool.set, i), settings.engine_restarts,
-                         gpu=gpu, name=f"engine {i}")
+        EngineSupervisor(models.link_config(config), True, app.state.metrics, functools.partial(pool.set, i),
+                         settings.engine_restarts, gpu=gpu, name=f"engine {i}", **models.engine_address(0, i))
         for i, (config, gpu) in enumerate(members)
     ]  # fmt: skip
     logger.info("loading %s in %d engines (%s)", settings.model_id, len(members), members[0][0])
@@ -108,13 +115,16 @@ async def _data_parallel(app: FastAPI, settings: Settings) -> AsyncIterator[None
         await asyncio.gather(*(s.shutdown() for s in supervisors), return_exceptions=True)
 
 
-def create_app(settings: Settings | None = None, engine: EngineLike | None = None) -> FastAPI:
-    """Build the app. Pass `engine` (already started) to share one across apps or to test without loading."""
+def create_app(settings: Settings | None = None, engine: EngineLike | None = None, frontend=None) -> FastAPI:
+    """Build the app. Pass `engine` (already started) to share one across apps or to test without loading;
+    `frontend`: the FrontEndPlan of several front-end processes, of which this app is one (frontends.py)."""
     settings = settings or Settings()
     app = FastAPI(title="whisper-server", summary="OpenAI-compatible Whisper speech-to-text", lifespan=lifespan)
     app.state.settings = settings
+    app.state.frontend = frontend
+    app.state.on_start, app.state.on_stop = [], []  # called once the engines are up, and as the server stops
     app.state.metrics = Metrics()
-    app.state.models = ServedModels(settings, app.state.metrics, engine)  # each model's engine, by its ids
+    app.state.models = ServedModels(settings, app.state.metrics, engine, frontend)  # each model's engine, by its ids
     app.state.drain = Drain(settings.drain_timeout_s)
     app.state.chat_template = ChatTemplate(settings.chat_template)
     # what the realtime sessions share
@@ -122,6 +132,8 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     partials = settings.realtime_max_partial_decodes
     if partials is None:
         partials = GPU_PARTIAL_DECODES if on_gpu else CPU_PARTIAL_DECODES
+    if frontend is not None:  # the bound is the server's: each front-end holds its share
+        partials = frontend.share(partials)
     app.state.realtime = SharedLoad(partials, settings.realtime_partials_wait_for_finals)
     # their turn detection: Silero, and semantic_vad's end-of-turn model (each loads on first use: most servers
     # never ask the second)
@@ -139,9 +151,21 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app.state.created = int(time.time())
     # Added innermost first: request ids wrap everything, then metrics (401s are counted), then CORS (a browser
     # can read a 401), then the key check, which refuses before any body is read.
-    # every realtime client secret minted and not yet used (in memory only: a restart invalidates them)
-    app.state.client_secrets = ClientSecrets(settings.realtime_max_client_secrets)
-    app.state.calls = Calls()  # the WebRTC calls in progress
+    # every realtime client secret minted and not yet used (in memory only: a restart invalidates them), and the
+    # WebRTC calls in progress; several front-ends share the first's (shared_state.py)
+    directory = None
+    if frontend is None:
+        app.state.client_secrets = ClientSecrets(settings.realtime_max_client_secrets)
+    elif frontend.first:
+        state, app.state.client_secrets, directory = shared_state.host(
+            frontend.address("state"), settings.realtime_max_client_secrets
+        )
+        app.state.on_stop.append(lambda: asyncio.to_thread(state.shutdown))
+    else:
+        app.state.client_secrets, directory = shared_state.connect(
+            frontend.address("state"), settings.realtime_max_client_secrets
+        )
+    app.state.calls = Calls(directory, frontend.index if frontend is not None else 0)
     app.add_middleware(
         APIKeyMiddleware, keys=settings.api_keys(), secrets=app.state.client_secrets,
         protect_health=settings.auth_health, protect_metrics=settings.auth_metrics,

@@ -105,44 +105,18 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def serve(settings: Settings) -> int:
-    import uvicorn
+    from .serving import run_server
 
-    from .app import create_app
-    from .drain import DRAIN_FLUSH_S, DrainingServer
-    from .logs import log_config
+    if settings.api_servers == 1:
+        return run_server(settings)
+    from .frontends import FrontEndPlan, use_multiprocess_metrics
 
-    # The engine loop thread gives up the GIL at every GPU sync and must get it back quickly to launch the
-    # next step while the event loop parses uploads; with Python's 5 ms default it waits a whole interval
-    # (`benchmarks/http_load.py --spawn "... --switch-interval-ms 5"` against the default).
-    sys.setswitchinterval(settings.switch_interval_ms / 1000)
-    # torch in this process (voice activity, diarization, an in-process engine) uses the cores it may use: its
-    # default is the machine's, whatever a container's CPU quota
-    import torch
-
-    from engine import available_cpus
-
-    torch.set_num_threads(min(torch.get_num_threads(), available_cpus()))
-
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=log_config(settings.log_level, settings.log_format),
-        log_level=settings.log_level,
-        # after the drain timeout the requests still running are answered 503: this leaves time to send that
-        timeout_graceful_shutdown=settings.drain_timeout_s + DRAIN_FLUSH_S,
-        # a realtime session reads its events one at a time: bound what uvicorn holds for it to its next event
-        ws_max_size=settings.ws_max_message_bytes,
-        ws_max_queue=settings.ws_max_queued_messages,
-        # no permessage-deflate: base64 audio shrinks by a quarter at best, and uvicorn inflates a message on the
-        # event loop (a 15 MiB append stalls every request for that long), to ws_max_size from a few KiB sent
-        ws_per_message_deflate=False,
-        # head and body read deadlines, connections per address (server/deadlines.py)
-        http=DrainingServer.http_protocol(settings),
-    )
-    DrainingServer(config, app.state.drain).run()
-    return 0
+    plan = FrontEndPlan.create(settings.api_servers)
+    use_multiprocess_metrics(plan)
+    try:
+        return run_server(settings, plan)
+    finally:
+        plan.remove()  # when it fails to start (a stop by signal does not come back here: FrontEnds.stop)
 
 
 def unreadable_audio(paths: Iterable[Path]) -> str | None:

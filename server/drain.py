@@ -68,6 +68,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain):
         super().__init__(config)
         self.drain = drain
+        self.on_exit: list = []  # called with the signal first (the further front-ends are told: frontends.py)
 
     @staticmethod
     def http_protocol(settings: Settings) -> functools.partial[GuardedHttpToolsProtocol]:
@@ -75,6 +76,8 @@ class DrainingServer(uvicorn.Server):
         return ConnectionGuard.from_settings(settings).http_protocol()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        for hook in self.on_exit:
+            hook(sig)
         try:
             self.drain.begin(asyncio.get_running_loop())
         except RuntimeError:  # no event loop yet (still starting): nothing to drain

@@ -1,10 +1,17 @@
-"""Prometheus collectors on a per-app registry, and the middleware that counts requests."""
+"""Prometheus collectors on a per-app registry, and the middleware that counts requests.
+
+With several front-end processes (--api-servers) prometheus_client runs in its multiprocess mode (frontends.py):
+counters and histograms are summed over the front-ends, the sessions open and diarizations pending too (of the
+live ones), and the engine's gauges, which each front-end sets from the engine's stats as it answers a scrape, are
+the most recent.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine import EngineStats, Task, TranscriptionResult
@@ -12,6 +19,7 @@ from engine import EngineStats, Task, TranscriptionResult
 from .errors import CLIENT_CLOSED_REQUEST
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+ENGINE = "mostrecent"  # an engine gauge's mode across front-ends: the latest front-end's reading of the engine
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -46,17 +54,21 @@ class Metrics:
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
-        self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.", registry=self.registry)
-        self.running = Gauge("whisper_running_sequences", "Sequences being decoded.", registry=self.registry)
-        self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry)
+        self.queue_depth = Gauge("whisper_queue_depth", "Requests waiting for a decode slot.", registry=self.registry,
+                                 multiprocess_mode=ENGINE)  # fmt: skip
+        self.running = Gauge("whisper_running_sequences", "Sequences being decoded.", registry=self.registry,
+                             multiprocess_mode=ENGINE)  # fmt: skip
+        self.slots = Gauge("whisper_decode_slots", "Decode slots of the engine.", registry=self.registry,
+                           multiprocess_mode=ENGINE)  # fmt: skip
         # Engine totals (steps, tokens, CUDA-graph replays and eager fallbacks), so a silent fall back to
         # eager execution shows up on a dashboard.
         self.engine_restarts = Counter(
             "whisper_engine_restarts", "Times the engine was restarted after it died.", registry=self.registry
         )
         self.realtime_sessions = Gauge(
-            "whisper_realtime_sessions", "Realtime sessions open (WebSocket and WebRTC).", registry=self.registry
-        )
+            "whisper_realtime_sessions", "Realtime sessions open (WebSocket and WebRTC).", registry=self.registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.realtime_audio_seconds = Counter(
             "whisper_realtime_audio_seconds", "Seconds of audio received by realtime sessions.", registry=self.registry
         )
@@ -101,15 +113,17 @@ class Metrics:
             registry=self.registry,
         )
         self.diarization_pending = Gauge(
-            "whisper_diarization_pending", "Recordings waiting for or in the diarizer.", registry=self.registry
-        )
+            "whisper_diarization_pending", "Recordings waiting for or in the diarizer.", registry=self.registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.batch_invariant = Gauge(
             "whisper_batch_invariant",
             "1 when the engine runs the batch-invariant GPU kernels (a request's tokens do not depend on the batch).",
-            registry=self.registry,
+            registry=self.registry, multiprocess_mode=ENGINE,
         )
         self.engine_totals = Gauge(
-            "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry
+            "whisper_engine_total", "Engine counters since start, by name.", ["name"], registry=self.registry,
+            multiprocess_mode=ENGINE,
         )
 
         # data parallel engines, each labelled by its index (--data-parallel-size > 1)
@@ -118,18 +132,19 @@ class Metrics:
             "1 while engine `engine` runs (a data parallel engine's index, or a served model's id).",
             ["engine"],
             registry=self.registry,
+            multiprocess_mode=ENGINE,
         )
         self.engine_waiting = Gauge(
             "whisper_engine_queue_depth", "Requests waiting for a decode slot, by data parallel engine.", ["engine"],
-            registry=self.registry,
+            registry=self.registry, multiprocess_mode=ENGINE,
         )  # fmt: skip
         self.engine_running = Gauge(
             "whisper_engine_running_sequences", "Sequences being decoded, by data parallel engine.", ["engine"],
-            registry=self.registry,
+            registry=self.registry, multiprocess_mode=ENGINE,
         )  # fmt: skip
         self.engine_member_totals = Gauge(
             "whisper_engine_member_total", "Engine counters since its start, by data parallel engine and name.",
-            ["engine", "name"], registry=self.registry,
+            ["engine", "name"], registry=self.registry, multiprocess_mode=ENGINE,
         )  # fmt: skip
 
     def observe_result(self, task: Task, result: TranscriptionResult, *, model: str) -> None:
@@ -159,6 +174,10 @@ class Metrics:
             self.batch_invariant.set(stats.batch_invariant)
             for name, value in stats.extra.items():
                 self.engine_totals.labels(name).set(value)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # every front-end's series, from their files
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)
 
 

@@ -81,10 +81,15 @@ class ServedModel:
 
 
 class ServedModels:
-    def __init__(self, settings: Settings, metrics: Metrics | None = None, engine: EngineLike | None = None) -> None:
-        """`engine`: the default model's, already started (create_app's `engine`; its owner runs it)."""
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, engine: EngineLike | None = None, frontend=None
+    ) -> None:
+        """`engine`: the default model's, already started (create_app's `engine`; its owner runs it); `frontend`:
+        the FrontEndPlan of several front-end processes (the first starts each engine in a process listening for
+        the others, which connect to it)."""
         self.settings = settings
         self.metrics = metrics
+        self.frontend = frontend
         self.models = []
         for spec in settings.served_models():
             ttl_s = settings.model_ttl_s if spec.ttl_s is None else spec.ttl_s
@@ -160,14 +165,32 @@ class ServedModels:
             model.loading.add_done_callback(lambda task: task.cancelled() or task.exception())  # logged in _load
         return model.loading
 
+    def link_config(self, config):
+        """The engine config this front-end's link to an engine goes by: with several front-ends, its share of the
+        requests that may wait."""
+        if self.frontend is None:
+            return config
+        return dataclasses.replace(config, max_waiting=self.frontend.share(config.max_waiting))
+
+    def engine_address(self, model: int, member: int = 0) -> dict:
+        """EngineSupervisor's `listen` (the first of several front-ends) or `connect` (the others) for the engine of
+        served model `model` (its data parallel engine `member`); nothing with one front-end."""
+        if self.frontend is None:
+            return {}
+        address = self.frontend.engine(model, member)
+        return {"listen": address} if self.frontend.first else {"connect": address}
+
     async def _load(self, model: ServedModel) -> None:
         settings = self.settings
-        config = model.spec.config
-        logger.info("loading %s (%s)", model.id, config)
-        # a model that may be unloaded runs in its own process: unloading it then gives all its memory back
+        config = self.link_config(model.spec.config)
+        if self.frontend is None or self.frontend.first:
+            logger.info("loading %s (%s)", model.id, config)
+        # a model that may be unloaded runs in its own process: unloading it then gives all its memory back;
+        # several front-ends share each engine's process
         own_process = (
             settings.engine_process == "on"
             or model.ttl_s >= 0
+            or self.frontend is not None
             or (settings.engine_process == "auto" and resolve_device(config.device).type == "cuda")
         )
 
@@ -176,7 +199,7 @@ class ServedModels:
 
         name = f"the engine of {model.id}" if len(self.models) > 1 else "the engine"
         supervisor = EngineSupervisor(config, own_process, self.metrics, publish, settings.engine_restarts,
-                                      name=name)  # fmt: skip
+                                      name=name, **self.engine_address(self.models.index(model)))  # fmt: skip
         try:
             engine = await supervisor.start()
         except Exception:
@@ -185,7 +208,7 @@ class ServedModels:
         model.supervisor, model.unloaded = supervisor, False
         model.last_used = time.monotonic()
         also = f" (and {', '.join(repr(i) for i in model.spec.ids[1:])})" if len(model.spec.ids) > 1 else ""
-        where = f"; engine in process {engine.pid}" if own_process else ""
+        where = f"; engine in process {engine.pid}" if own_process and engine.pid else ""
         logger.info("serving %r%s%s", model.id, also, where)
 
     async def unload(self, model: ServedModel, force: bool = False) -> bool:

@@ -336,6 +336,12 @@ class Settings(BaseSettings):
     engine_process: Literal["auto", "on", "off"] = "auto"
     """Run the engine in a process of its own, so that the HTTP side does not share its GIL; auto: on when the
     engine runs on a GPU (where its loop's host work bounds throughput), off on a CPU."""
+    api_servers: int = Field(default=1, ge=1, le=64)
+    """HTTP front-end processes sharing the port (vLLM's --api-server-count): each has its own event loop, so the
+    work of every request and realtime append (WebSocket frames, JSON, base64, resampling, the VAD) spreads over
+    that many cores, while each engine, in a process of its own, still batches every front-end's requests. One
+    process hears a few thousand realtime appends a second (10 a second per open microphone). With several, every
+    model stays loaded (no TTL) and models and adapters are not loaded or removed at run time."""
 
     @field_validator("api_key", "cors_origins", "model_alias", "extra_model", "lora", mode="before")
     @classmethod
@@ -375,6 +381,19 @@ class Settings(BaseSettings):
                 seen.add(model_id)
         if len(self.extra_model) and self.data_parallel_size > 1:
             raise ValueError("--data-parallel-size serves one model: several models run one engine each")
+        return self
+
+    @model_validator(mode="after")
+    def _front_ends_share_loaded_engines(self) -> Settings:
+        if self.api_servers == 1:
+            return self
+        if self.engine_process == "off":
+            raise ValueError("--api-servers shares engines between processes: they run in their own (--engine-process)")
+        if self.lora_dir is not None:
+            raise ValueError("--api-servers: adapters are given at start (--lora), not added at run time (--lora-dir)")
+        for spec in self.served_models():
+            if (self.model_ttl_s if spec.ttl_s is None else spec.ttl_s) >= 0:
+                raise ValueError(f"--api-servers keeps every model loaded: {spec.id} has a TTL (--model-ttl-s)")
         return self
 
     @model_validator(mode="after")

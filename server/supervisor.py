@@ -5,6 +5,10 @@ a poll, starts a new one with back-off between attempts, and /health turns 200 a
 `max_restarts` failed starts in a row it gives up and /health stays 503 (an orchestrator then replaces the server).
 Data parallel engines (engine/processes/pool.py) have a supervisor each, which puts its engine in the pool's slot: the
 others serve meanwhile, and /health stays 200 while any is up.
+
+In a further front-end process (--api-servers) the supervisor starts nothing: it connects to the engine process the
+first front-end runs (an EngineClient), and when that connection ends (the engine died, and the first front-end's
+supervisor restarts it at the same address) it connects again, every RECONNECT_S, for as long as it runs.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine import EngineConfig, EngineLike, start_engine
+from engine import EngineClient, EngineConfig, EngineLike, start_engine
 
 from .metrics import Metrics
 
@@ -25,6 +29,7 @@ FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 # A restarted engine that stays up this long is healthy again: the next death starts the back-off anew.
 STABLE_S = 60.0
+RECONNECT_S = 0.5
 
 
 class EngineSupervisor:
@@ -37,8 +42,13 @@ class EngineSupervisor:
         max_restarts: int,
         gpu: int | None = None,
         name: str = "the engine",
+        listen: tuple[str, bytes] | None = None,
+        connect: tuple[str, bytes] | None = None,
     ):
+        """`listen`: the address (a Unix socket's path, a key) its engine process takes other front-ends' clients
+        at; `connect`: connect to the engine process at that address instead of starting one."""
         self.config = config
+        self.listen, self.connect = listen, connect
         self.gpu = gpu  # the one GPU its process sees (data parallel)
         self.name = name  # in log lines: "the engine", or "engine 1" of several
         self.own_process = own_process
@@ -57,8 +67,12 @@ class EngineSupervisor:
         return self.engine
 
     async def _load(self) -> EngineLike:
+        if self.connect is not None:
+            client = await asyncio.to_thread(EngineClient, self.config, self.connect)
+            client.start()
+            return client
         # Loading weights takes seconds; off the event loop so that the server stays responsive.
-        return await asyncio.to_thread(start_engine, self.config, self.own_process, self.gpu)
+        return await asyncio.to_thread(start_engine, self.config, self.own_process, self.gpu, self.listen)
 
     async def _watch(self) -> None:
         failures = 0  # restarts since the engine was last up for STABLE_S
@@ -69,10 +83,19 @@ class EngineSupervisor:
                 continue
             if time.monotonic() - up_since > STABLE_S:
                 failures = 0
-            logger.error("%s stopped (%s); restarting it", self.name, self.engine.failure or "no reason given")
             self.publish(None)
             dead, self.engine = self.engine, None
             await asyncio.to_thread(dead.shutdown)
+            if self.connect is not None:
+                logger.warning("%s: lost the engine (%s); connecting again", self.name, dead.failure or "closed")
+                engine = await self._reconnect()
+                if engine is None:
+                    return
+                self.engine = engine
+                self.publish(engine)
+                logger.info("%s: connected to the engine again", self.name)
+                continue
+            logger.error("%s stopped (%s); restarting it", self.name, dead.failure or "no reason given")
             engine = None
             while engine is None and failures < self.max_restarts and not self.stopping:
                 await asyncio.sleep(0.0 if failures == 0 else min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (failures - 1)))
@@ -97,6 +120,20 @@ class EngineSupervisor:
                 "%s restarted (restart %d of at most %d in a row)%s",
                 self.name, failures, self.max_restarts, f"; engine in process {pid}" if pid else "",
             )  # fmt: skip
+
+    async def _reconnect(self) -> EngineLike | None:
+        """A new connection to the engine process at `connect`, once one answers there; None if stopped first."""
+        while not self.stopping:
+            await asyncio.sleep(RECONNECT_S)
+            try:
+                engine = await self._load()
+            except (OSError, EOFError):  # nothing listens there yet: the engine is restarting
+                continue
+            if self.stopping:
+                await asyncio.to_thread(engine.shutdown)
+                return None
+            return engine
+        return None
 
     async def shutdown(self) -> None:
         self.stopping = True

@@ -474,7 +474,8 @@ class _Clients:
             send(message)
 
     def close(self) -> None:
-        self.listener.close()  # removes the socket's file
+        with contextlib.suppress(OSError):  # its file may be gone with its folder already
+            self.listener.close()  # removes the socket's file
 
 
 def _ready(engine: Engine) -> Ready:

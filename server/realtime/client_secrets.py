@@ -7,7 +7,7 @@ with (the client may change it with session.update, as on OpenAI). It is good fo
 take API keys only. OpenAI lets one secret open several sessions until it expires; here a second use is refused,
 so a secret read from a device's traffic or logs after its session started opens nothing.
 
-Secrets live in this process's memory only, stored by their SHA-256 (a memory dump shows no usable secret): a
+Secrets live in the server's memory only (with several front-ends, the first's: shared_state.py), stored by their SHA-256 (a memory dump shows no usable secret): a
 restart invalidates them all, as it should. At most `max_outstanding` are unexpired at once; minting past that
 is refused (429) rather than letting a client grow the table without bound.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,12 +38,17 @@ class ClientSecrets:
         self.max_outstanding = max_outstanding
         self.clock = clock
         self._by_digest: dict[bytes, ClientSecret] = {}
+        self._lock = threading.Lock()  # the other front-ends' calls come from threads (shared_state.py)
 
     def __len__(self) -> int:
         return len(self._by_digest)
 
     def mint(self, ttl_s: int, session: dict | None) -> tuple[str, ClientSecret] | None:
         """A new secret's value and record, valid for `ttl_s` seconds; None while max_outstanding are unexpired."""
+        with self._lock:
+            return self._mint(ttl_s, session)
+
+    def _mint(self, ttl_s: int, session: dict | None) -> tuple[str, ClientSecret] | None:
         self._drop_expired()
         if len(self._by_digest) >= self.max_outstanding:
             return None
@@ -53,7 +59,8 @@ class ClientSecrets:
 
     def redeem(self, value: str) -> ClientSecret | None:
         """The secret `value` names, used up by this call; None if it is unknown, used or expired."""
-        secret = self._by_digest.pop(_digest(value), None)
+        with self._lock:
+            secret = self._by_digest.pop(_digest(value), None)
         if secret is None or secret.expires_at <= self.clock():
             return None
         return secret

@@ -98,6 +98,9 @@ async def unload_model(model: str, request: Request, force: bool = False) -> Mod
     while it holds requests, unless `?force=true` (they are then answered 503). On an adapter's id: remove the
     adapter (a 409 while requests use it)."""
     served = find(request, model)
+    if request.app.state.frontend is not None:
+        raise APIError(403, "This server's front-ends share every model's engine (--api-servers): its models and "
+                       "adapters stay loaded.", param="model", code="unload_disabled")  # fmt: skip
     if model in served.adapters:
         entry = model_object(request, served, model)
         await request.app.state.models.remove_adapter(served, model)

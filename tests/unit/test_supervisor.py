@@ -35,7 +35,7 @@ def run_supervisor(monkeypatch, starts, max_restarts: int, scenario):
     exception to raise)."""
     queue = list(starts)
 
-    def start_engine(config, own_process, gpu=None):
+    def start_engine(config, own_process, gpu=None, listen=None):
         item = queue.pop(0)
         if isinstance(item, Exception):
             raise item
