@@ -68,7 +68,18 @@ class FrontEndPlan:
 
     def share(self, total: int) -> int:
         """A front-end's share of a server-wide bound (waiting requests, partial decodes in flight)."""
-        return max(1, math.ceil(total / self.count))
+        return math.ceil(total / self.count) if total else 0
+
+    def front_end_settings(self, settings: Settings) -> Settings:
+        """The settings one front-end goes by: its share of the server's realtime bounds (sessions open, audio held
+        uncommitted), which it counts alone (the partial decodes in flight and the requests waiting for an engine:
+        app.py and served_models.py)."""
+        if self.count == 1:
+            return settings
+        return settings.model_copy(update={
+            "realtime_max_sessions": self.share(settings.realtime_max_sessions),
+            "realtime_max_buffered_seconds_total": settings.realtime_max_buffered_seconds_total / self.count,
+        })  # fmt: skip
 
     @property
     def metrics_folder(self) -> str:

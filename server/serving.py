@@ -34,7 +34,7 @@ def run_server(settings: Settings, plan: FrontEndPlan | None = None, sockets: li
 
     torch.set_num_threads(min(torch.get_num_threads(), available_cpus()))
 
-    app = create_app(settings, frontend=plan)
+    app = create_app(plan.front_end_settings(settings) if plan is not None else settings, frontend=plan)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -28,7 +28,9 @@ def test_several_front_ends_refuse_what_they_cannot_share(fields, message):
 
 def test_each_front_end_holds_its_share_of_a_bound():
     plan = FrontEndPlan("unused", b"key", 3)
-    assert [plan.share(n) for n in (1, 4, 16, 128)] == [1, 2, 6, 43]
+    assert [plan.share(n) for n in (0, 1, 4, 16, 128)] == [0, 1, 2, 6, 43]
+    local = plan.front_end_settings(Settings(realtime_max_sessions=100, realtime_max_buffered_seconds_total=3000))
+    assert local.realtime_max_sessions == 34 and local.realtime_max_buffered_seconds_total == 1000
     assert plan.first and not FrontEndPlan("unused", b"key", 3, index=2).first
     assert plan.engine(1, 2)[0].endswith("engine-1-2.sock")
 
