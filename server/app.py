@@ -52,7 +52,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.speech.start()  # in the background: a storm of first sessions must not wait for its start
     async with _engines(app):
         for start in app.state.on_start:
-            start()
+            await start()
         freeze_startup_objects()
         try:
             yield
@@ -122,7 +122,7 @@ def create_app(settings: Settings | None = None, engine: EngineLike | None = Non
     app = FastAPI(title="whisper-server", summary="OpenAI-compatible Whisper speech-to-text", lifespan=lifespan)
     app.state.settings = settings
     app.state.frontend = frontend
-    app.state.on_start, app.state.on_stop = [], []  # called once the engines are up, and as the server stops
+    app.state.on_start, app.state.on_stop = [], []  # awaited once the engines are up, and as the server stops
     app.state.metrics = Metrics()
     app.state.models = ServedModels(settings, app.state.metrics, engine, frontend)  # each model's engine, by its ids
     app.state.drain = Drain(settings.drain_timeout_s)

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_S = 1.0
 STOP_TIMEOUT_S = 5.0  # past the drain, which a front-end finishes first
+START_TIMEOUT_S = 600.0
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -101,26 +102,39 @@ class FrontEnds:
     to drain when the server is, and stopped with it."""
 
     def __init__(self, settings: Settings, plan: FrontEndPlan, sockets: list[socket.socket], target: Callable):
-        """`target(settings, plan, sockets)`: a further front-end's main (serving.front_end_main)."""
+        """`target(settings, plan, sockets, ready)`: a further front-end's main (serving.front_end_main), which sets
+        the event `ready` once it serves."""
         self.settings, self.plan, self.sockets, self.target = settings, plan, sockets, target
         self.processes: dict[int, multiprocessing.process.BaseProcess] = {}
+        self.ready: dict[int, object] = {}
         self.stopping = False
         self._watch: asyncio.Task | None = None
 
-    def start(self) -> None:
-        for index in range(1, self.plan.count):
-            self._spawn(index)
+    async def start(self) -> None:
+        """Start the others and wait until each serves (or has failed to start), so that this one, which accepts
+        connections only after this, does not take the first burst of them alone."""
+        ready = [self._spawn(index) for index in range(1, self.plan.count)]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for (index, process), event in zip(self.processes.items(), ready):
+            while not await asyncio.to_thread(event.wait, WATCH_S):
+                if not process.is_alive() or time.monotonic() > deadline:
+                    logger.error("front-end %d (process %s) did not start", index, process.pid)
+                    break
         self._watch = asyncio.ensure_future(self._watch_forever())
         logger.info("%d front-end processes share the port: %s and this one (%d)", self.plan.count,
                     ", ".join(str(p.pid) for p in self.processes.values()), os.getpid())  # fmt: skip
 
-    def _spawn(self, index: int) -> None:
+    def _spawn(self, index: int):
+        """Start front-end `index`; the event it sets once it serves."""
         ctx = multiprocessing.get_context("spawn")  # the socket crosses as a duplicated descriptor
+        ready = ctx.Event()
+        plan = FrontEndPlan(self.plan.folder, self.plan.key, self.plan.count, index)
         process = ctx.Process(target=self.target, name=f"whisper-front-end-{index}",
-                              args=(self.settings, FrontEndPlan(self.plan.folder, self.plan.key, self.plan.count,
-                                                                index), self.sockets))  # fmt: skip
+                              args=(self.settings, plan, self.sockets, ready))  # fmt: skip
         process.start()
         self.processes[index] = process
+        self.ready[index] = ready  # kept: the child opens it by name as it starts
+        return ready
 
     async def _watch_forever(self) -> None:
         while not self.stopping:

@@ -14,8 +14,14 @@ from .frontends import WATCH_S, FrontEndPlan, FrontEnds
 from .settings import Settings
 
 
-def run_server(settings: Settings, plan: FrontEndPlan | None = None, sockets: list[socket.socket] | None = None) -> int:
-    """One HTTP front-end: the only one, or one of --api-servers (`plan`), on `sockets` (the first binds them)."""
+def run_server(
+    settings: Settings,
+    plan: FrontEndPlan | None = None,
+    sockets: list[socket.socket] | None = None,
+    ready: threading.Event | None = None,
+) -> int:
+    """One HTTP front-end: the only one, or one of --api-servers (`plan`), on `sockets` (the first binds them);
+    `ready` is set once it serves (the first front-end waits for the others')."""
     import uvicorn
 
     from .app import create_app
@@ -59,11 +65,17 @@ def run_server(settings: Settings, plan: FrontEndPlan | None = None, sockets: li
         app.state.on_start.append(front_ends.start)
         app.state.on_stop.insert(0, front_ends.stop)  # before what they share stops
         server.on_exit.append(front_ends.signal)
+    if ready is not None:
+
+        async def serving() -> None:
+            ready.set()
+
+        app.state.on_start.append(serving)
     server.run(sockets=sockets)
     return 0
 
 
-def front_end_main(settings: Settings, plan: FrontEndPlan, sockets: list[socket.socket]) -> None:
+def front_end_main(settings: Settings, plan: FrontEndPlan, sockets: list[socket.socket], ready) -> None:
     """A further front-end process (frontends.py): the app, its engines reached over their sockets, served on the
     shared socket until SIGTERM, or until the first front-end is gone."""
     from .logs import log_config
@@ -77,4 +89,4 @@ def front_end_main(settings: Settings, plan: FrontEndPlan, sockets: list[socket.
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=orphaned, name="front-end-parent", daemon=True).start()
-    sys.exit(run_server(settings, plan, sockets))
+    sys.exit(run_server(settings, plan, sockets, ready))
