@@ -60,3 +60,29 @@ def test_the_shared_state_redeems_a_secret_once_whichever_front_end_asks():
         state.shutdown()
     finally:
         plan.remove()
+
+
+def test_a_call_held_here_ends_when_its_hangup_reached_another_front_end():
+    import asyncio
+
+    from server.realtime.calls import Calls
+
+    class Call:  # what Calls needs of a WebRTC call: its id, and close() ending its session
+        def __init__(self, call_id: str) -> None:
+            self.id = call_id
+            self.ended = asyncio.Event()
+
+        async def close(self, code: int = 1000) -> None:
+            self.ended.set()
+
+    async def run() -> None:
+        directory = CallDirectory()
+        here, elsewhere = Calls(directory, front_end=1), Calls(directory, front_end=0)
+        call = Call("rtc_held_by_1")
+        here.start(call, call.ended.wait())
+        assert await elsewhere.hangup("rtc_held_by_1") and not await elsewhere.hangup("rtc_none")
+        await asyncio.wait_for(call.ended.wait(), 5)
+        await asyncio.sleep(0.05)  # its session ended: it leaves the directory
+        assert here.calls == {} and not directory.hang_up("rtc_held_by_1")
+
+    asyncio.run(run())
