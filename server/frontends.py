@@ -147,27 +147,25 @@ class FrontEnds:
                 _forget_metrics(process.pid)
                 self._spawn(index)
 
-    def signal(self, sig: int) -> None:
-        """Pass the server's SIGTERM or SIGINT on: each front-end drains its own requests meanwhile."""
+    def pass_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Pass the server's stop on: each front-end drains its own requests meanwhile. Always as SIGTERM: a Ctrl-C
+        already reached them from the terminal, and a second SIGINT would make uvicorn stop without draining."""
         self.stopping = True
         for process in self.processes.values():
             with contextlib.suppress(ProcessLookupError, TypeError):
-                os.kill(process.pid, sig)
+                os.kill(process.pid, signal.SIGTERM)
 
     async def stop(self) -> None:
         self.stopping = True
         if self._watch is not None:
             self._watch.cancel()
-        self.signal(signal.SIGTERM)
+        self.pass_stop()
         deadline = time.monotonic() + self.settings.drain_timeout_s + STOP_TIMEOUT_S
         for process in self.processes.values():
             await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 await asyncio.to_thread(process.join, 5)
-        # here, not after the server's run: uvicorn ends a process stopped by a signal with that signal again. The
-        # engines' processes, which stop after this, find their sockets gone.
-        self.plan.remove()
 
 
 def _forget_metrics(pid: int | None) -> None:

@@ -64,7 +64,14 @@ def run_server(
         front_ends = FrontEnds(settings, plan, sockets, front_end_main)
         app.state.on_start.append(front_ends.start)
         app.state.on_stop.insert(0, front_ends.stop)  # before what they share stops
-        server.on_exit.append(front_ends.signal)
+
+        async def remove_folder() -> None:
+            # here, not after run(): uvicorn ends a process stopped by a signal with that signal again. The engines'
+            # processes, which stop after this, find their sockets gone.
+            plan.remove()
+
+        app.state.on_stop.append(remove_folder)
+        server.on_exit.append(front_ends.pass_stop)
     if ready is not None:
 
         async def serving() -> None:
