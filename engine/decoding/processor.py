@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from engine.decoding.rule import LogitRule, RuleRows, StepContext
@@ -60,15 +61,22 @@ class LogitsProcessor:
             rule.apply(logits, inputs)
         return logits
 
-    def plain(self, logits: Tensor, no_eot: Tensor, state: Tensor | None = None) -> Tensor:
+    def plain(
+        self, logits: Tensor, no_eot: Tensor, state: Tensor | None = None, stamped: Tensor | None = None
+    ) -> Tensor:
         """The rules of a step in which every row samples greedily past its first token: the suppress list, no
-        <|endoftext|> where `no_eot` (bool, per row) holds and, given every row's rule state, the timestamp rules;
-        the same edits as __call__ makes for such rows, with static shapes and no host values, so a CUDA graph can
-        replay them (multi-step decoding)."""
+        <|endoftext|> where `no_eot` (bool, per row) holds and, given every row's rule state, the timestamp rules
+        on the rows where `stamped` (bool, per row; None: every row) holds; the same edits as __call__ makes for
+        such rows, with static shapes and no host values, so a CUDA graph can replay them (multi-step decoding)."""
         self.suppress.apply(logits)
         self.fixed_length.apply_mask(logits, no_eot)
         if state is not None:
+            # every row's rules computed, the rows without timestamps then given back their logits: each row's
+            # edits are its own (one program per row), so a stamped row's are those of a batch without the others
+            before = None if stamped is None else logits.clone()
             self.timestamps.apply_every_row(logits, state)
+            if before is not None:
+                logits.copy_(torch.where(stamped[:, None], logits, before))
         return logits
 
     def next_state(self, state: Tensor, tokens: Tensor) -> Tensor:

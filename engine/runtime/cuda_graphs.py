@@ -32,7 +32,9 @@ PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
 # Short contexts tiled across cross slots (live previews: ModelRunner.encode_into_slots) come a few at a time, each
 # pass at one of a few lengths; eagerly a pass launches the encoder's kernels one by one, hundreds of them
 SHORT_ENCODER_BATCH_BUCKETS = (1, 2, 4, 8)
-MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8)  # batches with a multi-step graph: a few windows, where the host bounds a step
+# Batches with a multi-step graph: up to a few dozen windows, where the host's work bounds a step (a turbo step at 32
+# rows is about as long as the host's per-launch work); larger batches keep the GPU busy one step at a time
+MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32)
 
 
 def buckets_up_to(candidates: tuple[int, ...], limit: int) -> list[int]:
@@ -54,6 +56,7 @@ class DecoderBuffers:
     multi_tokens: Tensor  # (steps, max multi-step batch) int64: each step's greedy tokens
     multi_logprobs: Tensor  # (steps, max multi-step batch) float32: their log-probabilities
     multi_state: Tensor  # (max multi-step batch, 3) int64: the timestamp rules' state, updated at every step
+    multi_stamped: Tensor  # (max multi-step batch,) bool: rows the timestamp rules apply to
 
 
 @dataclass(slots=True)
@@ -123,6 +126,7 @@ class GraphRunner:
             multi_tokens=torch.zeros(self.multi_steps, max_mb, dtype=torch.long, device=dev),
             multi_logprobs=torch.zeros(self.multi_steps, max_mb, dtype=torch.float32, device=dev),
             multi_state=torch.zeros(max_mb, 3, dtype=torch.long, device=dev),
+            multi_stamped=torch.zeros(max_mb, dtype=torch.bool, device=dev),
         )
         self.dec.prompt_index[0] = torch.arange(max_pb, device=dev)  # the batch rows the other two index into
         max_enc = self.encoder_sizes[-1]
@@ -157,12 +161,13 @@ class GraphRunner:
 
     def _multi_step(self, bs: int, timestamps: bool) -> None:
         """multi_steps greedy steps of rows 0..bs-1: each step's logits get the rules (LogitsProcessor.plain, with
-        the timestamp rules from multi_state), its token and log-probability are kept, and the token, the next
-        position and the updated rule state become the next step's input."""
-        state = self.dec.multi_state[:bs]
+        the timestamp rules from multi_state on the rows multi_stamped marks), its token and log-probability are
+        kept, and the token, the next position and the updated rule state become the next step's input."""
+        state, stamped = self.dec.multi_state[:bs], self.dec.multi_stamped[:bs]
         for j in range(self.multi_steps):
             self._decode_step(bs, self.kv_sizes[-1])
-            logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs], state if timestamps else None)
+            rules = (state, stamped) if timestamps else ()
+            logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs], *rules)
             tokens, logprobs = self.sample(logits, [0.0] * bs, [None] * bs)
             self.dec.multi_tokens[j, :bs] = tokens
             self.dec.multi_logprobs[j, :bs] = logprobs
@@ -374,12 +379,12 @@ class GraphRunner:
 
     @torch.inference_mode()
     def decode_multi(
-        self, tokens: Tensor, positions: Tensor, no_eot: Tensor, state: Tensor | None
+        self, tokens: Tensor, positions: Tensor, no_eot: Tensor, state: Tensor | None, stamped: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """multi_steps greedy steps for rows 0..n-1 (slots 0..n-1): tokens and positions (n, 1) of the first, no_eot
-        (n,) bool, the timestamp rules' state (n, 3) or None (no timestamps). Returns each step's tokens (steps, n)
-        int64 and log-probabilities (steps, n) float32 and the state after the last step (views of static buffers:
-        read before the next replay)."""
+        (n,) bool, the timestamp rules' state (n, 3) or None (no timestamps) and the rows it applies to (n,) bool
+        (None: every row). Returns each step's tokens (steps, n) int64 and log-probabilities (steps, n) float32 and
+        the state after the last step (views of static buffers: read before the next replay)."""
         n = tokens.shape[0]
         bs = self.multi_size_for(n)
         assert bs is not None, n
@@ -388,11 +393,16 @@ class GraphRunner:
         self.dec.no_eot[:n].copy_(no_eot)
         if state is not None:
             self.dec.multi_state[:n].copy_(state)
+            if stamped is None:
+                self.dec.multi_stamped[:n].fill_(True)
+            else:
+                self.dec.multi_stamped[:n].copy_(stamped)
         if bs > n:  # padding rows decode positions 0.. of free slots, as a step's padding does
             self.dec.tokens[n:bs].zero_()
             self.dec.positions[n:bs].zero_()
             self.dec.no_eot[n:bs].zero_()
             self.dec.multi_state[n:bs].zero_()
+            self.dec.multi_stamped[n:bs].zero_()
         graphs = self.adapted_multi_graphs if self.backend.adapted else self.multi_graphs
         graphs[(bs, state is not None)].replay()
         self.stats.multi_step_replays += 1

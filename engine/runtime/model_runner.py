@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 MAX_GPU_SLOTS = 512  # default cap on decode slots on a GPU; see ModelRunner._default_max_slots
 MULTI_STEP_GPU = 4  # greedy steps per launch for a few windows on a GPU (EngineConfig.multi_step)
-MULTI_STEP_MAX_ROWS = 8  # the most windows decoded several steps per launch
+MULTI_STEP_MAX_ROWS = 32  # the most windows decoded several steps per launch
 # A window's first timestamp is at most 1 s in (openai/whisper's and faster-whisper's max_initial_timestamp), in
 # steps of 0.02 s
 MAX_INITIAL_TIMESTAMP_INDEX = 50
@@ -443,21 +443,17 @@ class ModelRunner:
 
     def no_multi_step(self, seqs: list[Sequence]) -> str | None:
         """What keeps `seqs` from several steps in one launch, or None: they must be a few rows that a graph (or
-        eager steps) serves, every one sampling greedily past its first token, all with timestamp rules or none,
-        none decided by the host, all within the context for that many steps, and no fixed token count ending
+        eager steps) serves, every one sampling greedily past its first token, none decided by the host, all within the context for that many steps, and no fixed token count ending
         inside them. Engine counts each reason (/metrics: `whisper_engine_total{name="single_steps_..."}`)."""
         k = self.multi_step
         if len(seqs) > MULTI_STEP_MAX_ROWS:  # checked first: a large batch's every step asks
             return "rows"
         if self.graphs is not None and self.graphs.multi_size_for(len(seqs)) is None:
             return "rows"
-        timestamps = seqs[0].job.with_timestamps
         for s in seqs:
             job = s.job
             if not s.sampling or s.num_launched == 0:
                 return "first_token"
-            if job.with_timestamps != timestamps:
-                return "mixed_timestamps"
             if job.temperature > 0:
                 return "temperature"
             if s.host_bound:  # the host decides each next token
@@ -476,17 +472,21 @@ class ModelRunner:
         step); with `keep` the last step's tokens and rule state stay on the device for the next launch."""
         k = self.multi_step
         self.map_rows(seqs)
-        # the state is every row's or None: no_multi_step allows no mix of windows with and without timestamps
-        tokens, positions, state, h = self.io.build(seqs, [int(s.must_not_end) for s in seqs])
-        no_eot = h[:, -1] > 0  # the extra column
+        # the state is every row's, or None while no row decodes with timestamps; where some do, the rules edit
+        # only their rows (the extra column `stamped`), so windows with and without timestamps share a launch
+        extra = [[int(s.must_not_end), int(s.job.with_timestamps)] for s in seqs]
+        tokens, positions, state, h = self.io.build(seqs, extra)
+        no_eot, stamped = h[:, -2] > 0, h[:, -1] > 0
         if self.graphs is not None:
-            step_tokens, step_logprobs, state = self.graphs.decode_multi(tokens[:, None], positions, no_eot, state)
+            step_tokens, step_logprobs, state = self.graphs.decode_multi(
+                tokens[:, None], positions, no_eot, state, stamped
+            )
         else:
             processor, step_tokens, step_logprobs = self.logits_processor, [], []
             greedy = ([0.0] * len(seqs), [None] * len(seqs))
             for j in range(k):
                 logits = self._eager_logits(seqs, tokens[:, None], positions + j, ahead=j)
-                logits = processor.plain(logits, no_eot, state)
+                logits = processor.plain(logits, no_eot, state, stamped)
                 tokens, logprobs = self.sample(logits, *greedy)
                 state = None if state is None else processor.next_state(state, tokens)
                 step_tokens.append(tokens)

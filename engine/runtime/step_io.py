@@ -47,15 +47,15 @@ class StepInputs:
         return host.pin_memory().to(self.device, non_blocking=True)
 
     def build(
-        self, seqs: list[Sequence], extra: list[int] | None = None
+        self, seqs: list[Sequence], extra: list[list[int]] | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """A launch's inputs: each row's first token (from the last launch's output on the device where the host
         does not know it yet), its position (n, 1), the timestamp rules' state (rule_state) and the host rows
-        (host_row, then `extra`'s value) as copied to the device in one copy."""
+        (host_row, then `extra`'s values) as copied to the device in one copy."""
         prev = self.prev
         host = [host_row(s, prev is not None) for s in seqs]
         if extra is not None:
-            host = [[*row, value] for row, value in zip(host, extra)]
+            host = [[*row, *values] for row, values in zip(host, extra)]
         h = self.to_device(host)
         tokens = h[:, 0]
         if prev is not None:

@@ -146,8 +146,8 @@ def test_a_lone_window_prompt_is_one_replayed_pass(graph_engine, eager_engine, g
 
 def test_every_multi_step_graph_matches_single_steps(graph_engine):
     """A multi-step graph (several greedy steps, each token and rule state fed to the next on the device) against
-    the same steps replayed one by one from the step graphs, with the same rules, with timestamps and without: the
-    same tokens, log-probabilities and final rule state."""
+    the same steps replayed one by one from the step graphs, with the same rules, with timestamps, without, and
+    with them on some rows only: the same tokens, log-probabilities and final rule state."""
     runner = graph_engine.runner
     graphs, processor = runner.graphs, runner.logits_processor
     assert graphs.multi_steps > 1 and graphs.multi_sizes
@@ -155,26 +155,29 @@ def test_every_multi_step_graph_matches_single_steps(graph_engine):
     replays = graphs.stats.multi_step_replays
     with torch.inference_mode():
         gen = random_cross_cache(runner, max(graphs.multi_sizes), seed=4)
-        for timestamps in (False, True):
+        for timestamps, mixed in ((False, False), (True, False), (True, True)):
             for n in sorted({1, 3, *graphs.multi_sizes}):
                 if graphs.multi_size_for(n) is None:
                     continue
                 tokens = torch.randint(0, ts_begin, (n, 1), device=runner.device, generator=gen)
                 positions = torch.randint(0, kv - k, (n, 1), device=runner.device, generator=gen)
                 no_eot = torch.arange(n, device=runner.device) % 2 == 0
-                state = None
+                state, stamped = None, None
+                if mixed:  # the rules on every third row only
+                    stamped = torch.arange(n, device=runner.device) % 3 == 0
                 if timestamps:  # last token (a timestamp on odd rows), the one before, the last timestamp
                     stamps = ts_begin + torch.randint(0, 100, (n,), device=runner.device, generator=gen)
                     odd = torch.arange(n, device=runner.device) % 2 == 1
                     state = torch.stack((torch.where(odd, stamps, tokens[:, 0]), tokens[:, 0], stamps), dim=1)
-                got = graphs.decode_multi(tokens, positions, no_eot, state)
+                got = graphs.decode_multi(tokens, positions, no_eot, state, stamped)
                 multi_tokens, multi_logprobs = got[0].clone(), got[1].clone()
                 multi_state = None if state is None else got[2].clone()
                 for j in range(k):
-                    logits = processor.plain(graphs.decode(tokens, positions + j, kv).clone(), no_eot, state)
+                    logits = processor.plain(graphs.decode(tokens, positions + j, kv).clone(), no_eot, state, stamped)
                     step_tokens, step_logprobs = runner.sample(logits, [0.0] * n, [None] * n)
-                    assert torch.equal(step_tokens, multi_tokens[j]), (timestamps, n, j)
-                    assert torch.allclose(step_logprobs, multi_logprobs[j], rtol=1e-5, atol=1e-6), (timestamps, n, j)
+                    case = (timestamps, mixed, n, j)
+                    assert torch.equal(step_tokens, multi_tokens[j]), case
+                    assert torch.allclose(step_logprobs, multi_logprobs[j], rtol=1e-5, atol=1e-6), case
                     state = None if state is None else processor.next_state(state, step_tokens)
                     tokens = step_tokens[:, None]
                 if timestamps:

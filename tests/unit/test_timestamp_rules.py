@@ -8,6 +8,7 @@ import random
 
 import torch
 
+from engine.decoding import logits_processor
 from engine.decoding.rule import RuleSetup
 from engine.decoding.timestamps import HostRows, TimestampRules
 from engine.model.dims import DUMMY_DIMS
@@ -76,3 +77,29 @@ def test_the_form_follows_the_device():
     assert host.on_host
     setup = dataclasses.replace(host.setup, device=torch.device("meta"))
     assert not TimestampRules(setup).on_host
+
+
+def test_a_launch_of_rows_with_and_without_timestamps_edits_each_as_its_own_kind():
+    """The multi-step form (LogitsProcessor.plain) over a batch where only some rows decode with timestamps: those
+    rows get the rules' edits, exactly as in a batch of timestamp rows, and the others exactly the edits of a batch
+    without timestamps, on both forms of the rules."""
+    _, _, tok = _rules()
+    dims = DUMMY_DIMS["tiny.en"]
+    rng = random.Random(1)
+    g = torch.Generator().manual_seed(1)
+    for on_host in (True, False):
+        processor = logits_processor(RuleSetup(tok, dims.n_vocab, torch.device("cpu"), [], [], 50))
+        processor.timestamps.on_host = on_host
+        for trial in range(12):
+            batch = rng.randrange(2, 10)
+            state = _states(tok, rng, batch)
+            logits = torch.randn(batch, dims.n_vocab, generator=g) * 3
+            logits[:, tok.timestamp_begin :] += 4 * (trial % 2)
+            no_eot = torch.rand(batch, generator=g) < 0.3
+            stamped = torch.arange(batch) % 2 == trial % 2
+            mixed = processor.plain(logits.clone(), no_eot, state, stamped)
+            every = processor.plain(logits.clone(), no_eot, state)
+            none = processor.plain(logits.clone(), no_eot)
+            assert not torch.equal(every, none)  # the rules edited something
+            assert torch.equal(mixed[stamped], every[stamped]), trial
+            assert torch.equal(mixed[~stamped], none[~stamped]), trial
