@@ -32,9 +32,12 @@ PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
 # Short contexts tiled across cross slots (live previews: ModelRunner.encode_into_slots) come a few at a time, each
 # pass at one of a few lengths; eagerly a pass launches the encoder's kernels one by one, hundreds of them
 SHORT_ENCODER_BATCH_BUCKETS = (1, 2, 4, 8)
-# Batches with a multi-step graph: up to a few dozen windows, where the host's work bounds a step (a turbo step at 32
-# rows is about as long as the host's per-launch work); larger batches keep the GPU busy one step at a time
+# Batches with a multi-step graph: up to a few dozen windows, where the host's per-launch work still bounds a step
+# (large-v3-turbo on an H100: 32 windows ~8% faster than a step per launch; BENCHMARKS.md)
 MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32)
+# A multi-step graph's timestamp rules: on no row, every row, or some rows (a per-row flag gives the others back
+# their logits; a graph of its own, so launches without the mix pay nothing for it)
+STAMPED = ("none", "every", "some")
 
 
 def buckets_up_to(candidates: tuple[int, ...], limit: int) -> list[int]:
@@ -136,9 +139,9 @@ class GraphRunner:
         )
         self.decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.multi_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (batch, with timestamps)
+        self.multi_graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # (batch, timestamp rows: STAMPED)
         self.adapted_decoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.adapted_multi_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.adapted_multi_graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.short_encoder_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, mel frames)
         self.pool = None  # the memory pool every graph shares (capture)
@@ -159,14 +162,16 @@ class GraphRunner:
         self.backend.logits(hidden[rows, last], out=self.dec.prompt_logits[0, :bs])
         self.backend.logits(hidden[rows, sot], out=self.dec.prompt_logits[1, :bs])
 
-    def _multi_step(self, bs: int, timestamps: bool) -> None:
+    def _multi_step(self, bs: int, stamped: str) -> None:
         """multi_steps greedy steps of rows 0..bs-1: each step's logits get the rules (LogitsProcessor.plain, with
-        the timestamp rules from multi_state on the rows multi_stamped marks), its token and log-probability are
-        kept, and the token, the next position and the updated rule state become the next step's input."""
-        state, stamped = self.dec.multi_state[:bs], self.dec.multi_stamped[:bs]
+        the timestamp rules from multi_state on `stamped` rows: none, every one, or some, those multi_stamped
+        marks), its token and log-probability are kept, and the token, the next position and the updated rule state
+        become the next step's input."""
+        timestamps = stamped != "none"
+        state = self.dec.multi_state[:bs]
+        rules = {"none": (), "every": (state,), "some": (state, self.dec.multi_stamped[:bs])}[stamped]
         for j in range(self.multi_steps):
             self._decode_step(bs, self.kv_sizes[-1])
-            rules = (state, stamped) if timestamps else ()
             logits = self.processor.plain(self.dec.logits[:bs], self.dec.no_eot[:bs], *rules)
             tokens, logprobs = self.sample(logits, [0.0] * bs, [None] * bs)
             self.dec.multi_tokens[j, :bs] = tokens
@@ -210,7 +215,7 @@ class GraphRunner:
             for bs in reversed(self.prefill_sizes):
                 self.prefill_graphs[(bs, width)] = self._capture_one(lambda: self._prefill(bs, width), pool, stream)
         for bs in reversed(self.multi_sizes):
-            for ts in (False, True):
+            for ts in STAMPED:
                 self.multi_graphs[(bs, ts)] = self._capture_one(lambda: self._multi_step(bs, ts), pool, stream)
         if self.adapters is not None:
             for kv in reversed(self.kv_sizes):
@@ -219,7 +224,7 @@ class GraphRunner:
                         lambda: self._adapted(self._decode_step, bs, kv), pool, stream
                     )
             for bs in reversed(self.multi_sizes):
-                for ts in (False, True):
+                for ts in STAMPED:
                     self.adapted_multi_graphs[(bs, ts)] = self._capture_one(
                         lambda: self._adapted(self._multi_step, bs, ts), pool, stream
                     )
@@ -393,10 +398,8 @@ class GraphRunner:
         self.dec.no_eot[:n].copy_(no_eot)
         if state is not None:
             self.dec.multi_state[:n].copy_(state)
-            if stamped is None:
-                self.dec.multi_stamped[:n].fill_(True)
-            else:
-                self.dec.multi_stamped[:n].copy_(stamped)
+        if stamped is not None:
+            self.dec.multi_stamped[:n].copy_(stamped)
         if bs > n:  # padding rows decode positions 0.. of free slots, as a step's padding does
             self.dec.tokens[n:bs].zero_()
             self.dec.positions[n:bs].zero_()
@@ -404,7 +407,7 @@ class GraphRunner:
             self.dec.multi_state[n:bs].zero_()
             self.dec.multi_stamped[n:bs].zero_()
         graphs = self.adapted_multi_graphs if self.backend.adapted else self.multi_graphs
-        graphs[(bs, state is not None)].replay()
+        graphs[(bs, "none" if state is None else "every" if stamped is None else "some")].replay()
         self.stats.multi_step_replays += 1
         out_state = None if state is None else self.dec.multi_state[:n]
         return self.dec.multi_tokens[:, :n], self.dec.multi_logprobs[:, :n], out_state
