@@ -33,7 +33,7 @@ PREFILL_BATCH_BUCKETS = (1, 2, 4, 8)
 # pass at one of a few lengths; eagerly a pass launches the encoder's kernels one by one, hundreds of them
 SHORT_ENCODER_BATCH_BUCKETS = (1, 2, 4, 8)
 # Batches with a multi-step graph: up to a few dozen windows, where the host's per-launch work still bounds a step
-# (large-v3-turbo on an H100: 32 windows ~8% faster than a step per launch; BENCHMARKS.md)
+# (large-v3-turbo with timestamps on an H100: 32 windows 1.13x as fast as with a step per launch; BENCHMARKS.md)
 MULTI_STEP_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32)
 # A multi-step graph's timestamp rules: on no row, every row, or some rows (a per-row flag gives the others back
 # their logits; a graph of its own, so launches without the mix pay nothing for it)

@@ -443,8 +443,10 @@ class ModelRunner:
 
     def no_multi_step(self, seqs: list[Sequence]) -> str | None:
         """What keeps `seqs` from several steps in one launch, or None: they must be a few rows that a graph (or
-        eager steps) serves, every one sampling greedily past its first token, none decided by the host, all within the context for that many steps, and no fixed token count ending
-        inside them. Engine counts each reason (/metrics: `whisper_engine_total{name="single_steps_..."}`)."""
+        eager steps) serves, every one sampling greedily past its first token, none decided by the host, all within
+        the context for that many steps, and no fixed token count ending inside them (windows with and without
+        timestamps may share a launch). Engine counts each reason (/metrics:
+        `whisper_engine_total{name="single_steps_..."}`)."""
         k = self.multi_step
         if len(seqs) > MULTI_STEP_MAX_ROWS:  # checked first: a large batch's every step asks
             return "rows"
