@@ -67,7 +67,7 @@ class EngineConfig:
     short_context_graphs: bool = True
     # Launch each decode step before reading the previous one's tokens (engine.Engine.step). None = on a GPU only.
     overlap_steps: bool | None = None
-    # Decode steps per launch while a few windows (up to 8) decode greedily and none waits: one CUDA graph replays
+    # Decode steps per launch while up to 32 windows decode greedily and none waits: one CUDA graph replays
     # them, each step's token and timestamp-rule state fed to the next on the device, so the host's work per step
     # (which bounds a small decoder such as large-v3-turbo's) is paid once per launch; a window that ends is seen up
     # to this many steps late. None = 4 on a GPU, 1 on a CPU (whose steps are bound by compute, not the host).

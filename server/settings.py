@@ -225,7 +225,7 @@ class Settings(BaseSettings):
     """Launch each decode step before reading the previous step's tokens, so the host's work between steps runs
     while the GPU computes; default on a GPU, off on a CPU."""
     multi_step: int | None = Field(default=None, ge=1)
-    """Greedy decode steps per launch while up to 8 windows decode and none waits (one CUDA graph replays them);
+    """Greedy decode steps per launch while up to 32 windows decode and none waits (one CUDA graph replays them);
     a window's end is seen up to that many steps late. Default 4 on a GPU, 1 on a CPU."""
     best_of: int = Field(default=1, ge=1, le=10)
     """Samples drawn side by side by each of Whisper's fallback attempts above temperature 0, the likeliest kept
