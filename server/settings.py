@@ -294,6 +294,11 @@ class Settings(BaseSettings):
     prefix) and decodes only what follows: a refresh of a long turn costs its new words, not the whole turn again,
     so deltas keep their cadence as the turn grows (BENCHMARKS.md, realtime). The final decode of a turn never takes
     a prefix (it is the HTTP route's)."""
+    realtime_partials_take_detected_language: bool = True
+    """Where a session sets no `language`, its partial decodes take the language its last final transcript was
+    detected in (the same model's) instead of detecting it each time: on a multilingual model each detection is a
+    language-pick step and the prompt's task tokens fed a step each, every one a launch that several decode steps
+    cannot share. A turn's final decode detects the language as the HTTP route does."""
     realtime_partial_margin_s: float = Field(default=3.0, ge=0, le=30)
     """The padding after a short partial's audio that its encoder sees, in seconds."""
     realtime_condition_on_previous_text: bool = True

@@ -105,6 +105,8 @@ class Engine(EngineFront):
         self.num_tokens = 0
         self.busy_seconds = 0.0  # time spent in step(): busy / wall time is how loaded the engine is
         self.single_steps: collections.Counter[str] = collections.Counter()  # by what kept a launch to one step
+        self.language_picks = 0  # windows whose language the model picked (each a step of its own, and its forced
+        # task tokens after it)
 
     # ---- public API (any thread) ------------------------------------------------------------------
 
@@ -139,7 +141,8 @@ class Engine(EngineFront):
         )
 
     def _totals(self) -> dict[str, float]:
-        totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds}
+        totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds,
+                  "language_picks": float(self.language_picks)}  # fmt: skip
         # a copy first: the loop's thread may add a reason meanwhile (dict() copies under the GIL, in one call)
         totals.update((f"single_steps_{reason}", float(n)) for reason, n in dict(self.single_steps).items())
         graphs = self.runner.graphs
@@ -342,6 +345,7 @@ class Engine(EngineFront):
                 self.requests.first_output(seq.job.request_id, now)
             if r.output is Output.LANGUAGE:
                 seq.language = tok.language_codes[token]
+                self.language_picks += 1
             elif seq.beam is not None:  # the group's candidates decide, below
                 beams.setdefault(id(seq.beam), (seq.beam, r.num_cached))
             elif seq.append(token, logprob, r.num_cached, tok.eot, tok.timestamp_begin, self.runner.n_text_ctx):

@@ -120,6 +120,9 @@ class Connection:
         self.unheard: list[tuple[str, str | None, int]] = []
         self.hearing: asyncio.Task | None = None
         self.context = ""  # the previous turns' transcripts (realtime_condition_on_previous_text)
+        # (model, language) of the last final detected without a session language: the partials' language
+        # (realtime_partials_take_detected_language)
+        self.detected: tuple[str, str] | None = None
         self.failures = 0  # client events that raised unexpectedly (the first is logged with its traceback)
         self._reset_stream()
 
@@ -375,11 +378,16 @@ class Connection:
 
     def _options(self, background: bool) -> DecodeOptions:
         """A turn's decode: the HTTP route's, with the session's language and prompt (then its previous
-        transcripts). A partial one is greedy only (one beam, no fallback), in the background and on a short
-        context (realtime_short_partials): a preview, soon refreshed, that waits for every other window; the final
-        decode is a full window with Whisper's fallback."""
+        transcripts). A partial one takes the language the last final was detected in where the session sets none
+        (realtime_partials_take_detected_language), and is greedy only (one beam, no fallback), in the background
+        and on a short context (realtime_short_partials): a preview, soon refreshed, that waits for every other
+        window; the final decode is a full window with Whisper's fallback."""
         prompt = " ".join(p for p in (self.session.prompt, self.context) if p) or None
-        options = decode_options(Task.TRANSCRIBE, self.session.language, prompt, 0.0, settings=self.settings)
+        language = self.session.language
+        detected = self.detected
+        if background and language is None and detected is not None and detected[0] == self.session.model:
+            language = detected[1]  # a preview: the language the session's last final was detected in
+        options = decode_options(Task.TRANSCRIBE, language, prompt, 0.0, settings=self.settings)
         options = dataclasses.replace(
             options, logprobs=self.session.logprobs, adapter=self.models.adapter(self.session.model)
         )
@@ -559,6 +567,8 @@ class Connection:
             self.handles.discard(handle)
         transcript = result.text.strip()
         self._remember(transcript, result)
+        if self.session.language is None and self.settings.realtime_partials_take_detected_language:
+            self.detected = (self.session.model, result.language) if result.language else None
         start = partials.rest(transcript) if partials is not None else 0
         extra = {"logprobs": token_logprobs(result.segments)} if self.session.logprobs else {}
         try:

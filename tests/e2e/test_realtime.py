@@ -237,6 +237,47 @@ def test_the_sessions_delay_sets_how_often_its_turn_is_decoded_while_it_speaks(s
     assert first_soon is not None and (first_late is None or first_soon < first_late), (first_soon, first_late)
 
 
+def test_partials_take_the_language_the_last_final_was_detected_in(base_server, data_dir):
+    """On a multilingual model, a session without `language`: the first turn's partial decodes each detect the
+    language (the model's pick, counted by the engine), as its final does; once that final has detected it, the
+    next turn's partials take it, and only the final detects again (as HTTP does)."""
+    pcm = pcm24k(data_dir / JFK)[: 3 * 48000]
+
+    def counts() -> tuple[float, float]:
+        decodes = sum(
+            metric(base_server, "whisper_realtime_partial_decodes_total", f'{{prefix="{p}"}}') for p in ("yes", "no")
+        )
+        return decodes, metric(base_server, "whisper_engine_total", '{name="language_picks"}')
+
+    s = RawSession(base_server)
+    turns = []
+    try:
+        s.next()
+        s.send(type="session.update", session={"type": "transcription", "audio": {"input": {
+            "turn_detection": None, "transcription": {"delay": "minimal"}}}})  # fmt: skip
+        s.until("session.updated")
+        for _ in range(2):
+            before = counts()
+            start = time.perf_counter()
+            for i, piece in enumerate(chunks(pcm, 48)):
+                while (wait := start + i * CHUNK_MS / 1000 - time.perf_counter()) > 0:
+                    try:
+                        s.next(timeout=wait)
+                    except TimeoutError:
+                        break
+                s.send(type="input_audio_buffer.append", audio=piece)
+            s.send(type="input_audio_buffer.commit")
+            completed = s.until("conversation.item.input_audio_transcription.completed")
+            assert "fellow" in completed.transcript.lower(), completed.transcript
+            after = counts()
+            turns.append((after[0] - before[0], after[1] - before[1]))
+    finally:
+        s.close()
+    (first_partials, first_picks), (partials, picks) = turns
+    assert first_partials >= 1 and first_picks >= first_partials + 1, turns  # every decode picked
+    assert partials >= 1 and picks == 1, turns  # the final alone
+
+
 @pytest.mark.parametrize("where", ["thread", "process"])
 def test_server_vad_finds_one_turn_per_utterance_with_boundaries_in_time(where, request, data_dir):
     """Silero in a worker thread (`server`) and in a process of its own (`process_server`). Three speakers' clips with pauses between and around them, streamed at real-time-sized chunks: one turn per
