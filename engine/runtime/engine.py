@@ -105,8 +105,8 @@ class Engine(EngineFront):
         self.num_tokens = 0
         self.busy_seconds = 0.0  # time spent in step(): busy / wall time is how loaded the engine is
         self.single_steps: collections.Counter[str] = collections.Counter()  # by what kept a launch to one step
-        self.language_picks = 0  # windows whose language the model picked (each a step of its own, and its forced
-        # task tokens after it)
+        # windows whose language the model picked: each a step of its own, then a step per forced task token
+        self.language_picks = 0
 
     # ---- public API (any thread) ------------------------------------------------------------------
 

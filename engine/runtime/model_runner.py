@@ -476,10 +476,11 @@ class ModelRunner:
         self.map_rows(seqs)
         # the state is every row's, or None while no row decodes with timestamps; where some do, the rules edit
         # only their rows (the extra column `stamped`), so windows with and without timestamps share a launch
-        rows = [s.job.with_timestamps for s in seqs]
-        tokens, positions, state, h = self.io.build(seqs, [[int(s.must_not_end), int(t)] for s, t in zip(seqs, rows)])
+        with_ts = [s.job.with_timestamps for s in seqs]
+        extra = [[int(s.must_not_end), int(t)] for s, t in zip(seqs, with_ts)]
+        tokens, positions, state, h = self.io.build(seqs, extra)
         no_eot = h[:, -2] > 0
-        stamped = h[:, -1] > 0 if any(rows) and not all(rows) else None  # None: the rules on every row or none
+        stamped = h[:, -1] > 0 if any(with_ts) and not all(with_ts) else None  # None: the rules on every row or none
         if self.graphs is not None:
             step_tokens, step_logprobs, state = self.graphs.decode_multi(
                 tokens[:, None], positions, no_eot, state, stamped
