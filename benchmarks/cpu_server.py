@@ -8,7 +8,9 @@ the product as a user runs it) answers each clip --repeats times (median, after 
 faster-whisper (`compute_type="int8"`, 2 threads, in a child process of its own) transcribes the same clips the
 same way: greedy with its temperature fallback and timestamps, as the server decodes. Load is excluded from both.
 Prints every run's ratio (ours / faster-whisper: below 1 ours is faster) and, per load, the median and how many
-runs were within --target.
+runs were within --target. "windows": the encoder passes of one request for each system (ours from /metrics,
+faster-whisper's counted in its process): where a clip's last segment ends before its audio does, Whisper decodes
+the rest in a window of its own, and two systems whose last segment ends differently then differ by an encoder pass.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_int8 import busy_processes
 from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time
 
-from tests.helpers.server import RemoteServer
+from tests.helpers.server import RemoteServer, metric
 
 
-def time_server(server: RemoteServer, data: Path, repeats: int) -> dict[str, float]:
-    times = {}
+def time_server(server: RemoteServer, data: Path, repeats: int) -> tuple[dict[str, float], dict[str, int]]:
+    """Each clip's median time through the server, and the windows one request of it encoded."""
+    times, windows = {}, {}
     with httpx.Client(timeout=300) as client:
         for label, name in CLIPS.items():
             body = (data / name).read_bytes()
@@ -44,11 +47,15 @@ def time_server(server: RemoteServer, data: Path, repeats: int) -> dict[str, flo
                 r.raise_for_status()
 
             times[label] = median_time(post, repeats)
-    return times
+            before = metric(server, "whisper_engine_total", '{name="windows_encoded"}')
+            post()
+            windows[label] = round(metric(server, "whisper_engine_total", '{name="windows_encoded"}') - before)
+    return times, windows
 
 
-def time_faster_whisper(args) -> dict[str, float]:
-    """In this (child) process: faster-whisper int8's median time per clip, the upload decoded as the server does."""
+def time_faster_whisper(args) -> dict[str, tuple[float, int]]:
+    """In this (child) process: faster-whisper int8's median time per clip, the upload decoded as the server does,
+    and the windows one transcription of it encoded."""
     from faster_whisper import WhisperModel
 
     from engine.audio.uploads import decode_audio
@@ -64,7 +71,17 @@ def time_faster_whisper(args) -> dict[str, float]:
                 segments, _ = model.transcribe(decode_audio(args.data / name), beam_size=1, vad_filter=False)
                 return [s.text for s in segments]
 
-            times[label] = median_time(run, args.repeats)
+            seconds = median_time(run, args.repeats)
+            encodes, encode = [], model.encode
+
+            def counted(features, encodes=encodes, encode=encode):
+                encodes.append(1)
+                return encode(features)
+
+            model.encode = counted
+            run()
+            model.encode = encode
+            times[label] = (seconds, len(encodes))
     return times
 
 
@@ -93,24 +110,24 @@ def main() -> None:
         *shlex.split(args.serve_args),
     ]
     print(f"ours: serve {shlex.join(serve)}; peer: faster-whisper int8, {args.threads} threads, in process")
-    print("| run | busy processes | clip | ours s | faster-whisper s | ours / faster-whisper |")
-    print("|---|---|---|---|---|---|")
+    print("| run | busy processes | clip | ours s | faster-whisper s | ours / faster-whisper | windows |")
+    print("|---|---|---|---|---|---|---|")
     ratios: dict[int, list[float]] = {load: [] for load in args.load}
     for run in range(1, args.runs + 1):
         for load in args.load:
             with busy_processes(load):
                 with RemoteServer(*serve) as server:
-                    ours = time_server(server, args.data, args.repeats)
+                    ours, windows = time_server(server, args.data, args.repeats)
                 cmd = [sys.executable, __file__, "--peer-only", "--model", args.model, "--repeats", str(args.repeats),
                        "--threads", str(args.threads), "--data", str(args.data)]  # fmt: skip
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 theirs = json.loads(out.strip().splitlines()[-1])
             for label in CLIPS:
-                ratio = ours[label] / theirs[label]
+                seconds, encodes = theirs[label]
+                ratio = ours[label] / seconds
                 ratios[load].append(ratio)
-                print(
-                    f"| {run} | {load} | {label} | {ours[label]:.3f} | {theirs[label]:.3f} | {ratio:.2f}x |", flush=True
-                )
+                print(f"| {run} | {load} | {label} | {ours[label]:.3f} | {seconds:.3f} | {ratio:.2f}x | "
+                      f"{windows[label]} / {encodes} |", flush=True)  # fmt: skip
     print("\n| busy processes | ratios (every run and clip) | median | target | within it |")
     print("|---|---|---|---|---|")
     for load, target in zip(args.load, args.target):

@@ -107,6 +107,7 @@ class Engine(EngineFront):
         self.single_steps: collections.Counter[str] = collections.Counter()  # by what kept a launch to one step
         # windows whose language the model picked: each a step of its own, then a step per forced task token
         self.language_picks = 0
+        self.windows_encoded = 0  # encoder passes, one per window (a beam search's beams share theirs)
 
     # ---- public API (any thread) ------------------------------------------------------------------
 
@@ -142,7 +143,8 @@ class Engine(EngineFront):
 
     def _totals(self) -> dict[str, float]:
         totals = {"steps": float(self.num_steps), "tokens": float(self.num_tokens), "busy_seconds": self.busy_seconds,
-                  "language_picks": float(self.language_picks)}  # fmt: skip
+                  "language_picks": float(self.language_picks),
+                  "windows_encoded": float(self.windows_encoded)}  # fmt: skip
         # a copy first: the loop's thread may add a reason meanwhile (dict() copies under the GIL, in one call)
         totals.update((f"single_steps_{reason}", float(n)) for reason, n in dict(self.single_steps).items())
         graphs = self.runner.graphs
@@ -289,6 +291,7 @@ class Engine(EngineFront):
             self._mark_started(seq.job.request_id)
         # one encoder pass and one cross slot per window, which a beam search's beams share
         windows = [s for s in new if not s.beam_follower]
+        self.windows_encoded += len(windows)
         runner.encode_into_slots(
             [s.job.mel for s in windows], [s.cross_slot for s in windows], [s.job.options.adapter for s in windows]
         )

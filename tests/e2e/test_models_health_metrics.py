@@ -53,8 +53,9 @@ def test_metrics_after_a_request(server, data_dir):
 
 
 def test_engine_totals_count_steps_tokens_and_busy_time(server, data_dir):
-    """The engine's own counters: a request adds decode steps, tokens and time spent stepping (never more
-    time than the request took: busy / wall is how loaded the engine is)."""
+    """The engine's own counters: a request adds decode steps, tokens, time spent stepping (never more
+    time than the request took: busy / wall is how loaded the engine is) and its encoder passes (JFK's 11 s: one
+    window)."""
     import time
 
     def totals() -> dict[str, float]:
@@ -71,6 +72,7 @@ def test_engine_totals_count_steps_tokens_and_busy_time(server, data_dir):
     assert after["tokens"] - before["tokens"] >= 10
     busy = after["busy_seconds"] - before["busy_seconds"]
     assert 0 < busy <= wall
+    assert after["windows_encoded"] - before["windows_encoded"] == 1
     # the decode mode is a gauge of its own, not a total: 0 on a CPU, which runs no batch-invariant GPU kernels
     lines = httpx.get(f"{server.url}/metrics").text.splitlines()
     assert "whisper_batch_invariant 0.0" in lines and "batch_invariant" not in totals()
