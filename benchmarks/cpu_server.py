@@ -8,7 +8,7 @@ the product as a user runs it) answers each clip --repeats times (median, after 
 faster-whisper (`compute_type="int8"`, 2 threads, in a child process of its own) transcribes the same clips the
 same way: greedy with its temperature fallback and timestamps, as the server decodes. Load is excluded from both.
 Prints every run's ratio (ours / faster-whisper: below 1 ours is faster) and, per load, the median and how many
-runs were within --target. "windows": the encoder passes of one request for each system (ours from /metrics,
+runs were within --target. "windows": the encoder passes of one request, ours / faster-whisper's (ours from /metrics,
 faster-whisper's counted in its process): where a clip's last segment ends before its audio does, Whisper decodes
 the rest in a window of its own, and two systems whose last segment ends differently then differ by an encoder pass.
 """
