@@ -197,7 +197,7 @@ def test_partials_that_continue_the_words_sent_keep_the_deltas_and_their_logprob
 
 
 def test_the_sessions_delay_sets_how_often_its_turn_is_decoded_while_it_speaks(server, data_dir):
-    """OpenAI's `delay` on a real session: the first 3 s of JFK streamed in real time under `minimal` (a decode each
+    """OpenAI's `delay` on a real session: the first 3 s of JFK streamed under `minimal` (a decode each
     0.25 s of audio, twice as often until the first delta, one at a time) and under `xhigh` (each 2 s; 1 s until
     the first delta): minimal decodes the open turn several times as often and sends its first words sooner.
     The audio goes at half its real pace: the cadence is counted in audio, and one decode at a time on a slow
