@@ -166,6 +166,28 @@ class QuantizedWeight:
         return blocks.transpose(0, 1).reshape(self.shape).contiguous()
 
 
+@dataclass(frozen=True)
+class BlockedWeight:
+    """A float32 linear weight laid out as the kernels stream it fastest, each task's COLS outputs contiguous for
+    every input: `blocks` (out / COLS, in, COLS), as QuantizedWeight's integers are. The products sum the same
+    terms in the same order as from the input-major (in, out) transpose, so their outputs are bitwise the same."""
+
+    blocks: Tensor
+
+    @classmethod
+    def of(cls, weight_t: Tensor) -> BlockedWeight:
+        """weight_t: (in, out) float32, out a multiple of COLS."""
+        k, n = weight_t.shape
+        if n % COLS:
+            raise ValueError(f"blocked weights need a multiple of {COLS} outputs, got {n}")
+        return cls(weight_t.float().reshape(k, n // COLS, COLS).transpose(0, 1).contiguous())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(in, out)"""
+        return self.blocks.shape[1], self.blocks.shape[0] * COLS
+
+
 def _norm_args(norm: nn.LayerNorm | None) -> tuple[int | None, int | None, float]:
     """A kernel's LayerNorm arguments: weight and bias pointers and eps, or none."""
     if norm is None:
@@ -182,11 +204,11 @@ class CpuKernels:
         self.lib = lib
         self._team = threading.local()  # one object serves every engine of a process, each on its own thread
         p, i = ctypes.c_void_p, ctypes.c_int
-        lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i, i]
+        lib.whisper_gemv.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, i, i, i, i, i]
         lib.whisper_gemv.restype = None
         lib.whisper_gemv_q8.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, i, i, i, i]
         lib.whisper_gemv_q8.restype = None
-        lib.whisper_gemm_rows.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, i]
+        lib.whisper_gemm_rows.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, i, p, i]
         lib.whisper_gemm_rows.restype = None
         lib.whisper_gemm_q8_vnni.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, p, i]
         lib.whisper_gemm_q8_vnni.restype = None
@@ -218,20 +240,23 @@ class CpuKernels:
     def linear(
         self,
         x: Tensor,
-        weight_t: Tensor,
+        weight_t: Tensor | BlockedWeight,
         bias: Tensor | None,
         residual: Tensor | None = None,
         norm: nn.LayerNorm | None = None,
         gelu: bool = False,
     ) -> Tensor:
         """gelu?(norm?(x) @ weight_t + bias) (+ residual) for one row; x (..., in) contiguous, residual shaped like
-        the output, norm a LayerNorm over the input (float32 weight and bias)."""
+        the output, norm a LayerNorm over the input (float32 weight and bias); weight_t (in, out) input-major, or
+        its BlockedWeight."""
+        blocked = isinstance(weight_t, BlockedWeight)
+        values = weight_t.blocks if blocked else weight_t
         k, n = weight_t.shape
         y = torch.empty(*x.shape[:-1], n)
         ln_w, ln_b, eps = _norm_args(norm)
         self.lib.whisper_gemv(
-            x.data_ptr(), ln_w, ln_b, eps, weight_t.data_ptr(), bias.data_ptr() if bias is not None else None,
-            residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu),
+            x.data_ptr(), ln_w, ln_b, eps, values.data_ptr(), bias.data_ptr() if bias is not None else None,
+            residual.data_ptr() if residual is not None else None, y.data_ptr(), k, n, int(gelu), int(blocked),
             self.threads(),
         )  # fmt: skip
         return y
@@ -261,18 +286,19 @@ class CpuKernels:
     def linear_rows(
         self,
         x: Tensor,
-        weight: Tensor | QuantizedWeight,
+        weight: Tensor | BlockedWeight | QuantizedWeight,
         bias: Tensor | None,
         residual: Tensor | None = None,
         norm: nn.LayerNorm | None = None,
         gelu: bool = False,
     ) -> Tensor:
         """gelu?(norm?(x[r]) @ W + bias) (+ residual[r]) for every row of x (rows, in), each weight read once for
-        all of them; W: the (in, out) input-major transpose of a float32 weight, or a QuantizedWeight."""
-        quantized = isinstance(weight, QuantizedWeight)
+        all of them; W: the (in, out) input-major transpose of a float32 weight, its BlockedWeight, or a
+        QuantizedWeight."""
+        quantized, blocked = isinstance(weight, QuantizedWeight), isinstance(weight, BlockedWeight)
         if quantized and weight.sums is not None:
             return self._dot_q8(x, weight, bias, residual, norm, gelu)
-        values = weight.blocks if quantized else weight
+        values = weight.blocks if quantized or blocked else weight
         rows, (k, n) = x.shape[0], weight.shape
         y = torch.empty(rows, n)
         ln_w, ln_b, eps = _norm_args(norm)
@@ -281,7 +307,7 @@ class CpuKernels:
             x.data_ptr(), ln_w, ln_b, eps, None if quantized else values.data_ptr(),
             values.data_ptr() if quantized else None, weight.scales.data_ptr() if quantized else None,
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
-            y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None,
+            y.data_ptr(), rows, k, n, int(gelu), int(blocked), scratch.data_ptr() if scratch is not None else None,
             self.threads(),
         )  # fmt: skip
         return y

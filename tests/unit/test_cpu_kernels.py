@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from engine.backends import select_backend
 from engine.backends.cpu import CpuNativeBackend, CpuTorchBackend, lay_out_for_cpu
 from engine.kernels import cpu_kernels
-from engine.kernels.cpu_kernels import QuantizedWeight
+from engine.kernels.cpu_kernels import BlockedWeight, QuantizedWeight
 from engine.kernels.options import KernelOptions
 from engine.model.dims import DUMMY_DIMS
 from engine.model.kv_cache import CacheShape, KVCache
@@ -333,6 +333,50 @@ def test_team_size_leaves_every_bit_of_a_step_alone(kernels, int8):
             out.append(torch.cat(logits))
             caches.append(cache.self_kv)
     assert kernels.threads() == torch.get_num_threads()  # the block's size is gone after it
+    assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
+
+
+@native
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@torch.inference_mode()
+def test_blocked_weights_give_the_input_major_products_bit_for_bit(kernels, rows):
+    """BlockedWeight (each task's columns contiguous) is a layout only: every output sums the same products in the
+    same order, with the norm, bias, residual and GELU fused as before, for one row and for several."""
+    torch.manual_seed(rows)
+    k, n = 384, 1536
+    x, w_t, b, r = torch.randn(rows, k), torch.randn(k, n), torch.randn(n), torch.randn(rows, n)
+    blocked = BlockedWeight.of(w_t)
+    assert blocked.shape == (k, n) and blocked.blocks.shape == (n // cpu_kernels.COLS, k, cpu_kernels.COLS)
+    ln = torch.nn.LayerNorm(k)
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+    for fused in ({}, {"residual": r}, {"norm": ln, "gelu": True}):
+        want = kernels.linear_rows(x, w_t, b, **fused)
+        assert torch.equal(kernels.linear_rows(x, blocked, b, **fused), want)
+        one = {key: value[:1] if key == "residual" else value for key, value in fused.items()}
+        assert torch.equal(kernels.linear(x[:1], blocked, b, **one), kernels.linear(x[:1], w_t, b, **one))
+
+
+@native
+def test_decode_steps_from_blocked_copies_are_bit_for_bit_the_input_major_ones(kernels):
+    """The float32 backend keeps blocked copies of the decoder's products (where they fit): one row's steps and
+    several rows' give exactly what the input-major weights give."""
+    model, _, blocked_path = tiny_backends(kernels)
+    assert len(blocked_path.blocked) == 6 * len(model.decoder.blocks)
+    plain_path = CpuNativeBackend(model, KernelOptions(), blocked_path.output_chunks, kernels)
+    plain_path.blocked = {}
+    shape = CacheShape.for_model(model.dims, None, None)
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
+        out, caches = [], []
+        for backend in (plain_path, blocked_path):
+            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
+            model.decoder.fill_cross_cache(features, cache, 0)
+            logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
+            tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
+            logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
+            out.append(torch.cat(logits))
+            caches.append(cache.self_kv)
     assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
 
 
