@@ -81,10 +81,7 @@ class CpuNativeBackend(CpuTorchBackend):
         self.vocab_int8: QuantizedWeight | None = None
         # else float32 copies laid out as the int8 ones, where they fit (BLOCKED_MAX_BYTES), by weight
         self.blocked: dict[int, BlockedWeight] = {}
-        products = [w for block in self.decoder.blocks for w in (
-            block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight, block.cross_attn.out.weight,
-            block.mlp[0].weight, block.mlp[2].weight,
-        )]  # fmt: skip
+        products = decoder_products(self.decoder)
         if kernels.cpu_int8_weights:
             # laid out for the integer dot products where the CPU has them (and every product's inputs come in 4s)
             dot = kernels.cpu_int8_dot and native.vnni
@@ -234,8 +231,12 @@ def native_kernels_fit(decoder: TextDecoder, native: CpuKernels, cache_dtype: to
     probe = torch.empty(1, 1, 1, head_dim, dtype=cache_dtype)  # a cache's layout: (..., positions, head_dim)
     if int8_cross or not native.supports_attention(probe, probe):
         return False
-    weights = []
-    for block in decoder.blocks:
-        weights += [block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight]
-        weights += [block.cross_attn.out.weight, block.mlp[0].weight, block.mlp[2].weight]
-    return all(native.supports_linear(w.t()) for w in weights)
+    return all(native.supports_linear(w.t()) for w in decoder_products(decoder))
+
+
+def decoder_products(decoder: TextDecoder) -> list[Tensor]:
+    """The weights (out, in) of every decoder block's products, as the native kernels read them."""
+    return [w for block in decoder.blocks for w in (
+        block.attn.qkv_weight, block.attn.out.weight, block.cross_attn.query.weight, block.cross_attn.out.weight,
+        block.mlp[0].weight, block.mlp[2].weight,
+    )]  # fmt: skip

@@ -119,6 +119,12 @@ def quantize_columns(weight_t: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(w / scales).clamp(-127, 127).to(torch.int8), scales.contiguous()
 
 
+def column_blocks(weight_t: Tensor) -> Tensor:
+    """(in, out) -> the kernels' blocked view (out / COLS, in, COLS): each task's COLS outputs for every input."""
+    k, n = weight_t.shape
+    return weight_t.reshape(k, n // COLS, COLS).transpose(0, 1)
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight as int8 with a scale per output, CTranslate2's int8 scheme: per output the scale is its
@@ -144,7 +150,7 @@ class QuantizedWeight:
             w = torch.cat([w, w.new_zeros(w.shape[0], columns - w.shape[1])], dim=1)
         values, scales = quantize_columns(w)
         k = w.shape[0]
-        blocks = values.view(k, columns // COLS, COLS).transpose(0, 1)
+        blocks = column_blocks(values)
         if not interleave:
             return cls(blocks.contiguous(), scales)
         if k % 4:
@@ -177,10 +183,10 @@ class BlockedWeight:
     @classmethod
     def of(cls, weight_t: Tensor) -> BlockedWeight:
         """weight_t: (in, out) float32, out a multiple of COLS."""
-        k, n = weight_t.shape
+        n = weight_t.shape[1]
         if n % COLS:
             raise ValueError(f"blocked weights need a multiple of {COLS} outputs, got {n}")
-        return cls(weight_t.float().reshape(k, n // COLS, COLS).transpose(0, 1).contiguous())
+        return cls(column_blocks(weight_t.float()).contiguous())
 
     @property
     def shape(self) -> tuple[int, int]:

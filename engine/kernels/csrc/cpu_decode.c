@@ -93,7 +93,7 @@ static void gemv_block_q8(const float *x, const signed char *w8, const float *sc
                           const float *residual, float *y, int k, int n, int j0, int gelu) {
     __m256 acc[8];
     for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
-    const signed char *block = w8 + (size_t)(j0 / COLS) * k * COLS; /* this task's k x 64 bytes, contiguous */
+    const signed char *block = w8 + weights_first(1, k, j0); /* this task's k x 64 bytes, contiguous */
     for (int i = 0; i < k; i++) {
         __m256 xi = _mm256_broadcast_ss(x + i);
         const signed char *row = block + (size_t)i * COLS;
