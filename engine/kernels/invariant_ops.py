@@ -22,7 +22,8 @@ half-precision cuBLAS output is rounded) are applied per element after the sum.
 
 The model's passes over whole windows (the encoder, the cross-attention K/V) always have thousands of rows:
 `linear(..., wide=True)` runs them with a large tile (WIDE), on Hopper with its tiles loaded by the tensor memory
-accelerator (a kernel of its own, chosen by the GPU and dtype alone, so a call site always takes the same one).
+accelerator (a kernel of its own, chosen by the GPU and dtype alone, so a call site always takes the same one;
+persistent: one program per multiprocessor takes every so-many-th output tile, which moves no sum).
 The encoder's convolutions are products too (`conv1d`: each output position's inputs gathered into a row), and
 its attention computes each (window, head, query block) alone (`attention`).
 """
@@ -73,8 +74,11 @@ N_MULTIPLE = 64  # what every tile divides (the vocabulary is padded to 64; Whis
 # The passes over whole windows (1,500 rows each): a 128 x 128 output tile per program, K in steps of 64
 WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K = 128, 128, 64
 WIDE_WARPS, WIDE_STAGES = 8, 4  # float32 (4-byte tiles) takes 2 stages: 4 would not fit in shared memory
-# The same products with their tiles loaded by the tensor memory accelerator (Hopper on)
-TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 128, 8, 4
+# The same products with their tiles loaded by the tensor memory accelerator (Hopper on), one persistent program
+# per multiprocessor walking the output tiles in groups of TMA_GROUP_M row tiles (each weight tile read from L2 by
+# the group's programs). H100, large-v3's encoder products at 32 windows: 1.03-1.22x cuBLAS's time, where one
+# program per tile took 1.27-1.33x; each output bitwise the same (docs/benchmarks/2026-12-07-invariant-encoder.md)
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES, TMA_GROUP_M = 128, 128, 8, 5, 8
 
 
 def tile(m: int) -> tuple[int, int, int, int]:
@@ -167,11 +171,17 @@ def _wide_tma(rows: Tensor, weight: Tensor, bias: Tensor | None, out2d: Tensor, 
         rows = rows.clone()
     a = TensorDescriptor.from_tensor(rows, [TMA_BLOCK_M, WIDE_BLOCK_K])
     w = TensorDescriptor.from_tensor(weight, [TMA_BLOCK_N, WIDE_BLOCK_K])
-    _wide_matmul_tma[(n // TMA_BLOCK_N, triton.cdiv(m, TMA_BLOCK_M))](
-        a, w, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0), K=k,
-        BLOCK_M=TMA_BLOCK_M, BLOCK_N=TMA_BLOCK_N, BLOCK_K=WIDE_BLOCK_K, num_warps=TMA_WARPS,
-        num_stages=TMA_STAGES, **epilogue,
+    programs = _multiprocessors(rows.device)  # those past the last tile return at once
+    _wide_matmul_tma[(programs,)](
+        a, w, bias if bias is not None else weight, out2d, m, n, n_valid, out2d.stride(0), K=k,
+        BLOCK_M=TMA_BLOCK_M, BLOCK_N=TMA_BLOCK_N, BLOCK_K=WIDE_BLOCK_K, GROUP_M=TMA_GROUP_M, PROGRAMS=programs,
+        num_warps=TMA_WARPS, num_stages=TMA_STAGES, **epilogue,
     )  # fmt: skip
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def conv1d(conv: torch.nn.Conv1d, x: Tensor) -> Tensor:
@@ -263,21 +273,35 @@ if triton is not None:
         o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
         tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (rn < n_valid)[None, :])
 
+    @triton.jit
+    def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+        # output tile `tile` in groups of GROUP_M row tiles: the group's programs run at once and share each
+        # weight tile through L2
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        group_m = tl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
     @triton.jit(do_not_specialize=["M", "n_valid", "s_om"])
     def _wide_matmul_tma(
-        A, W, B, OUT, M, n_valid, s_om, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, ROUND: tl.constexpr,
+        A, W, B, OUT, M, N, n_valid, s_om, K: tl.constexpr, PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr, ROUND: tl.constexpr,
     ):  # fmt: skip
-        # A (M, K) and W (N, K) as tensor descriptors; rows past M load as zeros and are not stored
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):  # K from 0 up, one accumulator
-            a = A.load([pid_m * BLOCK_M, k])
-            w = W.load([pid_n * BLOCK_N, k])
-            acc = tl.dot(a, w.T, acc)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, B.dtype.element_ty)
-        o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
-        tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None] & (rn < n_valid)[None, :])
+        # A (M, K) and W (N, K) as tensor descriptors; rows past M load as zeros and are not stored. Each program
+        # takes every PROGRAMS-th output tile; a tile's sum is the same whichever program computes it (K from 0 up,
+        # one accumulator), and the loops flattened let the next tile's loads start under this one's epilogue
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        tiles_n = N // BLOCK_N
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                a = A.load([pid_m * BLOCK_M, k])
+                w = W.load([pid_n * BLOCK_N, k])
+                acc = tl.dot(a, w.T, acc)
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = _epilogue(acc, B, rn, HAS_BIAS, GELU, ROUND, B.dtype.element_ty)
+            o_ptr = OUT + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
+            tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None] & (rn < n_valid)[None, :])

@@ -49,6 +49,23 @@ def test_linear_rows_do_not_depend_on_the_batch(cuda, dtype, k, n, gelu, wide):
     torch.testing.assert_close(got, ref, atol=tol * 10, rtol=tol)  # and it is the product
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wide_products_of_many_windows_do_not_depend_on_the_batch(cuda, dtype):
+    """The encoder's products over several windows (1,500 rows each): more output tiles than programs, so each
+    program takes several tiles, and a window's rows land in other tiles and programs with every window count."""
+    g = torch.Generator(device=cuda).manual_seed(1)
+    k, n, window = 1280, 1280, 1500
+    x = torch.randn(5 * window, k, device=cuda, generator=g).to(dtype)
+    w = (torch.randn(n, k, device=cuda, generator=g) * k**-0.5).to(dtype)
+    b = torch.randn(n, device=cuda, generator=g).to(dtype)
+    full = invariant_ops.linear(x, w, b, wide=True)
+    for start, count in [(0, 1), (0, 2), (1, 3), (2, 3), (4, 1), (0, 4)]:
+        rows = slice(start * window, (start + count) * window)
+        assert torch.equal(invariant_ops.linear(x[rows].contiguous(), w, b, wide=True), full[rows]), (start, count)
+    odd = slice(37, 37 + 2 * window)  # rows that start inside a tile
+    assert torch.equal(invariant_ops.linear(x[odd].contiguous(), w, b, wide=True), full[odd])
+
+
 def test_vocabulary_projection_rows_into_a_float32_buffer(cuda):
     g = torch.Generator(device=cuda).manual_seed(1)
     v, k = 51904, 1280  # large-v3's vocabulary padded to 64
