@@ -31,6 +31,7 @@ its attention computes each (window, head, query block) alone (`attention`).
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,8 @@ try:
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError:  # an older Triton: the wide products load their tiles through pointers
+        TensorDescriptor = None
+    if "flatten" not in inspect.signature(tl.range).parameters:  # the persistent kernel's loop needs it
         TensorDescriptor = None
 
     from engine.kernels.fused_ops import dependent_launch, gelu_tanh, let_next_launch, wait_for_previous
