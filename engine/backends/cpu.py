@@ -83,8 +83,8 @@ class CpuNativeBackend(CpuTorchBackend):
         self.blocked: dict[int, BlockedWeight] = {}
         products = decoder_products(self.decoder)
         if kernels.cpu_int8_weights:
-            # laid out for the integer dot products where the CPU has them (and every product's inputs come in 4s)
-            dot = kernels.cpu_int8_dot and native.vnni
+            # laid out for the integer dot products where the CPU runs them (and every product's inputs come in 4s)
+            dot = kernels.cpu_int8_dot and native.int8_dot
             for w in products:
                 self.int8[id(w)] = QuantizedWeight.of(w.t(), interleave=dot and w.shape[1] % 4 == 0)
             embedding = self.decoder.token_embedding.weight

@@ -218,12 +218,23 @@ class CpuKernels:
         lib.whisper_gemm_rows.restype = None
         lib.whisper_gemm_q8_vnni.argtypes = [p, p, p, ctypes.c_float, p, p, p, p, p, p, i, i, i, i, p, p, i]
         lib.whisper_gemm_q8_vnni.restype = None
-        lib.whisper_has_vnni.restype = ctypes.c_int
-        self.vnni = bool(lib.whisper_has_vnni())  # this CPU runs the integer dot products
+        lib.whisper_gemm_q8_avx2.argtypes = lib.whisper_gemm_q8_vnni.argtypes
+        lib.whisper_gemm_q8_avx2.restype = None
+        lib.whisper_has_vnni.restype = lib.whisper_has_avx2.restype = ctypes.c_int
+        self.vnni = bool(lib.whisper_has_vnni())  # this CPU has AVX-512 VNNI
+        # The form the integer dot products run in (QuantizedWeight with `sums`): "vnni", else "avx2", the same
+        # outputs bit for bit (cpu_decode.c) in more instructions; None where neither runs. Settable, for an A/B of
+        # the two forms on a CPU with VNNI.
+        self.dot_form: str | None = "vnni" if self.vnni else "avx2" if lib.whisper_has_avx2() else None
         lib.whisper_attend_one.argtypes = [p, p, p, p, i, i, ctypes.c_long, ctypes.c_float, p, i]
         lib.whisper_attend_one.restype = None
         lib.whisper_attend_rows.argtypes = [p, p, p, p, i, i, i, p, p, p, ctypes.c_long, ctypes.c_long, ctypes.c_float, p, i]  # fmt: skip
         lib.whisper_attend_rows.restype = None
+
+    @property
+    def int8_dot(self) -> bool:
+        """Whether this CPU runs the integer dot products (with VNNI, or their AVX2 form)."""
+        return self.dot_form is not None
 
     def threads(self) -> int:
         return getattr(self._team, "size", 0) or torch.get_num_threads()
@@ -323,13 +334,15 @@ class CpuKernels:
         norm: nn.LayerNorm | None, gelu: bool,
     ) -> Tensor:  # fmt: skip
         """Rows x (rows, in) through interleaved int8 weights with the integer dot products (each row quantized to
-        int8 with a scale of its own)."""
+        int8 with a scale of its own), in `dot_form`."""
         rows, (k, n) = x.shape[0], weight.shape
         y = torch.empty(rows, n)
         ln_w, ln_b, eps = _norm_args(norm)
         scratch = torch.empty(rows, k) if norm is not None else None  # the normalized rows
-        xq = torch.empty(rows, k, dtype=torch.uint8)
-        self.lib.whisper_gemm_q8_vnni(
+        vnni = self.dot_form == "vnni"
+        xq = torch.empty(rows, k, dtype=torch.uint8 if vnni else torch.int16)  # the quantized rows
+        product = self.lib.whisper_gemm_q8_vnni if vnni else self.lib.whisper_gemm_q8_avx2
+        product(
             x.data_ptr(), ln_w, ln_b, eps, weight.blocks.data_ptr(), weight.scales.data_ptr(), weight.sums.data_ptr(),
             bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
             y.data_ptr(), rows, k, n, int(gelu), scratch.data_ptr() if scratch is not None else None, xq.data_ptr(),

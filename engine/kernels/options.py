@@ -34,8 +34,9 @@ class KernelOptions:
     cpu_int8_weights: bool = False
     # With them, several sequences' decode products too (each weight read once for all rows) instead of torch's.
     cpu_decode_rows: bool = True
-    # With them, on a CPU with AVX-512 VNNI, integer dot products: each row quantized to int8 as well (a scale per
-    # row, as CTranslate2 does), one instruction for 64 multiply-adds; off: the int8 weights widened to floats.
+    # With them, integer dot products: each row quantized to int8 as well (a scale per row, as CTranslate2 does),
+    # one instruction for 64 multiply-adds with AVX-512 VNNI, else their AVX2 form (the same outputs, 6 for 32); off:
+    # the int8 weights widened to floats (12 for 32).
     cpu_int8_dot: bool = True
     # A decode step's native kernels on the full thread team or on one thread, whichever recent steps ran faster
     # (kernels/cpu_team.py: one wins beside a competing load); off: always the full team.

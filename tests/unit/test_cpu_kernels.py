@@ -128,7 +128,9 @@ def test_interleaved_weights_hold_the_same_integers():
 
 def quantized_rows_reference(x, q, bias, residual=None, norm=None, gelu=False):
     """What the integer dot products compute: each row quantized to int8 (a scale per row, its largest magnitude
-    over 127, rounded to nearest even), the integer sums exactly, then both scales, bias, GELU, residual."""
+    over 127, rounded to nearest even), the integer sums exactly (float64 holds them), then both scales, bias,
+    GELU, residual. The float32 operations are the kernels' one by one, so without the norm and GELU (torch's own
+    there, not the kernels') the outputs are bit for bit theirs."""
     x = norm(x) if norm is not None else x
     sx = x.abs().amax(dim=1, keepdim=True) / 127
     sx = torch.where(sx > 0, sx, torch.ones_like(sx))
@@ -139,31 +141,44 @@ def quantized_rows_reference(x, q, bias, residual=None, norm=None, gelu=False):
     return y + residual if residual is not None else y
 
 
+def dot_forms(kernels) -> list[str]:
+    """The integer dot products' forms this CPU runs: the AVX2 one everywhere the kernels load, VNNI's where it has
+    it."""
+    return ["avx2", "vnni"] if kernels.vnni else ["avx2"]
+
+
 @native
-@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("k, n", [(384, 448), (384, 1152), (1536, 448), (1536, 1152)])
 @torch.inference_mode()
-def test_integer_dot_products_are_the_quantized_rows_products(kernels, rows):
-    """On a CPU with AVX-512 VNNI, int8 weights laid out for it: one row's product and several rows' are the
-    products of the rows quantized to int8, with the LayerNorm, GELU, bias and residual a step fuses into them."""
-    if not kernels.vnni:
-        pytest.skip("this CPU has no AVX-512 VNNI")
-    torch.manual_seed(rows)
-    k, n = 1536, 384  # an MLP's second product: the widest sums
+def test_integer_dot_products_are_the_quantized_rows_products(kernels, monkeypatch, rows, k, n):
+    """int8 weights laid out for the integer dot products: one row's product and several rows' are the products of
+    the rows quantized to int8, with the LayerNorm, GELU, bias and residual a step fuses into them. Each form the
+    CPU runs (VNNI, AVX2) gives the reference's bits where no norm or GELU comes in, and both the same bits always:
+    an engine's tokens do not depend on which CPU it runs on."""
+    torch.manual_seed(rows * k + n)
     x, w, b, r = torch.randn(rows, k) * 5 + 3, torch.randn(n, k) * 0.05, torch.randn(n), torch.randn(rows, n)
     ln = torch.nn.LayerNorm(k)
     torch.nn.init.normal_(ln.weight)
     torch.nn.init.normal_(ln.bias)
     q = QuantizedWeight.of(w.t(), interleave=True)
-    want = quantized_rows_reference(x, q, b, residual=r)
-    torch.testing.assert_close(kernels.linear_rows(x, q, b, residual=r), want, rtol=1e-5, atol=1e-5)
-    want = quantized_rows_reference(x, q, b, norm=ln, gelu=True)
-    torch.testing.assert_close(kernels.linear_rows(x, q, b, norm=ln, gelu=True), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(
-        kernels.linear_q8(x[:1], q, b), quantized_rows_reference(x[:1], q, b), rtol=1e-5, atol=1e-5
-    )
+    fused = ({}, {"residual": r}, {"norm": ln, "gelu": True}, {"norm": ln, "residual": r})
     dequantized = (q.dense().float() * q.scales).t()  # the float product it stands for, within the rows' rounding
-    want = F.linear(x, dequantized, b)
-    assert (kernels.linear_rows(x, q, b) - want).norm() < 0.01 * want.norm()
+    outputs = []
+    for form in dot_forms(kernels):
+        monkeypatch.setattr(kernels, "dot_form", form)
+        got = [kernels.linear_rows(x, q, b, **f) for f in fused]
+        assert torch.equal(kernels.linear_rows(x, q, None), quantized_rows_reference(x, q, None))
+        assert torch.equal(got[0], quantized_rows_reference(x, q, b))
+        assert torch.equal(got[1], quantized_rows_reference(x, q, b, residual=r))
+        for f, y in zip(fused[2:], got[2:]):  # torch's LayerNorm and GELU round otherwise than the kernels'
+            torch.testing.assert_close(y, quantized_rows_reference(x, q, b, **f), rtol=1e-5, atol=1e-5)
+        assert torch.equal(kernels.linear_q8(x[:1], q, b), got[0][:1])  # one row: the same kernel's first row
+        want = F.linear(x, dequantized, b)  # the rows' rounding: a step of 1/127 of their largest magnitude, ~1%
+        assert (got[0] - want).norm() < 0.02 * want.norm()
+        outputs.append(got)
+    for other in outputs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outputs[0], other))
 
 
 @native
@@ -291,7 +306,7 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
     int8_path = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True, cpu_int8_dot=False), chunks, kernels)
     assert len(int8_path.int8) == 6 * len(dec.blocks) and int8_path.vocab_int8 is not None
     assert all(q.sums is None for q in int8_path.int8.values())
-    assert all((q.sums is not None) == kernels.vnni for q in dot_path.int8.values())
+    assert all((q.sums is not None) == kernels.int8_dot for q in dot_path.int8.values())
     shape = CacheShape.for_model(model.dims, None, None)
     with torch.inference_mode():
         features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
@@ -333,6 +348,31 @@ def test_team_size_leaves_every_bit_of_a_step_alone(kernels, int8):
             out.append(torch.cat(logits))
             caches.append(cache.self_kv)
     assert kernels.threads() == torch.get_num_threads()  # the block's size is gone after it
+    assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
+
+
+@native
+def test_integer_dot_product_forms_give_the_same_decode_steps(kernels, monkeypatch):
+    """One row's int8 steps and several rows' give the same bits with the AVX2 form of the integer dot products as
+    with VNNI's: the same weights serve both, and a request's tokens do not depend on the CPU it runs on."""
+    if not kernels.vnni:
+        pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 form alone runs here")
+    model, _, native_path = tiny_backends(kernels)
+    backend = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True), native_path.output_chunks, kernels)
+    assert all(q.sums is not None for q in backend.int8.values())
+    shape = CacheShape.for_model(model.dims, None, None)
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
+        out, caches = [], []
+        for form in ("vnni", "avx2"):
+            monkeypatch.setattr(kernels, "dot_form", form)
+            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
+            model.decoder.fill_cross_cache(features, cache, 0)
+            logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
+            tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
+            logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
+            out.append(torch.cat(logits))
+            caches.append(cache.self_kv)
     assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
 
 

@@ -1,5 +1,6 @@
 /*
- * CPU kernels for a decode step (x86-64, AVX2 + FMA, OpenMP; int8 products with AVX-512 VNNI where the CPU has it):
+ * CPU kernels for a decode step (x86-64, AVX2 + FMA, OpenMP; int8 x int8 products with AVX-512 VNNI where the CPU
+ * has it, else in AVX2 with the same outputs):
  * the products and attentions of one sequence, and the products and attentions of several decoding together.
  *
  * Why they exist: a decode step multiplies one row by every weight, so it is bound by memory bandwidth. On the
@@ -373,4 +374,151 @@ int whisper_has_vnni(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vnni");
+}
+
+/* ---- int8 x int8 products (AVX2) ------------------------------------------------------------------------------
+ * whisper_gemm_q8_vnni's products on a CPU without VNNI, from the same interleaved weights, with bit for bit the
+ * same outputs: the row quantized the same way but kept signed (quantize_row_u8's integers less 128) as int16, the
+ * integer sums exact, equal to vpdpbusd's less 128 * the column's weight sum, and the float operations after them
+ * store_row_vnni's in the same order. Per four inputs, 32 weight bytes (8 columns x 4 inputs) become two vectors of
+ * 16-bit lanes without widening: shifted left by 8 the even bytes, masked the odd ones, each weight times 256.
+ * vpmaddwd multiplies each by the row's integer for that input and adds adjacent pairs into 32 bits (exact, where
+ * vpmaddubsw would saturate), so each 32-bit lane of the sum of the two is one column's sum over the four inputs,
+ * times 256: 8 columns per accumulator, and per 32 multiply-adds 6 instructions (the weights widened to floats,
+ * whisper_gemv_q8: 12). A lane holds at most 64 such four-input sums (256 inputs: 64 * 4 * 256 * 128 * 127 < 2^31),
+ * then goes into an exact total shifted back by 8. */
+
+/* row x (k floats) -> its integers round(x / s) as int16, each four inputs' in the order 0, 2, 1, 3 (the pairs
+ * vpmaddwd takes with the even and the odd bytes), and its scale s; the integers and s are quantize_row_u8's
+ * (less 128): the same max, division and product, and vcvtps2dq rounds to nearest even as lrintf does. */
+static float quantize_row_i16(const float *x, short *xq, int k) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    int i = 0;
+    /* vmaxps returns its second operand where either is NaN: like fmaxf, a NaN input is passed over */
+    for (; i + 8 <= k; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), magnitude), m);
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++) amax = fmaxf(amax, lanes[l]);
+    for (; i < k; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
+    __m256 vinv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= k; i += 8) {
+        __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
+        /* each 128-bit lane's four in the order 0, 2, 1, 3, packed to 16 bits (|v| <= 127: no saturation), then the
+         * two lanes' low halves side by side */
+        v = _mm256_packs_epi32(_mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0)), v);
+        v = _mm256_permute4x64_epi64(v, _MM_SHUFFLE(3, 1, 2, 0));
+        _mm_storeu_si128((__m128i *)(xq + i), _mm256_castsi256_si128(v));
+    }
+    for (; i < k; i += 4) /* k % 4 == 0 */
+        for (int t = 0; t < 4; t++) xq[i + (t & 1) * 2 + (t >> 1)] = (short)lrintf(x[i + t] * inv);
+    return s;
+}
+
+/* nrows rows (1-2) against nacc * 8 columns of a task's 64 (its slab from column c0 on, p), over groups g0..g1 of
+ * four inputs (at most 64): nrows x nacc accumulators, each 32 bytes of weights loaded once for both rows; the sums
+ * go into tot. */
+static inline __attribute__((always_inline)) void chunk_avx2(const short *const xs[2], int nrows, int nacc,
+                                                             const signed char *p, int g0, int g1,
+                                                             int tot[2][COLS]) {
+    const __m256i high = _mm256_set1_epi16((short)0xFF00);
+    __m256i acc[2][8];
+    for (int r = 0; r < nrows; r++)
+        for (int t = 0; t < nacc; t++) acc[r][t] = _mm256_setzero_si256();
+    for (int g = g0; g < g1; g++, p += 4 * COLS) {
+        __m256i even[2], odd[2];
+        for (int r = 0; r < nrows; r++) {
+            int two;
+            memcpy(&two, xs[r] + 4 * g, 4);
+            even[r] = _mm256_set1_epi32(two);
+            memcpy(&two, xs[r] + 4 * g + 2, 4);
+            odd[r] = _mm256_set1_epi32(two);
+        }
+        for (int t = 0; t < nacc; t++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(p + 32 * t));
+            __m256i we = _mm256_slli_epi16(w, 8), wo = _mm256_and_si256(w, high);
+            for (int r = 0; r < nrows; r++)
+                acc[r][t] = _mm256_add_epi32(
+                    acc[r][t], _mm256_add_epi32(_mm256_madd_epi16(even[r], we), _mm256_madd_epi16(odd[r], wo)));
+        }
+    }
+    for (int r = 0; r < nrows; r++)
+        for (int t = 0; t < nacc; t++) {
+            __m256i *at = (__m256i *)(tot[r] + 8 * t);
+            _mm256_storeu_si256(at, _mm256_add_epi32(_mm256_loadu_si256(at), _mm256_srai_epi32(acc[r][t], 8)));
+        }
+}
+
+/* A value the compiler cannot see into: keeps a product from being fused with the add after it (-ffp-contract
+ * would make the two one FMA, rounded once), so the floats are store_row_vnni's, rounded after each operation. */
+static inline __m256 opaque(__m256 v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+/* nrows rows' outputs for nacc * 8 columns of a task, from its column c0 */
+static inline __attribute__((always_inline)) void pass_avx2(const short *const xs[2], const float *sx, int nrows,
+                                                            int nacc, const signed char *slab, int k, int c0,
+                                                            const float *scale, const float *bias,
+                                                            const float *residual, float *y, int n, int j0,
+                                                            int gelu) {
+    int tot[2][COLS];
+    for (int r = 0; r < nrows; r++) memset(tot[r], 0, sizeof(tot[r]));
+    for (int g0 = 0; g0 < k / 4; g0 += 64)
+        chunk_avx2(xs, nrows, nacc, slab + (size_t)g0 * 4 * COLS + 4 * c0, g0, g0 + 64 < k / 4 ? g0 + 64 : k / 4,
+                   tot);
+    for (int r = 0; r < nrows; r++) {
+        size_t at = (size_t)r * n;
+        for (int t = 0; t < nacc; t++) {
+            int j = j0 + c0 + 8 * t;
+            __m256 sums = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(tot[r] + 8 * t)));
+            __m256 v = opaque(_mm256_mul_ps(sums, _mm256_mul_ps(_mm256_set1_ps(sx[r]), _mm256_loadu_ps(scale + j))));
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
+            if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + at + j));
+            _mm256_storeu_ps(y + at + j, v);
+        }
+        if (gelu)
+            for (int j = j0 + c0; j < j0 + c0 + 8 * nacc; j++)
+                y[at + j] = 0.5f * y[at + j] * (1.0f + erff(y[at + j] * 0.70710678118654752f));
+    }
+}
+
+/* whisper_gemm_q8_vnni's product without VNNI: the same arguments and weights; xq: rows * k int16. */
+void whisper_gemm_q8_avx2(const float *x, const float *ln_weight, const float *ln_bias, float eps,
+                          const signed char *w4, const float *scale, const int *colsum, const float *bias,
+                          const float *residual, float *y, int rows, int k, int n, int gelu, float *scratch,
+                          short *xq, int threads) {
+    (void)colsum; /* the rows' integers are signed here: no shift to take back out */
+    float sx[rows];
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * k;
+        if (ln_weight) {
+            layer_norm(row, ln_weight, ln_bias, eps, scratch + (size_t)r * k, k);
+            row = scratch + (size_t)r * k;
+        }
+        sx[r] = quantize_row_i16(row, xq + (size_t)r * k, k);
+    }
+    int tasks = n / COLS;
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (int b = 0; b < tasks; b++) {
+        int j0 = b * COLS;
+        const signed char *slab = w4 + (size_t)b * k * COLS;
+        for (int r0 = 0; r0 < rows; r0 += 2) {
+            const short *xs[2] = {xq + (size_t)r0 * k, xq + (size_t)(r0 + 1 < rows ? r0 + 1 : r0) * k};
+            const float *res = residual ? residual + (size_t)r0 * n : NULL;
+            float *out = y + (size_t)r0 * n;
+            if (r0 + 1 < rows) /* a pair: 2 x 4 accumulators, two passes over the task's columns */
+                for (int c0 = 0; c0 < COLS; c0 += 32)
+                    pass_avx2(xs, sx + r0, 2, 4, slab, k, c0, scale, bias, res, out, n, j0, gelu);
+            else
+                pass_avx2(xs, sx + r0, 1, 8, slab, k, 0, scale, bias, res, out, n, j0, gelu);
+        }
+    }
+}
+
+/* Whether this CPU runs whisper_gemm_q8_avx2 (the whole library needs AVX2 and FMA). */
+int whisper_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
