@@ -9,7 +9,9 @@ with end-of-text suppressed and a length limit, the tokens it actually produced 
 gives milliseconds per token; the rest (encoder, prompt, features for ours) is the intercept. Each system runs in
 its own process, alternating over --rounds; medians over rounds. --batch N decodes N copies of the window together
 (ours: N requests submitted at once; CTranslate2: one `generate` over a batch of N), so the slope is the time of
-one decode step of N sequences.
+one decode step of N sequences. --dot-forms (with --dtype int8) adds ours with the decode products' int8 weights
+widened to floats (KernelOptions.cpu_int8_dot off) and with the integer dot products in their AVX2 form (what a CPU
+without AVX-512 VNNI runs; on one without it, the default already).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cpu_peers import CLIPS, DATA, ct2_model_dir, median_time  # noqa: E402
 
 CLIP = CLIPS["spontaneous 26.7 s"]
+DOT_FORMS = ["ours-widened", "ours-avx2-dot"]
 
 
 def main() -> None:
@@ -42,10 +45,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "int8"],
                     help="both systems' weights: ours --dtype, CTranslate2's compute_type")
     ap.add_argument("--no-cpu-kernels", action="store_true", help="ours in torch alone (KernelOptions.cpu_decode off)")
-    ap.add_argument("--only", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
+    ap.add_argument("--dot-forms", action="store_true", help="int8: ours also widened, and with AVX2 dot products")
+    ap.add_argument("--only", choices=["ours", "ctranslate2", *DOT_FORMS], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is None:
-        rounds: dict[str, list[dict]] = {"ours": [], "ctranslate2": []}
+        systems = ["ours", "ctranslate2", *DOT_FORMS] if args.dot_forms else ["ours", "ctranslate2"]
+        rounds: dict[str, list[dict]] = {system: [] for system in systems}
         for _ in range(args.rounds):
             for system in rounds:
                 out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", system], check=True,
@@ -61,7 +66,8 @@ def main() -> None:
             per_token[system] = statistics.median(slopes)
             intercept = statistics.median(r["ms"][0] - s * r["n"][0] for r, s in zip(rs, slopes))
             print(f"| {system} | {rs[0]['n'][0]} / {rs[0]['n'][1]} | {per_token[system]:.2f} | {intercept:.0f} |")
-        print(f"ms per token, ours / CTranslate2: {per_token['ours'] / per_token['ctranslate2']:.2f}")
+        for system in (s for s in systems if s.startswith("ours")):
+            print(f"ms per token, {system} / CTranslate2: {per_token[system] / per_token['ctranslate2']:.2f}")
         return
 
     torch.set_num_threads(args.threads)
@@ -70,13 +76,16 @@ def main() -> None:
 
     audio = decode_audio(DATA / CLIP)
     ms, counts = [], []
-    if args.only == "ours":
+    if args.only.startswith("ours"):
         from engine.config import EngineConfig
+        from engine.kernels import cpu_kernels
         from engine.kernels.options import KernelOptions
         from engine.request import DecodeOptions
         from engine.runtime.engine import Engine
 
-        kernels = KernelOptions(cpu_decode=not args.no_cpu_kernels)
+        kernels = KernelOptions(cpu_decode=not args.no_cpu_kernels, cpu_int8_dot=args.only != "ours-widened")
+        if args.only == "ours-avx2-dot":
+            cpu_kernels.load().dot_form = "avx2"  # the engine's backend takes this same (cached) object
         engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, kernels=kernels,
                                      dtype=args.dtype))
         engine.start()

@@ -8,7 +8,9 @@ Systems, each in a child process of its own, taking turns over --rounds (medians
   products read int8 weights, a scale per output; the encoder's activations a scale per row), with the OpenMP spin
   count the server sets (server/openmp.py); with --libgomp-default also ours int8 with libgomp's own, with
   --fixed-team also ours int8 with every decode step on the full thread team (kernels/cpu_team.py measures, per
-  step kind, whether one thread is faster, and takes it);
+  step kind, whether one thread is faster, and takes it); with --dot-forms also ours int8 with the decode products'
+  int8 weights widened to floats (KernelOptions.cpu_int8_dot off) and, on a CPU with AVX-512 VNNI, with the integer
+  dot products in their AVX2 form (the one a CPU without VNNI runs; the same tokens);
 - faster-whisper `compute_type="float32"` and `"int8"` (what a CPU user picks), in the environment as given.
 "one": the median time of each clip alone (greedy, no timestamps, load excluded). "8 at once": the 8 test clips
 submitted together: ours as 8 requests to one engine (its continuous batching), faster-whisper as 8 threads
@@ -42,6 +44,8 @@ from server.openmp import set_spin_default
 SYSTEMS = ("ours-float32", "ours-int8", "fw-float32", "fw-int8")
 LIBGOMP_DEFAULT = "ours-int8-libgomp-default"
 FIXED_TEAM = "ours-int8-fixed-team"
+WIDENED = "ours-int8-widened"
+AVX2_DOT = "ours-int8-avx2-dot"
 BATCH_CLIPS = [
     "g1_en_jfk.flac", "g1_en_librispeech-test-clean_1221-135766-0001.wav", "g1_en_spontaneous_mfa-acoustic-corpus.wav",
     "g1_en_librispeech-test-other_1688-142285-0000.flac", "g1_en_librispeech-dev-clean_1272-128104-0000.wav",
@@ -80,9 +84,12 @@ def measure(system: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         if system.startswith("ours"):
             from engine import DecodeOptions, Engine, EngineConfig, KernelOptions
+            from engine.kernels import cpu_kernels
 
             dtype = "float32" if system == "ours-float32" else "int8"
-            kernels = KernelOptions(cpu_adaptive_team=system != FIXED_TEAM)
+            kernels = KernelOptions(cpu_adaptive_team=system != FIXED_TEAM, cpu_int8_dot=system != WIDENED)
+            if system == AVX2_DOT:
+                cpu_kernels.load().dot_form = "avx2"  # the engine's backend takes this same (cached) object
             engine = Engine(EngineConfig(model=args.model, device="cpu", num_threads=args.threads, dtype=dtype,
                                          kernels=kernels))  # fmt: skip
             engine.start()
@@ -123,6 +130,15 @@ def measure(system: str, args) -> dict:
     return {"times": times, "tokens": tokens, "alone": alone, "together": together}
 
 
+def vnni_here() -> bool:
+    """Whether this CPU runs the VNNI form of the integer dot products (asked in a child: this parent process loads
+    neither torch nor the kernels, which would leave their thread pools beside the measurements)."""
+    script = "from engine.kernels import cpu_kernels\nk = cpu_kernels.load()\nprint(bool(k and k.vnni))"
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+    return out.strip().splitlines()[-1] == "True"
+
+
 def environment(system: str) -> dict[str, str]:
     """ours as the server runs it (its OpenMP spin default); the peer and the libgomp A/B in the environment as given"""
     env = dict(os.environ)
@@ -141,13 +157,18 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--libgomp-default", action="store_true", help="also ours int8 with libgomp's own spin count")
     ap.add_argument("--fixed-team", action="store_true", help="also ours int8 with every step on the full team")
-    ap.add_argument("--only", choices=(*SYSTEMS, LIBGOMP_DEFAULT, FIXED_TEAM), help=argparse.SUPPRESS)
+    ap.add_argument("--dot-forms", action="store_true", help="also ours int8 with its weights widened to floats, "
+                    "and with the integer dot products' AVX2 form")  # fmt: skip
+    only = (*SYSTEMS, LIBGOMP_DEFAULT, FIXED_TEAM, WIDENED, AVX2_DOT)
+    ap.add_argument("--only", choices=only, help=argparse.SUPPRESS)
     ap.add_argument("--load-now", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only is not None:
         print(json.dumps(measure(args.only, args)))
         return
     systems = (*SYSTEMS, *[LIBGOMP_DEFAULT] * args.libgomp_default, *[FIXED_TEAM] * args.fixed_team)
+    if args.dot_forms:
+        systems += (WIDENED, *[AVX2_DOT] * vnni_here())
     for load in args.load:
         rounds: dict[str, list[dict]] = {s: [] for s in systems}
         for _ in range(args.rounds):
@@ -170,6 +191,9 @@ def main() -> None:
             print(f"| {s} | {one} | {med[s]['alone']:.2f} | {med[s]['together']:.2f} | {speedup:.2f}x | {ratio} |")
         same = {c: rounds["ours-int8"][0]["tokens"][c] == rounds["ours-float32"][0]["tokens"][c] for c in CLIPS}
         print(f"ours int8 tokens equal ours float32: {same}")
+        for other in (s for s in systems if s.startswith("ours-int8-")):
+            same = {c: rounds[other][0]["tokens"][c] == rounds["ours-int8"][0]["tokens"][c] for c in CLIPS}
+            print(f"{other} tokens equal ours int8: {same}")
 
 
 if __name__ == "__main__":

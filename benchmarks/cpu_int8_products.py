@@ -1,20 +1,26 @@
 """CPU int8 products in isolation: the encoder's (per 30 s window, and how far int8 moves its output from
-float32's, against CTranslate2's own int8 encoder on the same features) and the decode kernels' one-row
-vocabulary projection (float32, int8 widened to floats, and int8 dot products where the CPU has AVX-512 VNNI).
+float32's, against CTranslate2's own int8 encoder on the same features), the decode kernels' one-row
+vocabulary projection (float32, int8 widened to floats, and the integer dot products: their AVX2 form, and VNNI's
+where the CPU has AVX-512 VNNI), and each decode product of the model for 1 and 4 rows in those int8 forms.
 
-    python benchmarks/cpu_int8_products.py [--models tiny.en base] [--threads 2] [--repeats 7]
+    python benchmarks/cpu_int8_products.py [--models tiny.en base] [--threads 2] [--repeats 7] [--no-encoder]
 
 The encoder runs on the spontaneous clip's first 30 s window (faster-whisper's features, given to both systems);
 "distance" is the relative norm ||int8 - float32|| / ||float32|| of the encoder output. Times are medians of
---repeats after a warm-up, in this process. Prints one table.
+--repeats after a warm-up, in this process; a decode product's, of --repeats x 5 samples of as many calls as take
+about 2 ms, the forms taking turns sample by sample. Prints one table each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import functools
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -85,15 +91,77 @@ def vocabulary_row(name: str, args, native) -> str:
     t32 = median_time(lambda: native.linear(x, weight_t, None), args.repeats * 4)
     t8 = median_time(lambda: native.linear_q8(x, q, None), args.repeats * 4)
     mb8, mb32 = weight_t.numel() / 1e6, weight_t.numel() * 4 / 1e6
-    dot = "-"
-    if native.vnni:
-        qd = QuantizedWeight.of(weight_t, interleave=True)
-        td = median_time(lambda: native.linear_q8(x, qd, None), args.repeats * 4)
-        dot = f"{td * 1e3:.3f} ({mb8 / td / 1e3:.0f} GB/s)"
+    qd = QuantizedWeight.of(weight_t, interleave=True)
+    dot = {}
+    for form in dot_forms(native):
+        with form_of(native, form):
+            td = median_time(lambda: native.linear_q8(x, qd, None), args.repeats * 4)
+        dot[form] = f"{td * 1e3:.3f} ({mb8 / td / 1e3:.0f} GB/s)"
     return (
         f"| {name} | {tuple(weight_t.shape)} | {t32 * 1e3:.3f} ({mb32 / t32 / 1e3:.0f} GB/s) | "
-        f"{t8 * 1e3:.3f} ({mb8 / t8 / 1e3:.0f} GB/s) | {dot} |"
+        f"{t8 * 1e3:.3f} ({mb8 / t8 / 1e3:.0f} GB/s) | {dot['avx2']} | {dot.get('vnni', '-')} |"
     )
+
+
+def dot_forms(native) -> list[str]:
+    """The integer dot products' forms this CPU runs: AVX2's wherever the kernels load, VNNI's where it has it."""
+    return ["avx2", "vnni"] if native.vnni else ["avx2"]
+
+
+@contextlib.contextmanager
+def form_of(native, form: str):
+    before = native.dot_form
+    native.dot_form = form
+    try:
+        yield
+    finally:
+        native.dot_form = before
+
+
+def per_call(native, fns: dict, samples: int) -> dict[str, float]:
+    """Median seconds per call of each fn (label: (dot_form, fn)), timed in samples of as many calls as take ~2 ms,
+    the fns taking turns."""
+    calls, times = {}, {label: [] for label in fns}
+    for label, (form, fn) in fns.items():
+        with form_of(native, form):
+            fn()
+            start, n = time.perf_counter(), 0
+            while time.perf_counter() - start < 2e-3:
+                fn()
+                n += 1
+        calls[label] = n
+    for _ in range(samples):
+        for label, (form, fn) in fns.items():
+            with form_of(native, form):
+                start = time.perf_counter()
+                for _ in range(calls[label]):
+                    fn()
+                times[label].append((time.perf_counter() - start) / calls[label])
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def product_rows(name: str, args, native) -> list[str]:
+    """The decode products of one step (qkv, attention out, MLP in and out, vocabulary) for 1 and 4 rows, random
+    weights of the model's shapes: int8 widened to floats, and the integer dot products in each form."""
+    dims = load_checkpoint(name).dims
+    d, vocab = dims.n_text_state, -(-dims.n_vocab // COLS) * COLS
+    lines = []
+    for rows in (1, 4):
+        for k, n in ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d), (d, vocab)):
+            weight_t = torch.randn(k, n) * 0.05
+            plain, interleaved = QuantizedWeight.of(weight_t), QuantizedWeight.of(weight_t, interleave=True)
+            x = torch.randn(rows, k)
+            product = native.linear_q8 if rows == 1 else native.linear_rows
+            fns = {"widened": (native.dot_form, functools.partial(product, x, plain, None))}
+            for form in dot_forms(native):
+                fns[form] = (form, functools.partial(product, x, interleaved, None))
+            t = per_call(native, fns, args.repeats * 5)
+            vnni = f"{t['vnni'] * 1e3:.4f}" if "vnni" in t else "-"
+            lines.append(
+                f"| {name} | {rows} | {k} x {n} | {t['widened'] * 1e3:.4f} | {t['avx2'] * 1e3:.4f} | "
+                f"{t['widened'] / t['avx2']:.2f}x | {vnni} |"
+            )
+    return lines
 
 
 def main() -> None:
@@ -101,23 +169,33 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["tiny.en", "base"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--no-encoder", action="store_true", help="the decode kernels' products alone")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"\nencoder, one 30 s window, {args.threads} threads (ms); distance from the same system's float32")
-    print("| model | ours float32 | ours int8 | CTranslate2 float32 | CTranslate2 int8 | ours int8 distance | "
-          "CTranslate2 int8 distance | ours float32 vs CTranslate2 float32 |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for name in args.models:
-        print(encoder_row(name, args))
+    if not args.no_encoder:
+        print(f"\nencoder, one 30 s window, {args.threads} threads (ms); distance from the same system's float32")
+        print("| model | ours float32 | ours int8 | CTranslate2 float32 | CTranslate2 int8 | ours int8 distance | "
+              "CTranslate2 int8 distance | ours float32 vs CTranslate2 float32 |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for name in args.models:
+            print(encoder_row(name, args))
     native = cpu_kernels.load()
     if native is None:
-        print("\nthe native CPU kernels do not build here: no vocabulary projection row")
+        print("\nthe native CPU kernels do not build here: no decode product rows")
         return
     print("\none row's vocabulary projection in the decode kernels (ms)")
-    print("| model | weight (in, out) | float32 | int8 widened to floats | int8 dot products (VNNI) |")
-    print("|---|---|---|---|---|")
+    print("| model | weight (in, out) | float32 | int8 widened to floats | int8 dot products (AVX2) | "
+          "int8 dot products (VNNI) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for name in args.models:
         print(vocabulary_row(name, args, native))
+    print(f"\na decode step's int8 products, {args.threads} threads (ms per product; random weights, the model's "
+          "shapes)")  # fmt: skip
+    print("| model | rows | in x out | widened to floats | dot products (AVX2) | widened / AVX2 | "
+          "dot products (VNNI) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name in args.models:
+        print("\n".join(product_rows(name, args, native)))
 
 
 if __name__ == "__main__":

@@ -289,7 +289,7 @@ class CpuKernels:
     ) -> Tensor:
         """linear() with int8 weights (QuantizedWeight: blocked int8 and a scale per output column)."""
         if weight.sums is not None:
-            return self._dot_q8(x.reshape(1, -1), weight, bias, residual, norm, gelu).view(*x.shape[:-1], -1)
+            return self._dot_q8(x, weight, bias, residual, norm, gelu)
         k, n = weight.shape
         y = torch.empty(*x.shape[:-1], n)
         ln_w, ln_b, eps = _norm_args(norm)
@@ -333,10 +333,12 @@ class CpuKernels:
         self, x: Tensor, weight: QuantizedWeight, bias: Tensor | None, residual: Tensor | None,
         norm: nn.LayerNorm | None, gelu: bool,
     ) -> Tensor:  # fmt: skip
-        """Rows x (rows, in) through interleaved int8 weights with the integer dot products (each row quantized to
-        int8 with a scale of its own), in `dot_form`."""
-        rows, (k, n) = x.shape[0], weight.shape
-        y = torch.empty(rows, n)
+        """The rows of x (..., in), contiguous, through interleaved int8 weights with the integer dot products (each
+        row quantized to int8 with a scale of its own), in `dot_form`; (..., out). x is not reshaped: at a decode
+        step's sizes each torch call costs about as long as a product's arithmetic."""
+        k, n = weight.shape
+        rows = x.numel() // k
+        y = torch.empty(*x.shape[:-1], n)
         ln_w, ln_b, eps = _norm_args(norm)
         scratch = torch.empty(rows, k) if norm is not None else None  # the normalized rows
         vnni = self.dot_form == "vnni"

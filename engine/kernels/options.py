@@ -35,7 +35,7 @@ class KernelOptions:
     # With them, several sequences' decode products too (each weight read once for all rows) instead of torch's.
     cpu_decode_rows: bool = True
     # With them, integer dot products: each row quantized to int8 as well (a scale per row, as CTranslate2 does),
-    # one instruction for 64 multiply-adds with AVX-512 VNNI, else their AVX2 form (the same outputs, 6 for 32); off:
+    # one instruction for 64 multiply-adds with AVX-512 VNNI, else their AVX2 form (the same outputs, 7 for 32); off:
     # the int8 weights widened to floats (12 for 32).
     cpu_int8_dot: bool = True
     # A decode step's native kernels on the full thread team or on one thread, whichever recent steps ran faster

@@ -384,7 +384,7 @@ int whisper_has_vnni(void) {
  * 16-bit lanes without widening: shifted left by 8 the even bytes, masked the odd ones, each weight times 256.
  * vpmaddwd multiplies each by the row's integer for that input and adds adjacent pairs into 32 bits (exact, where
  * vpmaddubsw would saturate), so each 32-bit lane of the sum of the two is one column's sum over the four inputs,
- * times 256: 8 columns per accumulator, and per 32 multiply-adds 6 instructions (the weights widened to floats,
+ * times 256: 8 columns per accumulator, and per 32 multiply-adds 7 instructions (the weights widened to floats,
  * whisper_gemv_q8: 12). A lane holds at most 64 such four-input sums (256 inputs: 64 * 4 * 256 * 128 * 127 < 2^31),
  * then goes into an exact total shifted back by 8. */
 
