@@ -325,6 +325,17 @@ def test_int8_decode_steps_match_the_dequantized_float_ones(kernels):
     torch.testing.assert_close(out[2], out[0], rtol=0.05, atol=0.1)
 
 
+def two_steps(model, backend, features) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's int8 or float32 step and then three rows' through `backend`, over cross caches of `features`: their
+    logits (one after the other) and the self-attention cache they leave."""
+    cache = KVCache(CacheShape.for_model(model.dims, None, None), 3, torch.float32, torch.device("cpu"))
+    model.decoder.fill_cross_cache(features, cache, 0)
+    logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
+    tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
+    logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
+    return torch.cat(logits), cache.self_kv
+
+
 @native
 @pytest.mark.parametrize("int8", [False, True])
 def test_team_size_leaves_every_bit_of_a_step_alone(kernels, int8):
@@ -332,23 +343,15 @@ def test_team_size_leaves_every_bit_of_a_step_alone(kernels, int8):
     thread's work in the same order either way, so one row's steps and several rows' give the same bits."""
     model, _, native_path = tiny_backends(kernels)
     backend = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=int8), native_path.output_chunks, kernels)
-    shape = CacheShape.for_model(model.dims, None, None)
     with torch.inference_mode():
         features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
-        out, caches = [], []
+        runs = []
         for size in (1, 3):  # 3: more threads than this machine may have cores, still one team
-            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
-            dec = model.decoder
-            dec.fill_cross_cache(features, cache, 0)
             with kernels.team(size):
                 assert kernels.threads() == size
-                logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
-                tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
-                logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
-            out.append(torch.cat(logits))
-            caches.append(cache.self_kv)
+                runs.append(two_steps(model, backend, features))
     assert kernels.threads() == torch.get_num_threads()  # the block's size is gone after it
-    assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @native
@@ -360,20 +363,13 @@ def test_integer_dot_product_forms_give_the_same_decode_steps(kernels, monkeypat
     model, _, native_path = tiny_backends(kernels)
     backend = CpuNativeBackend(model, KernelOptions(cpu_int8_weights=True), native_path.output_chunks, kernels)
     assert all(q.sums is not None for q in backend.int8.values())
-    shape = CacheShape.for_model(model.dims, None, None)
     with torch.inference_mode():
         features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
-        out, caches = [], []
+        runs = []
         for form in ("vnni", "avx2"):
             monkeypatch.setattr(kernels, "dot_form", form)
-            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
-            model.decoder.fill_cross_cache(features, cache, 0)
-            logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
-            tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
-            logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
-            out.append(torch.cat(logits))
-            caches.append(cache.self_kv)
-    assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
+            runs.append(two_steps(model, backend, features))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @native
@@ -405,19 +401,10 @@ def test_decode_steps_from_blocked_copies_are_bit_for_bit_the_input_major_ones(k
     assert len(blocked_path.blocked) == 6 * len(model.decoder.blocks)
     plain_path = CpuNativeBackend(model, KernelOptions(), blocked_path.output_chunks, kernels)
     plain_path.blocked = {}
-    shape = CacheShape.for_model(model.dims, None, None)
     with torch.inference_mode():
         features = model.encoder(torch.randn(3, model.dims.n_mels, 3000))
-        out, caches = [], []
-        for backend in (plain_path, blocked_path):
-            cache = KVCache(shape, 3, torch.float32, torch.device("cpu"))
-            model.decoder.fill_cross_cache(features, cache, 0)
-            logits = [backend.eager_logits(torch.tensor([[50257]]), torch.tensor([[0]]), cache, [0])]
-            tokens, positions = torch.tensor([[440], [2068], [50362]]), torch.tensor([[1], [0], [0]])
-            logits.append(backend.eager_logits(tokens, positions, cache, positions.flatten().tolist()))
-            out.append(torch.cat(logits))
-            caches.append(cache.self_kv)
-    assert torch.equal(out[0], out[1]) and torch.equal(caches[0], caches[1])
+        runs = [two_steps(model, backend, features) for backend in (plain_path, blocked_path)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 def test_off_switch():

@@ -270,6 +270,16 @@ void whisper_attend_rows(const float *q, float *k, float *v, float *out, int row
     }
 }
 
+/* Row r of x (k floats) as the integer dot products quantize it: normalized into scratch first where ln_weight is
+ * given. */
+static const float *input_row(const float *x, const float *ln_weight, const float *ln_bias, float eps, float *scratch,
+                              int r, int k) {
+    const float *row = x + (size_t)r * k;
+    if (!ln_weight) return row;
+    layer_norm(row, ln_weight, ln_bias, eps, scratch + (size_t)r * k, k);
+    return scratch + (size_t)r * k;
+}
+
 /* ---- int8 x int8 products (AVX-512 VNNI) ---------------------------------------------------------------------
  * The int8 kernels above widen each weight to a float before its FMA: three instructions for 8 multiply-adds.
  * With VNNI one instruction (vpdpbusd) multiplies 64 unsigned bytes by 64 signed ones and adds each four into a
@@ -334,14 +344,8 @@ void whisper_gemm_q8_vnni(const float *x, const float *ln_weight, const float *l
                           const float *residual, float *y, int rows, int k, int n, int gelu, float *scratch,
                           unsigned char *xq, int threads) {
     float sx[rows];
-    for (int r = 0; r < rows; r++) {
-        const float *row = x + (size_t)r * k;
-        if (ln_weight) {
-            layer_norm(row, ln_weight, ln_bias, eps, scratch + (size_t)r * k, k);
-            row = scratch + (size_t)r * k;
-        }
-        sx[r] = quantize_row_u8(row, xq + (size_t)r * k, k);
-    }
+    for (int r = 0; r < rows; r++)
+        sx[r] = quantize_row_u8(input_row(x, ln_weight, ln_bias, eps, scratch, r, k), xq + (size_t)r * k, k);
     int tasks = n / COLS;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int b = 0; b < tasks; b++) {
@@ -491,14 +495,8 @@ void whisper_gemm_q8_avx2(const float *x, const float *ln_weight, const float *l
                           short *xq, int threads) {
     (void)colsum; /* the rows' integers are signed here: no shift to take back out */
     float sx[rows];
-    for (int r = 0; r < rows; r++) {
-        const float *row = x + (size_t)r * k;
-        if (ln_weight) {
-            layer_norm(row, ln_weight, ln_bias, eps, scratch + (size_t)r * k, k);
-            row = scratch + (size_t)r * k;
-        }
-        sx[r] = quantize_row_i16(row, xq + (size_t)r * k, k);
-    }
+    for (int r = 0; r < rows; r++)
+        sx[r] = quantize_row_i16(input_row(x, ln_weight, ln_bias, eps, scratch, r, k), xq + (size_t)r * k, k);
     int tasks = n / COLS;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int b = 0; b < tasks; b++) {
