@@ -39,7 +39,8 @@ FLOOR_RTFX = {"large-v3": 3400, "large-v3-turbo": 8000}
 def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, tokenizer: str | None, eager: bool,
                stepwise: int | None = None, cross_cache_dtype: str = "auto", overlap: bool | None = None,
                encoder_precision: str = "model", closed_loop: int = 0, multi_step: int | None = None,
-               timestamps: bool = False, int8_kernel: str = "cuda", batch_invariant: bool = False):
+               timestamps: bool = False, int8_kernel: str = "cuda", batch_invariant: bool = False,
+               invariant_few_rows: bool = True):
     from engine.config import EngineConfig
     from engine.kernels.options import KernelOptions
     from engine.request import DecodeOptions
@@ -54,7 +55,8 @@ def run_engine(model: str, concurrency: list[int], tokens: int, repeats: int, to
                                  cross_cache_dtype=cross_cache_dtype, overlap_steps=overlap,
                                  encoder_precision=encoder_precision, max_waiting=max(256, *concurrency),
                                  multi_step=multi_step,
-                                 kernels=KernelOptions(int8_attention=int8_kernel, batch_invariant=batch_invariant)))
+                                 kernels=KernelOptions(int8_attention=int8_kernel, batch_invariant=batch_invariant,
+                                                       invariant_few_rows=invariant_few_rows)))
     engine.start()
     # no quality thresholds: random input must not be judged silent and skipped
     options = DecodeOptions(language="en", without_timestamps=not timestamps, temperatures=(0.0,),
@@ -178,6 +180,9 @@ def main() -> None:
     ap.add_argument("--batch-invariant", default="off", choices=["off", "on", "both"],
                     help="the batch-invariant kernels (KernelOptions.batch_invariant); both: today's kernels, then the "
                          "invariant ones, in one process, and a table of their ratio")
+    ap.add_argument("--invariant-few-rows", default="off", choices=["on", "off"],
+                    help="a few rows' invariant products in the kernel that reads its weight before waiting "
+                         "(KernelOptions.invariant_few_rows); off: the tile kernel at every row count")
     ap.add_argument("--switch-interval-ms", type=float, default=0.5,
                     help="Python's thread switch interval, as `serve` and the engine process set it (its default: 5)")
     args = ap.parse_args()
@@ -199,7 +204,8 @@ def main() -> None:
             runs[invariant] = run_engine(model, args.concurrency, args.tokens, args.repeats, args.tokenizer, False,
                                          args.stepwise_prompt_tokens, args.cross_cache_dtype, overlap,
                                          args.encoder_precision, args.closed_loop, args.multi_step,
-                                         args.timestamps, args.int8_kernel, invariant)
+                                         args.timestamps, args.int8_kernel, invariant,
+                                         args.invariant_few_rows == "on")
             print(f"{model} (batch-invariant {invariant}): {runs[invariant][3]} slots; graph stats {runs[invariant][2]}",
                   flush=True)
         ours, ttfts, _, _ = runs[modes[-1]]

@@ -9,7 +9,8 @@ or the other rows:
 
 - every product (the lone row's too) is kernels/invariant_ops.linear: K never split, summed in order, whatever tile
   the row count picks;
-- layer norms and residual adds are one program per row (fused_ops.add_norm, norm_rows);
+- layer norms and residual adds are one program per row (fused_ops.add_norm, norm_rows), for a few rows inside
+  the next product's kernel with the same sums (invariant_ops.add_norm_linear);
 - self-attention is the step kernel with one block shape (decode_attention, invariant=True); a prompt pass runs
   its tokens as rows of that same kernel, each attending its own prefix, so a prompt fed in one pass gives
   bitwise the state that feeding it a token per step would;
@@ -130,20 +131,35 @@ class BatchInvariantGpuBackend(GpuBackend):
         if adapters is not None and per_slot > 1:  # the rows' adapters, one per token of each prompt
             adapters.repeat_rows(per_slot)
 
+        few_rows = kernels.invariant_few_rows
+        fuse_norms = few_rows and rows <= invariant_ops.DEPENDENT_MAX_ROWS
+
         def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
             name = adapters and self.adapter_names.get(id(proj.weight))
             if not name:
-                return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
-            y = adapters.add_to(invariant_ops.linear(h, proj.weight, proj.bias, pdl=pdl), name, h)  # a row's own
+                return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl, few_rows=few_rows)
+            y = adapters.add_to(invariant_ops.linear(h, proj.weight, proj.bias, pdl=pdl, few_rows=few_rows), name, h)
             return gelu_tanh(y) if gelu else y
+
+        def norm_linear(x: Tensor, y: Tensor | None, ln, proj, gelu: bool = False) -> tuple[Tensor, Tensor]:
+            """(x + y, linear(ln(x + y), proj)), y None: (x, linear(ln(x), proj)); a few rows' in one kernel
+            (invariant_ops.add_norm_linear: the same sums), an adapted product's from the normalized rows"""
+            if fuse_norms and not (adapters and self.adapter_names.get(id(proj.weight))):
+                fused = invariant_ops.add_norm_linear(x, y, ln, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
+                if fused is not None:
+                    return fused
+            if y is None:
+                h = norm_rows(ln, x, pdl, warps=invariant_ops.NORM_WARPS)
+            else:
+                x, h = add_norm(x, y, ln, pdl, warps=invariant_ops.NORM_WARPS)
+            return x, linear(h, proj, gelu)
 
         slots = slice(slot_start, slot_start + rows // per_slot)
         cross_rows = cache.cross_slots_of(slot_start, rows // per_slot)  # each slot's row reads its window's
-        h = norm_rows(dec.blocks[0].attn_ln, x, pdl)
-        next_norms = [block.attn_ln for block in list(dec.blocks)[1:]] + [dec.ln]
-        for i, (block, next_norm) in enumerate(zip(dec.blocks, next_norms)):
+        y = None  # the last sub-layer's output, added to the residual stream x before the next norm
+        for i, block in enumerate(dec.blocks):
             attn, cross, fc1, fc2 = block.attn, block.cross_attn, block.mlp[0], block.mlp[2]
-            qkv = linear(h, Projection(attn.qkv_weight, attn.qkv_bias))
+            x, qkv = norm_linear(x, y, block.attn_ln, Projection(attn.qkv_weight, attn.qkv_bias))
             if per_slot > 1:  # every token's K/V in place before any token attends
                 kv = qkv.view(rows // per_slot, per_slot, 3, attn.n_head, cache.head_dim)[:, :, 1:]
                 cache.self_kv_layers[i][:, slots, :, :per_slot] = kv.permute(2, 0, 3, 1, 4)
@@ -151,21 +167,23 @@ class BatchInvariantGpuBackend(GpuBackend):
                 qkv, cache.self_k_layers[i], cache.self_v_layers[i], positions, slot_start, pdl=pdl, invariant=True,
                 rows_per_slot=per_slot,
             )  # fmt: skip
-            x, h = add_norm(x, linear(o, attn.out), block.cross_attn_ln, pdl)
-            q = linear(h, cross.query)
+            x, q = norm_linear(x, linear(o, attn.out), block.cross_attn_ln, cross.query)
             q = q.view(rows // per_slot, per_slot, cross.n_head, -1).transpose(1, 2)  # (slots, heads, t, dim)
             k, v, k_scale, v_scale = cache.cross_layer(i, slice(None))
             o = fixed_split_attention(q, k, v, k_scale, v_scale, kernels, *cross_rows, pdl=pdl)
             o = o.transpose(1, 2).reshape(rows, 1, -1)
-            x, h = add_norm(x, linear(o, cross.out), block.mlp_ln, pdl)
-            x, h = add_norm(x, linear(linear(h, fc1, gelu=True), fc2), next_norm, pdl)
-        return h
+            x, f = norm_linear(x, linear(o, cross.out), block.mlp_ln, fc1, gelu=True)
+            y = linear(f, fc2)
+        return add_norm(x, y, dec.ln, pdl, warps=invariant_ops.NORM_WARPS)[1]
 
     def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
         n_vocab = self.decoder.token_embedding.weight.shape[0]
         if out is None:
             out = torch.empty(*hidden.shape[:-1], n_vocab, dtype=torch.float32, device=hidden.device)
-        return invariant_ops.linear(hidden, self.output_weight, out=out, n_valid=n_vocab, pdl=self.kernels.pdl)
+        return invariant_ops.linear(
+            hidden, self.output_weight, out=out, n_valid=n_vocab, pdl=self.kernels.pdl,
+            few_rows=self.kernels.invariant_few_rows,
+        )  # fmt: skip
 
     def projection(self, hidden: Tensor) -> Tensor:
         return self.logits(hidden)

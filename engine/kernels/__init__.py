@@ -10,6 +10,7 @@ says which of them run.
 - cpu_team.py: how many threads a CPU decode step runs on (the full team or one), measured as it runs.
 - invariant_ops.py: batch-invariant GPU products, the encoder's convolutions and attention (each row's arithmetic
   whatever the batch).
+- invariant_few_rows.py: the same products for up to 16 rows, the weight in shared memory before the wait (Gluon).
 - encoder_attention.py: the encoder's self-attention, each (window, head, query block) computed alone.
 - row_logsumexp.py: a row-invariant logsumexp on the GPU (the timestamp rules' comparison).
 - timestamp_rules.py: the timestamp rules on the GPU in one kernel, a program per row.

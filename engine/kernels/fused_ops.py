@@ -75,9 +75,12 @@ def _fused_norm_applies(x: Tensor, y: Tensor) -> bool:
     )  # fmt: skip
 
 
-def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm, pdl: bool = False) -> tuple[Tensor, Tensor]:
+def add_norm(
+    x: Tensor, y: Tensor, ln: nn.LayerNorm, pdl: bool = False, warps: int | None = None
+) -> tuple[Tensor, Tensor]:
     """(x + y, ln(x + y)): the residual stream after a sub-layer and the next sub-layer's input. pdl: launched as a
-    programmatic dependent where the device allows (the batch-invariant backend's few rows)."""
+    programmatic dependent where the device allows (the batch-invariant backend's few rows). warps: a program's
+    warps (a row's sums follow its layout), else by the row's width."""
     if not _fused_norm_applies(x, y):
         x = x + y
         return x, F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
@@ -86,8 +89,8 @@ def add_norm(x: Tensor, y: Tensor, ln: nn.LayerNorm, pdl: bool = False) -> tuple
     out_x, out_h = torch.empty_like(x), torch.empty_like(x)
     block = triton.next_power_of_2(n)
     _add_layer_norm[(rows,)](
-        x, y, ln.weight, ln.bias, out_x, out_h, out_h, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False,
-        ADD=True, **dependent_launch(x.device, pdl),
+        x, y, ln.weight, ln.bias, out_x, out_h, out_h, n, ln.eps, BLOCK=block, num_warps=warps or _warps(block),
+        FP8=False, ADD=True, **dependent_launch(x.device, pdl),
     )  # fmt: skip
     return out_x, out_h
 
@@ -250,18 +253,18 @@ def norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
-def norm_rows(ln: nn.LayerNorm, x: Tensor, pdl: bool = False) -> Tensor:
+def norm_rows(ln: nn.LayerNorm, x: Tensor, pdl: bool = False, warps: int | None = None) -> Tensor:
     """ln(x) with one program per row on a GPU (add_norm's kernel without the add): each row's statistics are
     summed in the same order whatever the number of rows, which torch's kernel does not promise (the
-    batch-invariant backend, engine/backends/gpu_invariant.py). Elsewhere `norm`. pdl: as add_norm's."""
+    batch-invariant backend, engine/backends/gpu_invariant.py). Elsewhere `norm`. pdl, warps: as add_norm's."""
     if not _fused_norm_applies(x, x):
         return norm(ln, x)
     n = x.shape[-1]
     out = torch.empty_like(x)
     block = triton.next_power_of_2(n)
     _add_layer_norm[(x.numel() // n,)](
-        x, x, ln.weight, ln.bias, out, out, out, n, ln.eps, BLOCK=block, num_warps=_warps(block), FP8=False,
-        ADD=False, **dependent_launch(x.device, pdl),
+        x, x, ln.weight, ln.bias, out, out, out, n, ln.eps, BLOCK=block, num_warps=warps or _warps(block),
+        FP8=False, ADD=False, **dependent_launch(x.device, pdl),
     )  # fmt: skip
     return out
 

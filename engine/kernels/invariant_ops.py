@@ -15,10 +15,12 @@ weight whatever the other rows: whether it is the only row (the others of its ti
 count (`tile`: a lone row's product spreads over many narrow programs, 256 rows over fewer, larger ones): the
 instruction's result for an element does not depend on the tile around it, measured bitwise on an H200 for every
 tile here, fp16 and bf16, and asserted by tests/gpu/test_batch_invariance.py (rows alone against among others,
-across the tiles' row counts). What would change a result is summing K in another order for another row count
-(cuBLAS's split-K: partial sums added in another order), which nothing here does. Bias, GELU (tanh form, as the
-default path's cuBLASLt epilogue) and the rounding of a float32 output to the input's precision (as a
-half-precision cuBLAS output is rounded) are applied per element after the sum.
+across the tiles' row counts). Up to 16 rows in half precision run the same sums in another kernel,
+invariant_few_rows.py, which copies its weight into shared memory before it waits for the kernel before it (a
+lone window's step is a chain of such waits). What would change a result is summing K in another order for
+another row count (cuBLAS's split-K: partial sums added in another order), which nothing here does. Bias, GELU
+(tanh form, as the default path's cuBLASLt epilogue) and the rounding of a float32 output to the input's precision
+(as a half-precision cuBLAS output is rounded) are applied per element after the sum.
 
 The model's passes over whole windows (the encoder, the cross-attention K/V) always have thousands of rows:
 `linear(..., wide=True)` runs them with a large tile (WIDE), on Hopper with its tiles loaded by the tensor memory
@@ -37,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.kernels import encoder_attention
+from engine.kernels import encoder_attention, invariant_few_rows
 
 try:
     import triton
@@ -73,6 +75,9 @@ CHAINS = 2
 # the places of the running kernel's later ones. (Asking for the weight tile into L2 before the wait was measured
 # too: slower, H200.)
 DEPENDENT_MAX_ROWS = 16
+# A program's warps in the decoder's residual add + layer norm: one warp a row, the layout add_norm_linear's
+# kernel reproduces for its rows (so a row's statistics are the same sums in both)
+NORM_WARPS = 1
 N_MULTIPLE = 64  # what every tile divides (the vocabulary is padded to 64; Whisper's widths are multiples of 128)
 # The passes over whole windows (1,500 rows each): a 128 x 128 output tile per program, K in steps of 64
 WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K = 128, 128, 64
@@ -109,6 +114,7 @@ def linear(
     n_valid: int | None = None,
     wide: bool = False,
     pdl: bool = False,
+    few_rows: bool = True,
 ) -> Tensor:
     """f(x @ weight.T + bias), f GELU's tanh form or identity, each row computed alone (see above).
 
@@ -117,7 +123,9 @@ def linear(
     n_valid: store only the first n_valid features (the vocabulary inside its padded weight).
     wide: the tile of the passes over whole windows (WIDE).
     pdl: launched as a programmatic dependent where the rows are few (DEPENDENT_MAX_ROWS) and the device allows;
-    the arithmetic is the same either way."""
+    the arithmetic is the same either way.
+    few_rows: up to invariant_few_rows.MAX_ROWS rows in half precision run that kernel, which asks for its weight
+    before it waits (the same sums; KernelOptions.invariant_few_rows turns it off for an A/B)."""
     n, k = weight.shape
     assert applies(x, weight, wide), (x.shape, x.dtype, weight.shape, weight.dtype, wide)
     rows = x.reshape(-1, k)
@@ -148,12 +156,41 @@ def linear(
         if x.dtype == torch.float32:  # 4-byte tiles: fewer in flight fit in shared memory
             stages = min(stages, 2)
     launch = dependent_launch(x.device, pdl and not wide and m <= DEPENDENT_MAX_ROWS)
+    few = not wide and few_rows and invariant_few_rows.applies(m, weight)
+    if few and invariant_few_rows.launch(rows, weight, bias, out2d, n_valid, epilogue, launch):
+        return result
     _fixed_tile_matmul[(n // bn, triton.cdiv(m, bm))](
         rows, weight, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0), K=k, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, CHAINS=1 if wide else CHAINS, IEEE=x.dtype == torch.float32, num_warps=warps,
         num_stages=stages, **epilogue, **launch,
     )  # fmt: skip
     return result
+
+
+def add_norm_linear(
+    x: Tensor, y: Tensor | None, ln: torch.nn.LayerNorm, weight: Tensor, bias: Tensor | None = None,
+    gelu: bool = False, pdl: bool = False,
+) -> tuple[Tensor, Tensor] | None:  # fmt: skip
+    """(x + y, linear(ln(x + y), weight, bias, gelu)) in one kernel for a few rows (y None: (x, linear(ln(x)))),
+    bitwise what add_norm (or norm_rows) at NORM_WARPS and then `linear` give; None where it does not apply (the
+    caller runs those two)."""
+    k = weight.shape[1]
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    if not (
+        m and invariant_few_rows.applies(m, weight) and invariant_few_rows.norm_fits(k) and x.is_contiguous()
+        and x.dtype == weight.dtype == ln.weight.dtype and (y is None or (y.is_contiguous() and y.shape == x.shape))
+    ):  # fmt: skip
+        return None
+    out_x = torch.empty_like(x) if y is not None else x
+    result = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
+    epilogue = {"HAS_BIAS": bias is not None, "GELU": gelu, "ROUND": False}
+    launch = dependent_launch(x.device, pdl and m <= DEPENDENT_MAX_ROWS)
+    norm = (y.reshape(-1, k) if y is not None else None, ln, out_x.reshape(-1, k))
+    out2d = result.view(m, weight.shape[0])
+    if not invariant_few_rows.launch(rows, weight, bias, out2d, weight.shape[0], epilogue, launch, norm=norm):
+        return None
+    return out_x, result
 
 
 def tensor_memory_accelerator(x: Tensor) -> bool:

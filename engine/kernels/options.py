@@ -45,6 +45,9 @@ class KernelOptions:
     # a request's tokens are the same whatever else runs. Its cost is in BENCHMARKS.md; of the switches above that
     # concern a lone row's GPU kernels only pdl applies with it (norm_product and int8_lone_row do not).
     batch_invariant: bool = False
+    # With it, a few rows' products in the kernel that copies its weight into shared memory before waiting for the
+    # kernel before it (kernels/invariant_few_rows.py; the same sums as the tile kernel, which serves otherwise).
+    invariant_few_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.int8_attention not in INT8_ATTENTION_KERNELS:

@@ -8,7 +8,7 @@ import torch
 
 from engine.backends.gpu_invariant import BatchInvariantGpuBackend
 from engine.config import EngineConfig
-from engine.kernels import invariant_ops, row_logsumexp
+from engine.kernels import invariant_few_rows, invariant_ops, row_logsumexp
 from engine.kernels.fused_ops import norm_rows
 from engine.kernels.int8_attention import fixed_split_attention, quantize
 from engine.kernels.options import KernelOptions
@@ -47,6 +47,28 @@ def test_linear_rows_do_not_depend_on_the_batch(cuda, dtype, k, n, gelu, wide):
     got = invariant_ops.linear(x, w, b, gelu=gelu, wide=wide).float()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, ref, atol=tol * 10, rtol=tol)  # and it is the product
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("k", "n", "gelu"), [(1280, 3840, False), (1280, 5120, True), (5120, 1280, False), (384, 1152, False)]
+)
+def test_a_few_rows_kernel_sums_as_the_tile_kernel(cuda, dtype, k, n, gelu, pdl):
+    """Up to 16 rows run the kernel that copies its weight to shared memory before it waits
+    (invariant_few_rows.py): bitwise the tile kernel's sums for the same rows, and the 64-row tile's for them
+    among 200, launched alone or as a dependent."""
+    g = torch.Generator(device=cuda).manual_seed(2)
+    x = torch.randn(200, k, device=cuda, generator=g).to(dtype)
+    w = (torch.randn(n, k, device=cuda, generator=g) * k**-0.5).to(dtype)
+    b = torch.randn(n, device=cuda, generator=g).to(dtype)
+    assert invariant_few_rows.applies(1, w), invariant_few_rows.broken  # the kernel under test runs here
+    many = invariant_ops.linear(x, w, b, gelu=gelu)
+    for rows in (1, 2, 5, 16):
+        few = invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl)
+        assert invariant_few_rows.broken is None, invariant_few_rows.broken
+        assert torch.equal(few, invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl, few_rows=False)), rows
+        assert torch.equal(few, many[:rows]), rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
