@@ -9,7 +9,7 @@ import torch
 from engine.backends.gpu_invariant import BatchInvariantGpuBackend
 from engine.config import EngineConfig
 from engine.kernels import invariant_few_rows, invariant_ops, row_logsumexp
-from engine.kernels.fused_ops import norm_rows
+from engine.kernels.fused_ops import add_norm, norm_rows
 from engine.kernels.int8_attention import fixed_split_attention, quantize
 from engine.kernels.options import KernelOptions
 from engine.processes.engine_process import EngineProcess
@@ -62,6 +62,8 @@ def test_a_few_rows_kernel_sums_as_the_tile_kernel(cuda, dtype, k, n, gelu, pdl)
     x = torch.randn(200, k, device=cuda, generator=g).to(dtype)
     w = (torch.randn(n, k, device=cuda, generator=g) * k**-0.5).to(dtype)
     b = torch.randn(n, device=cuda, generator=g).to(dtype)
+    if invariant_few_rows.gluon is None:
+        pytest.skip("this Triton has no Gluon: the tile kernel serves every row count")
     assert invariant_few_rows.applies(1, w), invariant_few_rows.broken  # the kernel under test runs here
     many = invariant_ops.linear(x, w, b, gelu=gelu)
     for rows in (1, 2, 5, 16):
@@ -69,6 +71,35 @@ def test_a_few_rows_kernel_sums_as_the_tile_kernel(cuda, dtype, k, n, gelu, pdl)
         assert invariant_few_rows.broken is None, invariant_few_rows.broken
         assert torch.equal(few, invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl, few_rows=False)), rows
         assert torch.equal(few, many[:rows]), rows
+
+
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("k", "n", "gelu"), [(1280, 3840, False), (1280, 5120, True), (384, 1152, False)])
+def test_a_few_rows_residual_add_and_norm_inside_the_product(cuda, dtype, k, n, gelu, add):
+    """add_norm_linear (the add and the norm in the product's kernel, a lone window's step) against add_norm (or
+    norm_rows) and then the product for the same rows among 200: bitwise, the residual stream too."""
+    if invariant_few_rows.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    g = torch.Generator(device=cuda).manual_seed(3)
+    ln = torch.nn.LayerNorm(k, device=cuda, dtype=dtype)
+    with torch.no_grad():
+        ln.weight.copy_(torch.randn(k, device=cuda, generator=g) * 0.5 + 1)
+        ln.bias.copy_(torch.randn(k, device=cuda, generator=g) * 0.1)
+    x = (torch.randn(200, 1, k, device=cuda, generator=g) * 3).to(dtype)
+    y = torch.randn(200, 1, k, device=cuda, generator=g).to(dtype) if add else None
+    w = (torch.randn(n, k, device=cuda, generator=g) * k**-0.5).to(dtype)
+    b = torch.randn(n, device=cuda, generator=g).to(dtype)
+    warps = invariant_ops.NORM_WARPS
+    x_all, h_all = add_norm(x, y, ln, warps=warps) if add else (x, norm_rows(ln, x, warps=warps))
+    out_all = invariant_ops.linear(h_all, w, b, gelu=gelu)
+    for rows in (1, 3, 16):
+        fused = invariant_ops.add_norm_linear(
+            x[:rows].contiguous(), y[:rows].contiguous() if add else None, ln, w, b, gelu=gelu, pdl=True
+        )
+        assert fused is not None, invariant_few_rows.broken
+        assert torch.equal(fused[0], x_all[:rows]), rows
+        assert torch.equal(fused[1], out_all[:rows]), rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
