@@ -34,6 +34,7 @@ BLOCK_K = 128  # invariant_ops.CHUNK_K: the chunk that goes into one accumulator
 SLAB_BYTES = 80 * 1024  # the most weight a program holds in shared memory
 MAX_ROWS = 16
 NORM_SMEM_BYTES = 160 * 1024  # the slab and the normalized rows: one program per multiprocessor on Hopper
+NORM_SMEM_MAX_BYTES = 224 * 1024  # what one program may take (Hopper: 227 KiB a block)
 # Why the kernel could not be built here (Gluon is experimental: another Triton may not compile it), or None; once
 # set, the tile kernel serves every row count, with the same sums
 broken: str | None = None
@@ -46,7 +47,21 @@ def block_n(n: int, k: int, itemsize: int = 2) -> int | None:
 
 def norm_fits(k: int) -> bool:
     """Whether a product of width k can also hold its rows' normalized copy (16 x the row's padded width)."""
-    return BLOCK_M * triton.next_power_of_2(k) * 2 + SLAB_BYTES <= NORM_SMEM_BYTES
+    return _rows_bytes(k) + SLAB_BYTES <= NORM_SMEM_BYTES
+
+
+def _rows_bytes(k: int) -> int:
+    return BLOCK_M * triton.next_power_of_2(k) * 2
+
+
+def norm_block_n(n: int, k: int, multiprocessors: int) -> int:
+    """Features per program with the normalized rows in shared memory too: one program fits a multiprocessor, so
+    more programs than multiprocessors would run in two waves, the second reading its weight after the wait; twice
+    block_n's features where the two fit in NORM_SMEM_MAX_BYTES."""
+    bn = block_n(n, k)
+    if n // bn > multiprocessors and n % (2 * bn) == 0 and 2 * bn * k * 2 + _rows_bytes(k) <= NORM_SMEM_MAX_BYTES:
+        return 2 * bn
+    return bn
 
 
 def applies(rows: int, weight: Tensor) -> bool:
@@ -79,7 +94,7 @@ def launch(
         _few_rows_matmul[(n // bn, triton.cdiv(m, BLOCK_M))](
             rows, weight, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0),
             y if y is not None else rows, ln.weight if ln else weight, ln.bias if ln else weight,
-            out_x if out_x is not None else rows, ln.eps if ln else 0.0, K=k, BLOCK_N=bn, WARPS=warps,
+            out_x if out_x is not None else rows, ln.eps if ln else 0.0, k, K=k, BLOCK_N=bn, WARPS=warps,
             NORM=ln is not None, ADD=y is not None, ROW_BLOCK=triton.next_power_of_2(k), **epilogue, **launch_args,
             num_warps=warps,
         )  # fmt: skip
@@ -101,7 +116,7 @@ if gluon is not None:
 
     @gluon.jit
     def _norm_rows(
-        X, Y, OUT_X, h_smem, g, beta, cols, col_ok, M, pid_m, pid_n, eps, K: gl.constexpr, ADD: gl.constexpr,
+        X, Y, OUT_X, h_smem, g, beta, cols, col_ok, M, pid_m, pid_n, eps, N, K: gl.constexpr, ADD: gl.constexpr,
         ROWS: gl.constexpr, WARPS: gl.constexpr, ROW_LAYOUT: gl.constexpr,
     ):  # fmt: skip
         # fused_ops._add_layer_norm's arithmetic for each row, a warp per row (its one-warp layout, so the same sums
@@ -117,9 +132,11 @@ if gluon is not None:
                     s = (s.to(gl.float32) + y).to(X.dtype.element_ty)
                     gl.store(OUT_X + off, s, mask=ok & (pid_n == 0))
                 s = s.to(gl.float32)
-                mean = gl.sum(s, axis=1) / K
+                # divided by the width as a runtime value, as add_norm's kernel does (not a constant the compiler
+                # could fold into another instruction)
+                mean = gl.sum(s, axis=1) / N
                 d = gl.where(col_ok[None, :], s - mean[:, None], 0.0)
-                rstd = 1.0 / gl.sqrt(gl.sum(d * d, axis=1) / K + eps)
+                rstd = 1.0 / gl.sqrt(gl.sum(d * d, axis=1) / N + eps)
                 h = (s - mean[:, None]) * rstd[:, None] * g[None, :] + beta[None, :]
                 h_smem.slice(p * WARPS, WARPS, dim=0).store(h.to(X.dtype.element_ty))
 
@@ -130,7 +147,7 @@ if gluon is not None:
 
     @gluon.jit(do_not_specialize=["M", "n_valid", "s_om", "eps"])
     def _few_rows_matmul(
-        X, W, B, OUT, M, n_valid, s_om, Y, G, BETA, OUT_X, eps, K: gl.constexpr, BLOCK_N: gl.constexpr,
+        X, W, B, OUT, M, n_valid, s_om, Y, G, BETA, OUT_X, eps, N_NORM, K: gl.constexpr, BLOCK_N: gl.constexpr,
         WARPS: gl.constexpr, NORM: gl.constexpr, ADD: gl.constexpr, ROW_BLOCK: gl.constexpr, HAS_BIAS: gl.constexpr,
         GELU: gl.constexpr, ROUND: gl.constexpr, PDL: gl.constexpr,
     ):  # fmt: skip
@@ -175,8 +192,8 @@ if gluon is not None:
         row_ok = rm < M
         x_ptr = X + rm.to(gl.int64)[:, None] * K + rk[None, :]
         if NORM:
-            _norm_rows(X, Y, OUT_X, h_smem, g, beta, cols, col_ok, M, pid_m, pid_n, eps, K, ADD, ROWS, WARPS,
-                       row_layout)  # fmt: skip
+            _norm_rows(X, Y, OUT_X, h_smem, g, beta, cols, col_ok, M, pid_m, pid_n, eps, N_NORM, K, ADD, ROWS,
+                       WARPS, row_layout)  # fmt: skip
         async_copy.wait_group(0)
         gl.thread_barrier()
         # chunk c into accumulator c % 2, each from zero and in order, added at the end: invariant_ops' sums

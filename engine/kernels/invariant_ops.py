@@ -188,7 +188,8 @@ def add_norm_linear(
     launch = dependent_launch(x.device, pdl and m <= DEPENDENT_MAX_ROWS)
     norm = (y.reshape(-1, k) if y is not None else None, ln, out_x.reshape(-1, k))
     out2d = result.view(m, weight.shape[0])
-    if not invariant_few_rows.launch(rows, weight, bias, out2d, weight.shape[0], epilogue, launch, norm=norm):
+    bn = invariant_few_rows.norm_block_n(weight.shape[0], k, _multiprocessors(x.device))
+    if not invariant_few_rows.launch(rows, weight, bias, out2d, weight.shape[0], epilogue, launch, norm=norm, bn=bn):
         return None
     return out_x, result
 
