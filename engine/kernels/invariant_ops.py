@@ -114,7 +114,7 @@ def linear(
     n_valid: int | None = None,
     wide: bool = False,
     pdl: bool = False,
-    few_rows: bool = True,
+    few_rows: bool = False,
 ) -> Tensor:
     """f(x @ weight.T + bias), f GELU's tanh form or identity, each row computed alone (see above).
 
@@ -125,7 +125,7 @@ def linear(
     pdl: launched as a programmatic dependent where the rows are few (DEPENDENT_MAX_ROWS) and the device allows;
     the arithmetic is the same either way.
     few_rows: up to invariant_few_rows.MAX_ROWS rows in half precision run that kernel, which asks for its weight
-    before it waits (the same sums; KernelOptions.invariant_few_rows turns it off for an A/B)."""
+    before it waits (the same sums; KernelOptions.invariant_few_rows)."""
     n, k = weight.shape
     assert applies(x, weight, wide), (x.shape, x.dtype, weight.shape, weight.dtype, wide)
     rows = x.reshape(-1, k)

@@ -67,7 +67,7 @@ def test_a_few_rows_kernel_sums_as_the_tile_kernel(cuda, dtype, k, n, gelu, pdl)
     assert invariant_few_rows.applies(1, w), invariant_few_rows.broken  # the kernel under test runs here
     many = invariant_ops.linear(x, w, b, gelu=gelu)
     for rows in (1, 2, 5, 16):
-        few = invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl)
+        few = invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl, few_rows=True)
         assert invariant_few_rows.broken is None, invariant_few_rows.broken
         assert torch.equal(few, invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl, few_rows=False)), rows
         assert torch.equal(few, many[:rows]), rows
