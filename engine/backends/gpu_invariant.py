@@ -133,6 +133,8 @@ class BatchInvariantGpuBackend(GpuBackend):
 
         few_rows = kernels.invariant_few_rows
         fuse_norms = few_rows and rows <= invariant_ops.DEPENDENT_MAX_ROWS
+        # with the few-rows kernel every row count normalizes with the layout its prologue reproduces
+        norm_warps = invariant_ops.NORM_WARPS if few_rows else None
 
         def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
             name = adapters and self.adapter_names.get(id(proj.weight))
@@ -149,9 +151,9 @@ class BatchInvariantGpuBackend(GpuBackend):
                 if fused is not None:
                     return fused
             if y is None:
-                h = norm_rows(ln, x, pdl, warps=invariant_ops.NORM_WARPS)
+                h = norm_rows(ln, x, pdl, warps=norm_warps)
             else:
-                x, h = add_norm(x, y, ln, pdl, warps=invariant_ops.NORM_WARPS)
+                x, h = add_norm(x, y, ln, pdl, warps=norm_warps)
             return x, linear(h, proj, gelu)
 
         slots = slice(slot_start, slot_start + rows // per_slot)
@@ -174,7 +176,7 @@ class BatchInvariantGpuBackend(GpuBackend):
             o = o.transpose(1, 2).reshape(rows, 1, -1)
             x, f = norm_linear(x, linear(o, cross.out), block.mlp_ln, fc1, gelu=True)
             y = linear(f, fc2)
-        return add_norm(x, y, dec.ln, pdl, warps=invariant_ops.NORM_WARPS)[1]
+        return add_norm(x, y, dec.ln, pdl, warps=norm_warps)[1]
 
     def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
         n_vocab = self.decoder.token_embedding.weight.shape[0]
