@@ -12,7 +12,11 @@ otherwise be what is timed), each weight one of 8 copies used in turn so it is r
    FEW_PROGRAMS_SETTINGS below decode_attention.FEW_PROGRAMS programs);
 4. the batch-invariant product (invariant_ops.linear, launched as a dependent) for 1, 4 and 16 rows against cuBLAS
    and the default path's one-row kernel: what a lone window pays for load-independent products
-   (docs/benchmarks/2026-12-05-invariant-lone-row.md).
+   (docs/benchmarks/2026-12-05-invariant-lone-row.md), with the tile kernel and the few-rows kernel
+   (invariant_few_rows.py, its weight in shared memory before the wait); then a lone row's chain of 32 layers'
+   six products (each weight read once), the invariant ones with the three residual adds + norms a layer apart
+   (add_norm at NORM_WARPS) or inside the product (invariant_ops.add_norm_linear), against the default's
+   one-row kernels.
 """
 
 from __future__ import annotations
@@ -107,22 +111,67 @@ def self_attention(dev: str) -> None:
 
 
 def invariant_products(dev: str) -> None:
-    print("\n| product | rows | cuBLAS us | one-row kernel us | invariant us |")
-    print("|---|---|---|---|---|")
+    print("\n| product | rows | cuBLAS us | one-row kernel us | invariant tile us | invariant few-rows us |")
+    print("|---|---|---|---|---|---|")
     for name, k, n, gelu in (("QKV", 1280, 3840, False), ("out", 1280, 1280, False), ("fc1 + GELU", 1280, 5120, True),
                              ("fc2", 5120, 1280, False)):  # fmt: skip
         proj = rotating([nn.Linear(k, n, device=dev, dtype=torch.float16) for _ in range(COPIES)])
         for rows in (1, 4, 16):
             x = torch.randn(rows, 1, k, device=dev, dtype=torch.float16)
 
-            def invariant():
+            def invariant(few: bool):
                 p = proj()
-                return invariant_ops.linear(x, p.weight, p.bias, gelu=gelu, pdl=True)
+                return invariant_ops.linear(x, p.weight, p.bias, gelu=gelu, pdl=True, few_rows=few)
 
             cells = [time_us(lambda: proj()(x))]
             cells.append(time_us(lambda: fused_ops.linear(proj(), x)) if rows == 1 else float("nan"))
-            cells.append(time_us(invariant))
+            cells += [time_us(lambda: invariant(False)), time_us(lambda: invariant(True))]
             print(f"| {name} {k}->{n} | {rows} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
+    layer_chain(dev)
+
+
+def layer_chain(dev: str, layers: int = 32) -> None:
+    """A lone row's 32 layers of six products, each weight read once, the norms a layer's three (inputs fixed:
+    the kernels' times, not the values, are the point)."""
+    half = torch.float16
+    shapes = ((1280, 3840, False), (1280, 1280, False), (1280, 1280, False), (1280, 1280, False), (1280, 5120, True),
+              (5120, 1280, False))  # fmt: skip
+    products = [(nn.Linear(k, n, device=dev, dtype=half), g) for _ in range(layers) for k, n, g in shapes]
+    norms = [nn.LayerNorm(1280, device=dev, dtype=half) for _ in range(layers)]
+    xs = {k: torch.randn(1, 1, k, device=dev, dtype=half) for k in (1280, 5120)}
+    stream = torch.randn(1, 1, 1280, device=dev, dtype=half)
+
+    def chain(few: bool, fused_norms: bool):
+        def run():
+            for j, (p, g) in enumerate(products):
+                normed = j % 6 in (0, 2, 4)  # QKV, the cross-attention's query, fc1 follow a norm
+                if normed and fused_norms:
+                    invariant_ops.add_norm_linear(stream, xs[1280], norms[j // 6], p.weight, p.bias, gelu=g, pdl=True)
+                    continue
+                if normed:
+                    fused_ops.add_norm(stream, xs[1280], norms[j // 6], pdl=True, warps=invariant_ops.NORM_WARPS)
+                invariant_ops.linear(xs[p.weight.shape[1]], p.weight, p.bias, gelu=g, pdl=True, few_rows=few)
+
+        return run
+
+    def default():
+        for j, (p, g) in enumerate(products):
+            if j % 6 in (0, 2, 4):
+                fused_ops.add_norm_linear(stream, xs[1280], norms[j // 6], p.weight, p.bias, gelu=g)
+            else:
+                fused_ops.linear(p, xs[p.weight.shape[1]])
+
+    print(f"\n| a lone row's {layers} layers (6 products, 3 norms each) | us | us a layer |")
+    print("|---|---|---|")
+    variants = (
+        ("default: one-row kernels, norms inside the products", default),
+        ("invariant tile kernel, norms apart", chain(False, False)),
+        ("invariant few-rows kernel, norms apart", chain(True, False)),
+        ("invariant few-rows kernel, norms inside the products", chain(True, True)),
+    )  # fmt: skip
+    for name, fn in variants:
+        us = graph_time_us(fn, calls=1)
+        print(f"| {name} | {us:.1f} | {us / layers:.2f} |", flush=True)
 
 
 def main() -> None:
