@@ -9,8 +9,13 @@ before it has finished, and a decode step of a lone window waits for that ~200 t
 This kernel (Gluon, Triton's lower-level language, which places shared memory and asynchronous copies by hand)
 does the same sums in the same order, but each program first copies its whole slab of the weight (BLOCK_N
 features x K) into shared memory with asynchronous copies, then waits for the kernel before it, then reads its
-rows of x and runs the chained tensor-core steps out of shared memory. The weight's HBM time overlaps the kernel
-before; what is left after the wait is the steps themselves.
+rows of x and runs the chained tensor-core steps out of shared memory, so that the weight's HBM time overlaps the
+kernel before and what is left after the wait is the steps themselves. It can also take the residual add and the
+layer norm before the product (`norm`, invariant_ops.add_norm_linear): every program recomputes its rows' sums
+with the layout of add_norm's kernel at one warp a row (the same sums in the same order), so a lone window's step
+loses the three norm kernels a layer, as the default path's add_norm_linear does. The tests compare both against
+the tile kernel after add_norm, bitwise (tests/gpu/test_batch_invariance.py); KernelOptions.invariant_few_rows
+turns it on.
 """
 
 from __future__ import annotations
@@ -93,8 +98,8 @@ def launch(
     try:
         _few_rows_matmul[(n // bn, triton.cdiv(m, BLOCK_M))](
             rows, weight, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0),
-            y if y is not None else rows, ln.weight if ln else weight, ln.bias if ln else weight,
-            out_x if out_x is not None else rows, ln.eps if ln else 0.0, k, K=k, BLOCK_N=bn, WARPS=warps,
+            y if y is not None else rows, weight if ln is None else ln.weight, weight if ln is None else ln.bias,
+            out_x if out_x is not None else rows, 0.0 if ln is None else ln.eps, k, K=k, BLOCK_N=bn, WARPS=warps,
             NORM=ln is not None, ADD=y is not None, ROW_BLOCK=triton.next_power_of_2(k), **epilogue, **launch_args,
             num_warps=warps,
         )  # fmt: skip
