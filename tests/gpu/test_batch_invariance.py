@@ -193,9 +193,12 @@ def test_cross_attention_rows_do_not_depend_on_the_batch(cuda, int8):
             assert torch.equal(attend(start, start + n_rows), full[start : start + n_rows]), (n_rows, start)
 
 
-@pytest.fixture(scope="module")
-def invariant_runner(cuda, gpu_model):
-    runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=64, kernels=INVARIANT))
+@pytest.fixture(scope="module", params=[False, True], ids=["tile", "few-rows"])
+def invariant_runner(cuda, gpu_model, request):
+    """The invariant runner with the tile kernel at every row count, and with the few-rows kernel (its norms
+    inside the products) up to 16 rows: a lone row then takes other kernels than a batch's, with the same sums."""
+    kernels = KernelOptions(batch_invariant=True, invariant_few_rows=request.param)
+    runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=64, kernels=kernels))
     assert isinstance(runner.backend, BatchInvariantGpuBackend)
     return runner
 
