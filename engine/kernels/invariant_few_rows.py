@@ -50,21 +50,30 @@ def block_n(n: int, k: int, itemsize: int = 2) -> int | None:
     return next((bn for bn in (32, 16, 8) if bn * k * itemsize <= SLAB_BYTES and n % bn == 0), None)
 
 
-def norm_fits(k: int) -> bool:
-    """Whether a product of width k can also hold its rows' normalized copy (16 x the row's padded width)."""
-    return _rows_bytes(k) + SLAB_BYTES <= NORM_SMEM_BYTES
+def norm_fits(k: int, device: torch.device) -> bool:
+    """Whether a product of width k can also hold its rows' normalized copy (16 x the row's padded width), in
+    NORM_SMEM_BYTES and in what a block of this GPU may take."""
+    need = _rows_bytes(k) + SLAB_BYTES
+    return need <= NORM_SMEM_BYTES and need <= _block_smem(device)
+
+
+@functools.cache
+def _block_smem(device: torch.device) -> int:
+    # what a block may opt in to (Hopper 227 KiB, Ampere's A100 163 KiB, its consumer parts 99 KiB)
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 48 * 1024)
 
 
 def _rows_bytes(k: int) -> int:
     return BLOCK_M * triton.next_power_of_2(k) * 2
 
 
-def norm_block_n(n: int, k: int, multiprocessors: int) -> int:
+def norm_block_n(n: int, k: int, device: torch.device, multiprocessors: int) -> int:
     """Features per program with the normalized rows in shared memory too: one program fits a multiprocessor, so
     more programs than multiprocessors would run in two waves, the second reading its weight after the wait; twice
-    block_n's features where the two fit in NORM_SMEM_MAX_BYTES."""
+    block_n's features where the two fit in NORM_SMEM_MAX_BYTES and in what a block of this GPU may take."""
     bn = block_n(n, k)
-    if n // bn > multiprocessors and n % (2 * bn) == 0 and 2 * bn * k * 2 + _rows_bytes(k) <= NORM_SMEM_MAX_BYTES:
+    need = 2 * bn * k * 2 + _rows_bytes(k)
+    if n // bn > multiprocessors and n % (2 * bn) == 0 and need <= min(NORM_SMEM_MAX_BYTES, _block_smem(device)):
         return 2 * bn
     return bn
 
@@ -74,6 +83,7 @@ def applies(rows: int, weight: Tensor) -> bool:
     return (
         gluon is not None and broken is None and weight.is_cuda and weight.dtype in (torch.float16, torch.bfloat16)
         and rows <= MAX_ROWS and k % BLOCK_K == 0 and block_n(n, k) is not None and _has_cp_async(weight.device)
+        and SLAB_BYTES <= _block_smem(weight.device)
     )  # fmt: skip
 
 

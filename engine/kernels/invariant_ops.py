@@ -178,7 +178,7 @@ def add_norm_linear(
     rows = x.reshape(-1, k)
     m = rows.shape[0]
     if not (
-        m and invariant_few_rows.applies(m, weight) and invariant_few_rows.norm_fits(k) and x.is_contiguous()
+        m and invariant_few_rows.applies(m, weight) and invariant_few_rows.norm_fits(k, x.device) and x.is_contiguous()
         and x.dtype == weight.dtype == ln.weight.dtype and (y is None or (y.is_contiguous() and y.shape == x.shape))
     ):  # fmt: skip
         return None
@@ -188,7 +188,7 @@ def add_norm_linear(
     launch = dependent_launch(x.device, pdl and m <= DEPENDENT_MAX_ROWS)
     norm = (y.reshape(-1, k) if y is not None else None, ln, out_x.reshape(-1, k))
     out2d = result.view(m, weight.shape[0])
-    bn = invariant_few_rows.norm_block_n(weight.shape[0], k, _multiprocessors(x.device))
+    bn = invariant_few_rows.norm_block_n(weight.shape[0], k, x.device, _multiprocessors(x.device))
     if not invariant_few_rows.launch(rows, weight, bias, out2d, weight.shape[0], epilogue, launch, norm=norm, bn=bn):
         return None
     return out_x, result
