@@ -132,12 +132,14 @@ class BatchInvariantGpuBackend(GpuBackend):
             adapters.repeat_rows(per_slot)
 
         few_rows = kernels.invariant_few_rows
-        fuse_norms = few_rows and rows <= invariant_ops.DEPENDENT_MAX_ROWS
         # with the few-rows kernel every row count normalizes with the layout its prologue reproduces
         norm_warps = invariant_ops.NORM_WARPS if few_rows else None
 
+        def adapter_of(proj) -> str | None:
+            return adapters and self.adapter_names.get(id(proj.weight))
+
         def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
-            name = adapters and self.adapter_names.get(id(proj.weight))
+            name = adapter_of(proj)
             if not name:
                 return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl, few_rows=few_rows)
             y = adapters.add_to(invariant_ops.linear(h, proj.weight, proj.bias, pdl=pdl, few_rows=few_rows), name, h)
@@ -146,7 +148,7 @@ class BatchInvariantGpuBackend(GpuBackend):
         def norm_linear(x: Tensor, y: Tensor | None, ln, proj, gelu: bool = False) -> tuple[Tensor, Tensor]:
             """(x + y, linear(ln(x + y), proj)), y None: (x, linear(ln(x), proj)); a few rows' in one kernel
             (invariant_ops.add_norm_linear: the same sums), an adapted product's from the normalized rows"""
-            if fuse_norms and not (adapters and self.adapter_names.get(id(proj.weight))):
+            if few_rows and not adapter_of(proj):  # add_norm_linear takes up to its kernel's rows
                 fused = invariant_ops.add_norm_linear(x, y, ln, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
                 if fused is not None:
                     return fused

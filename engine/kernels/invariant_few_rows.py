@@ -94,7 +94,7 @@ def _has_cp_async(device: torch.device) -> bool:
 
 def launch(
     rows: Tensor, weight: Tensor, bias: Tensor | None, out2d: Tensor, n_valid: int, epilogue: dict, launch_args: dict,
-    norm: tuple | None = None, bn: int | None = None, warps: int | None = None,
+    norm: tuple | None = None, bn: int | None = None,
 ) -> bool:  # fmt: skip
     """out2d[:, :n_valid] = epilogue(a @ weight.T + bias), a = rows, or with `norm` = (y, ln, out_x) the rows'
     residual add and layer norm first: out_x = rows + y (y None: no add, out_x unused), a = ln(out_x), each row
@@ -103,7 +103,7 @@ def launch(
     global broken
     (m, k), n = rows.shape, weight.shape[0]
     bn = bn or block_n(n, k)
-    warps = warps or max(1, bn // 8)
+    warps = bn // 8  # a warp per 8 features: the m16n8k16 step's width
     y, ln, out_x = norm if norm is not None else (None, None, None)
     try:
         _few_rows_matmul[(n // bn, triton.cdiv(m, BLOCK_M))](

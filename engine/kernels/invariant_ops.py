@@ -147,6 +147,10 @@ def linear(
     if wide and tensor_memory_accelerator(x):
         _wide_tma(rows, weight, bias, out2d, n_valid, epilogue)
         return result
+    launch = dependent_launch(x.device, pdl and not wide and m <= DEPENDENT_MAX_ROWS)
+    few = not wide and few_rows and invariant_few_rows.applies(m, weight)
+    if few and invariant_few_rows.launch(rows, weight, bias, out2d, n_valid, epilogue, launch):
+        return result
     if wide:
         bm, bn, bk, warps = WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_BLOCK_K, WIDE_WARPS
         stages = 2 if x.dtype == torch.float32 else WIDE_STAGES
@@ -155,10 +159,6 @@ def linear(
         bk = CHUNK_K
         if x.dtype == torch.float32:  # 4-byte tiles: fewer in flight fit in shared memory
             stages = min(stages, 2)
-    launch = dependent_launch(x.device, pdl and not wide and m <= DEPENDENT_MAX_ROWS)
-    few = not wide and few_rows and invariant_few_rows.applies(m, weight)
-    if few and invariant_few_rows.launch(rows, weight, bias, out2d, n_valid, epilogue, launch):
-        return result
     _fixed_tile_matmul[(n // bn, triton.cdiv(m, bm))](
         rows, weight, bias if bias is not None else weight, out2d, m, n_valid, out2d.stride(0), K=k, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, CHAINS=1 if wide else CHAINS, IEEE=x.dtype == torch.float32, num_warps=warps,
