@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,8 +83,9 @@ class TimestampRules(LogitRule):
 
     def apply(self, logits: Tensor, r: TimestampInputs | DeviceRows | HostRows) -> None:
         if isinstance(r, HostRows):
+            rows = logits.numpy()  # the same memory: numpy's slices cost no thread team's wake-up, torch's do
             for row, (last, penult, last_ts) in zip(r.rows, r.state[list(r.rows)].tolist()):
-                self._apply_row(logits[row], last, penult, last_ts)
+                self._apply_row(rows[row], last, penult, last_ts)
             return
         if isinstance(r, DeviceRows):
             if timestamp_rules.applies(logits):
@@ -105,15 +107,15 @@ class TimestampRules(LogitRule):
         first = r.is_first_ts[:, None]
         x[:, : self.ts_begin].masked_fill_(first, NEG_INF)
         ts.masked_fill_(first & (self.ts_offsets > self.max_initial_offset), NEG_INF)
-        # if all timestamps together are likelier than any single text token, sample a timestamp
-        logprobs = torch.log_softmax(x, dim=-1)  # one block per row, whatever the rows: row-invariant
-        ts = logprobs[:, self.ts_begin :]
-        ts_logprob = row_logsumexp.logsumexp_rows(ts) if row_logsumexp.applies(ts) else ts.logsumexp(dim=-1)
-        text_max = logprobs[:, : self.ts_begin].amax(dim=-1)
-        x[:, : self.ts_begin].masked_fill_((ts_logprob > text_max)[:, None], NEG_INF)
+        # if all timestamps together are likelier than any single text token, sample a timestamp: compared as
+        # logits, the log-softmax's normalizer being the same on both sides (as the kernel does)
+        ts = x[:, self.ts_begin :]
+        ts_sum = row_logsumexp.logsumexp_rows(ts) if row_logsumexp.applies(ts) else ts.logsumexp(dim=-1)
+        text_max = x[:, : self.ts_begin].amax(dim=-1)
+        x[:, : self.ts_begin].masked_fill_((ts_sum > text_max)[:, None], NEG_INF)
         logits[r.rows] = x
 
-    def _apply_row(self, x: Tensor, last: int, penult: int, last_ts: int) -> None:
+    def _apply_row(self, x: np.ndarray, last: int, penult: int, last_ts: int) -> None:
         """The rules on one row x (n_vocab,) in place, from its state as numbers: the same edits as apply()'s
         batched form, each only where it applies."""
         ts_begin, neg_inf = self.ts_begin, NEG_INF
@@ -130,9 +132,10 @@ class TimestampRules(LogitRule):
         if last < 0:  # a window starts with a timestamp, no later than max_initial_timestamp
             x[:ts_begin] = neg_inf
             x[ts_begin + self.max_initial_offset + 1 :] = neg_inf
-        # if all timestamps together are likelier than any single text token, sample a timestamp
-        logprobs = torch.log_softmax(x, dim=-1)
-        if logprobs[ts_begin:].logsumexp(dim=-1) > logprobs[:ts_begin].amax():
+        # if all timestamps together are likelier than any single text token, sample a timestamp (as logits)
+        ts = x[ts_begin:]
+        best = ts.max()
+        if best > neg_inf and best + np.log(np.exp(ts - best).sum()) > x[:ts_begin].max():
             x[:ts_begin] = neg_inf
 
 
