@@ -9,8 +9,7 @@ or the other rows:
 
 - every product (the lone row's too) is kernels/invariant_ops.linear: K never split, summed in order, whatever tile
   the row count picks;
-- layer norms and residual adds are one program per row (fused_ops.add_norm, norm_rows), for a few rows inside
-  the next product's kernel with the same sums (invariant_ops.add_norm_linear);
+- layer norms and residual adds are one program per row (fused_ops.add_norm, norm_rows);
 - self-attention is the step kernel with one block shape (decode_attention, invariant=True); a prompt pass runs
   its tokens as rows of that same kernel, each attending its own prefix, so a prompt fed in one pass gives
   bitwise the state that feeding it a token per step would;
@@ -132,7 +131,9 @@ class BatchInvariantGpuBackend(GpuBackend):
             adapters.repeat_rows(per_slot)
 
         few_rows = kernels.invariant_few_rows
-        # with the few-rows kernel every row count normalizes with the layout its prologue reproduces
+        # with the few-rows kernel every row count normalizes at NORM_WARPS, the layout measured with it (a lone
+        # row's chain in benchmarks/gpu_one_row.py); its norms stay apart from the products: inside them
+        # (invariant_ops.add_norm_linear, the same sums) the chain was slower (H100)
         norm_warps = invariant_ops.NORM_WARPS if few_rows else None
 
         def adapter_of(proj) -> str | None:
@@ -146,12 +147,7 @@ class BatchInvariantGpuBackend(GpuBackend):
             return gelu_tanh(y) if gelu else y
 
         def norm_linear(x: Tensor, y: Tensor | None, ln, proj, gelu: bool = False) -> tuple[Tensor, Tensor]:
-            """(x + y, linear(ln(x + y), proj)), y None: (x, linear(ln(x), proj)); a few rows' in one kernel
-            (invariant_ops.add_norm_linear: the same sums), an adapted product's from the normalized rows"""
-            if few_rows and not adapter_of(proj):  # add_norm_linear takes up to its kernel's rows
-                fused = invariant_ops.add_norm_linear(x, y, ln, proj.weight, proj.bias, gelu=gelu, pdl=pdl)
-                if fused is not None:
-                    return fused
+            """(x + y, linear(ln(x + y), proj)), y None: (x, linear(ln(x), proj))"""
             if y is None:
                 h = norm_rows(ln, x, pdl, warps=norm_warps)
             else:

@@ -37,7 +37,11 @@ except ImportError:  # no Triton, or one without Gluon: the tile kernel serves e
 BLOCK_M = 16  # one m16n8k16 tile of rows: the rows past M are masked zeros
 BLOCK_K = 128  # invariant_ops.CHUNK_K: the chunk that goes into one accumulator
 SLAB_BYTES = 80 * 1024  # the most weight a program holds in shared memory
-MAX_ROWS = 16
+# Where it beats the tile kernel (H100, benchmarks/gpu_one_row.py --only invariant): at 1 and 4 rows with 32
+# features a program, not at 16 rows (about twice the tile's time) nor with 8 features a program (fc2's 5,120-wide
+# slab: slower at every row count)
+MAX_ROWS = 4
+MIN_BLOCK_N = 16
 NORM_SMEM_BYTES = 160 * 1024  # the slab and the normalized rows: one program per multiprocessor on Hopper
 NORM_SMEM_MAX_BYTES = 224 * 1024  # what one program may take (Hopper: 227 KiB a block)
 # Why the kernel could not be built here (Gluon is experimental: another Triton may not compile it), or None; once
@@ -82,9 +86,11 @@ def applies(rows: int, weight: Tensor) -> bool:
     n, k = weight.shape
     return (
         gluon is not None and broken is None and weight.is_cuda and weight.dtype in (torch.float16, torch.bfloat16)
-        and rows <= MAX_ROWS and k % BLOCK_K == 0 and block_n(n, k) is not None and _has_cp_async(weight.device)
-        and SLAB_BYTES <= _block_smem(weight.device)
+        and rows <= MAX_ROWS and k % (2 * BLOCK_K) == 0 and (block_n(n, k) or 0) >= MIN_BLOCK_N
+        and _has_cp_async(weight.device) and SLAB_BYTES <= _block_smem(weight.device)
     )  # fmt: skip
+    # an even number of chunks: with an odd one (K = 384, tiny's width) its sums differed from the tile kernel's
+    # (H100), not explained yet
 
 
 @functools.cache

@@ -52,11 +52,11 @@ def test_linear_rows_do_not_depend_on_the_batch(cuda, dtype, k, n, gelu, wide):
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("k", "n", "gelu"), [(1280, 3840, False), (1280, 5120, True), (5120, 1280, False), (384, 1152, False)]
+    ("k", "n", "gelu"), [(1280, 3840, False), (1280, 5120, True), (1280, 1280, False), (512, 1536, False)]
 )
 def test_a_few_rows_kernel_sums_as_the_tile_kernel(cuda, dtype, k, n, gelu, pdl):
-    """Up to 16 rows run the kernel that copies its weight to shared memory before it waits
-    (invariant_few_rows.py): bitwise the tile kernel's sums for the same rows, and the 64-row tile's for them
+    """Up to invariant_few_rows.MAX_ROWS rows run the kernel that copies its weight to shared memory before it
+    waits (invariant_few_rows.py): bitwise the tile kernel's sums for the same rows, and the 64-row tile's for them
     among 200, launched alone or as a dependent."""
     g = torch.Generator(device=cuda).manual_seed(2)
     x = torch.randn(200, k, device=cuda, generator=g).to(dtype)
@@ -66,16 +66,29 @@ def test_a_few_rows_kernel_sums_as_the_tile_kernel(cuda, dtype, k, n, gelu, pdl)
         pytest.skip("this Triton has no Gluon: the tile kernel serves every row count")
     assert invariant_few_rows.applies(1, w), invariant_few_rows.broken  # the kernel under test runs here
     many = invariant_ops.linear(x, w, b, gelu=gelu)
-    for rows in (1, 2, 5, 16):
+    for rows in (1, 2, invariant_few_rows.MAX_ROWS, 16):
         few = invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl, few_rows=True)
         assert invariant_few_rows.broken is None, invariant_few_rows.broken
         assert torch.equal(few, invariant_ops.linear(x[:rows], w, b, gelu=gelu, pdl=pdl, few_rows=False)), rows
         assert torch.equal(few, many[:rows]), rows
 
 
+@pytest.mark.parametrize(("k", "n"), [(384, 1152), (5120, 1280)])
+def test_the_few_rows_kernel_leaves_to_the_tile_kernel_what_it_does_not_take(cuda, k, n):
+    """An odd number of chunks (tiny's width: its sums differed), a slab of 8 features (fc2's width: slower) and
+    more than MAX_ROWS rows run the tile kernel, few_rows or not."""
+    if invariant_few_rows.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    w = torch.randn(n, k, device=cuda).to(torch.float16)
+    assert not invariant_few_rows.applies(1, w)
+    assert not invariant_few_rows.applies(invariant_few_rows.MAX_ROWS + 1, torch.empty(3840, 1280, device=cuda).half())
+    x = torch.randn(3, k, device=cuda).to(torch.float16)
+    assert torch.equal(invariant_ops.linear(x, w, few_rows=True), invariant_ops.linear(x, w))
+
+
 @pytest.mark.parametrize("add", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize(("k", "n", "gelu"), [(1280, 3840, False), (1280, 5120, True), (384, 1152, False)])
+@pytest.mark.parametrize(("k", "n", "gelu"), [(1280, 3840, False), (1280, 5120, True), (512, 1536, False)])
 def test_a_few_rows_residual_add_and_norm_inside_the_product(cuda, dtype, k, n, gelu, add):
     """add_norm_linear (the add and the norm in the product's kernel, a lone window's step) against add_norm (or
     norm_rows) and then the product for the same rows among 200: bitwise, the residual stream too."""
@@ -93,7 +106,7 @@ def test_a_few_rows_residual_add_and_norm_inside_the_product(cuda, dtype, k, n, 
     warps = invariant_ops.NORM_WARPS
     x_all, h_all = add_norm(x, y, ln, warps=warps) if add else (x, norm_rows(ln, x, warps=warps))
     out_all = invariant_ops.linear(h_all, w, b, gelu=gelu)
-    for rows in (1, 3, 16):
+    for rows in (1, 3, invariant_few_rows.MAX_ROWS):
         fused = invariant_ops.add_norm_linear(
             x[:rows].contiguous(), y[:rows].contiguous() if add else None, ln, w, b, gelu=gelu, pdl=True
         )
@@ -195,8 +208,8 @@ def test_cross_attention_rows_do_not_depend_on_the_batch(cuda, int8):
 
 @pytest.fixture(scope="module", params=[False, True], ids=["tile", "few-rows"])
 def invariant_runner(cuda, gpu_model, request):
-    """The invariant runner with the tile kernel at every row count, and with the few-rows kernel (its norms
-    inside the products) up to 16 rows: a lone row then takes other kernels than a batch's, with the same sums."""
+    """The invariant runner with the tile kernel at every row count, and with the few-rows kernel up to its
+    MAX_ROWS rows: a lone row then takes other kernels than a batch's, with the same sums."""
     kernels = KernelOptions(batch_invariant=True, invariant_few_rows=request.param)
     runner = ModelRunner(EngineConfig(model=gpu_model, device="cuda", max_num_seqs=64, kernels=kernels))
     assert isinstance(runner.backend, BatchInvariantGpuBackend)
