@@ -46,8 +46,8 @@ class KernelOptions:
     # concern a lone row's GPU kernels only pdl applies with it (norm_product and int8_lone_row do not).
     batch_invariant: bool = False
     # With it, a few rows' products in the kernel that copies its weight into shared memory before waiting for the
-    # kernel before it, the residual add and norm in its prologue (kernels/invariant_few_rows.py; the same sums as
-    # the tile kernel after add_norm, which serve otherwise). Off until its speed is measured on a GPU.
+    # kernel before it (kernels/invariant_few_rows.py; the same sums as the tile kernel, which serves otherwise).
+    # Off: measured, a lone window's step is no faster with it (BENCHMARKS.md, batch-invariant kernels).
     invariant_few_rows: bool = False
 
     def __post_init__(self) -> None:
