@@ -12,10 +12,10 @@ features x K) into shared memory with asynchronous copies, then waits for the ke
 rows of x and runs the chained tensor-core steps out of shared memory, so that the weight's HBM time overlaps the
 kernel before and what is left after the wait is the steps themselves. It can also take the residual add and the
 layer norm before the product (`norm`, invariant_ops.add_norm_linear): every program recomputes its rows' sums
-with the layout of add_norm's kernel at one warp a row (the same sums in the same order), so a lone window's step
-loses the three norm kernels a layer, as the default path's add_norm_linear does. The tests compare both against
-the tile kernel after add_norm, bitwise (tests/gpu/test_batch_invariance.py); KernelOptions.invariant_few_rows
-turns it on.
+with the layout of add_norm's kernel at one warp a row (the same sums in the same order). The tests compare both
+against the tile kernel after add_norm, bitwise (tests/gpu/test_batch_invariance.py); KernelOptions.invariant_few_rows
+turns the products on. Measured (BENCHMARKS.md, batch-invariant kernels): a lone window's step is no faster with
+them, and slower with the norms inside, which only benchmarks/gpu_one_row.py's chain runs.
 """
 
 from __future__ import annotations
@@ -84,13 +84,13 @@ def norm_block_n(n: int, k: int, device: torch.device, multiprocessors: int) -> 
 
 def applies(rows: int, weight: Tensor) -> bool:
     n, k = weight.shape
+    # an even number of chunks: with an odd one (K = 384, tiny's width) its sums differed from the tile kernel's
+    # (H100), not explained yet
     return (
         gluon is not None and broken is None and weight.is_cuda and weight.dtype in (torch.float16, torch.bfloat16)
         and rows <= MAX_ROWS and k % (2 * BLOCK_K) == 0 and (block_n(n, k) or 0) >= MIN_BLOCK_N
         and _has_cp_async(weight.device) and SLAB_BYTES <= _block_smem(weight.device)
     )  # fmt: skip
-    # an even number of chunks: with an odd one (K = 384, tiny's width) its sums differed from the tile kernel's
-    # (H100), not explained yet
 
 
 @functools.cache
