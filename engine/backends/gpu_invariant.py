@@ -136,11 +136,8 @@ class BatchInvariantGpuBackend(GpuBackend):
         # (invariant_ops.add_norm_linear, the same sums) the chain was slower (H100)
         norm_warps = invariant_ops.NORM_WARPS if few_rows else None
 
-        def adapter_of(proj) -> str | None:
-            return adapters and self.adapter_names.get(id(proj.weight))
-
         def linear(h: Tensor, proj, gelu: bool = False) -> Tensor:
-            name = adapter_of(proj)
+            name = adapters and self.adapter_names.get(id(proj.weight))
             if not name:
                 return invariant_ops.linear(h, proj.weight, proj.bias, gelu=gelu, pdl=pdl, few_rows=few_rows)
             y = adapters.add_to(invariant_ops.linear(h, proj.weight, proj.bias, pdl=pdl, few_rows=few_rows), name, h)
