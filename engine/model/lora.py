@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kernels import lora as lora_kernels
+from engine.kernels import lora_merge
 from engine.model.dims import ModelDimensions
 from engine.model.layer_ops import LayerOps, Projection
 from engine.model.sources import ADAPTER_FILES, resolve_adapter
@@ -46,6 +47,9 @@ MAX_RANK = 64
 # cost the GPU less than the merges and the idle time while the host launches them (benchmarks/gpu_profile.py
 # --loras 16: runs of two windows left the GPU idle for a third of the run)
 MERGED_RUN_MIN_POSITIONS = 12_000
+# The most bytes of merged weights that one launch of the merge kernel makes (merged_runs): a product's merges of
+# several runs at once, held until their products are done, within the activations' reserve
+MERGE_BYTES = 128 << 20
 CONFIG_FILE, WEIGHTS_FILE = ADAPTER_FILES
 MAX_CONFIG_BYTES = 1 << 20
 _PEFT_PREFIX = "base_model.model."
@@ -237,6 +241,7 @@ class Adapters:
         self._active = False
         self._kernel_rows = 0  # rows of one token each that the kernel serves this pass (0: none)
         self._torch_state: tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None] | None = None
+        self._pass_indices: dict[tuple[int, ...], Tensor] = {}  # adapter indices on the device (_device_indices)
 
     @property
     def nbytes(self) -> int:
@@ -305,6 +310,7 @@ class Adapters:
     def use(self, rows: list[int]) -> None:
         """The adapter index of each row of the passes that follow (0: the base model)."""
         self._row_list, self._active, self._torch_state, self._kernel_rows = rows, any(rows), None, 0
+        self._pass_indices = {}
         if self._active and self.table is not None and len(rows) <= self.max_rows:
             table = lora_kernels.segments(np.asarray(rows, dtype=np.int32), self.max_rows, self.table_segments)
             # from pinned memory the copy is queued behind the step in flight instead of waiting for it
@@ -320,6 +326,7 @@ class Adapters:
         """Passes of `rows` one-token rows that launch the kernel for whatever use() puts in the table later (a
         graph's capture)."""
         self._row_list, self._active, self._torch_state, self._kernel_rows = [], True, None, rows
+        self._pass_indices = {}
         try:
             yield
         finally:
@@ -420,8 +427,30 @@ class Adapters:
             for start, end in runs
         ):  # fmt: skip
             return None
-        # each run's merged weight made as its product comes: one at a time, its memory reused by the next run's
-        return ((slice(start, end), self._merge(weight, names, rows[start])) for start, end in runs)
+        return self._run_weights(weight, names, runs)
+
+    def _run_weights(
+        self, weight: Tensor, names: tuple[str, ...], runs: list[tuple[int, int]]
+    ) -> Iterator[tuple[slice, Tensor]]:
+        """merged_runs' runs and their weights, made as the products come: with the merge kernel, the merges of
+        as many runs as MERGE_BYTES holds in one launch, else one run's at a time."""
+        rows = self._row_list
+        if not lora_merge.applies(weight):
+            for start, end in runs:
+                yield slice(start, end), self._merge(weight, names, rows[start])
+            return
+        out, inp = weight.shape
+        a, b = self.group_stacks[names]
+        per_launch = max(1, MERGE_BYTES // (weight.numel() * weight.element_size()))
+        adapted = [run for run in runs if self._changes(rows[run[0]], names)]
+        merged: dict[tuple[int, int], Tensor] = {}
+        for start, end in runs:
+            if adapted and adapted[0] == (start, end):  # the next runs' merges, in one launch
+                batch, adapted = adapted[:per_launch], adapted[per_launch:]
+                indices = self._device_indices(tuple(rows[s] for s, _ in batch))
+                made = lora_merge.merge(weight.view(len(names), -1, inp), b, a, indices)
+                merged = {run: w.view(out, inp) for run, w in zip(batch, made)}
+            yield slice(start, end), merged.get((start, end), weight)
 
     def _mergeable(self, weight: Tensor, names: str | tuple[str, ...], x: Tensor) -> tuple[str, ...] | None:
         """`names` as a tuple where this pass may run `weight`'s product on merged weights: a GPU's, some row on an
@@ -437,16 +466,31 @@ class Adapters:
             return None
         return names
 
+    def _changes(self, index: int, names: tuple[str, ...]) -> bool:
+        """Whether the adapter at `index` (0: none) changes any of the products `names`."""
+        adapter = self.loaded.get(index)
+        return adapter is not None and any(name in adapter.weights for name in names)
+
     def _merge(self, weight: Tensor, names: tuple[str, ...], index: int) -> Tensor:
         """`weight` (out, in) + B A for the adapter at `index` over the products `names` (a fused q/k/v's slices each
         their own); `weight` itself for index 0 or an adapter that changes none of them."""
-        adapter = self.loaded.get(index)
-        if adapter is None or not any(name in adapter.weights for name in names):
+        if not self._changes(index, names):
             return weight
         out, inp = weight.shape
-        stacked = self.group_stacks[names]
-        a, b = stacked[0][index], stacked[1][index]  # (slices, R, in), (slices, out, R): zeros where it has none
-        return torch.baddbmm(weight.view(len(names), -1, inp), b, a).view(out, inp)
+        # (adapters, slices, R, in), (adapters, slices, out, R): zeros where an adapter has none
+        a, b = self.group_stacks[names]
+        sliced = weight.view(len(names), -1, inp)
+        if lora_merge.applies(weight):  # one read and one write of the weight, where baddbmm's copy first adds two
+            return lora_merge.merge(sliced, b, a, self._device_indices((index,)))[0].view(out, inp)
+        return torch.baddbmm(sliced, b[index], a[index]).view(out, inp)
+
+    def _device_indices(self, indices: tuple[int, ...]) -> Tensor:
+        """Adapter indices as an int32 tensor on the device, made once per pass (every product of it asks)."""
+        made = self._pass_indices.get(indices)
+        if made is None:
+            staged = torch.tensor(indices, dtype=torch.int32).pin_memory()  # queued behind the work in flight
+            made = self._pass_indices[indices] = staged.to(self.device, non_blocking=True)
+        return made
 
     def _torch_paths(self) -> tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None]:
         """The pass's rows for the torch paths: one adapter's (the adapter, its rows as an index or None for every

@@ -220,3 +220,81 @@ def test_segmented_kernel_is_each_rows_own_adapter_product(cuda, dtype, k, n, sl
                 one, x[row : row + 1], alone.to(cuda), max_rows, n_segments, a, b, ranks, capacity, partial
             )
             assert torch.equal(one, y[row : row + 1]), (rows, row)
+
+
+def within_a_rounding(got: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether every element of `got` (half precision) is one of the two neighbours of `exact` (float64) in its type:
+    the sum rounded once, up or down."""
+    mantissa = {torch.float16: 10, torch.bfloat16: 7}[got.dtype]
+    _, exponent = torch.frexp(exact)
+    spacing = torch.ldexp(torch.ones_like(exact), exponent - 1 - mantissa)
+    return bool(((got.double() - exact).abs() <= spacing).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("out", "inp", "slices", "rank"), [(384, 384, 3, 16), (1536, 384, 1, 64), (384, 1536, 1, 8)])
+def test_the_merge_kernel_makes_each_adapters_merged_weight(cuda, dtype, out, inp, slices, rank):
+    """lora_merge.merge: in one launch, the weight with each listed adapter of the stacks merged in, W + B A summed in
+    float32 and rounded once, as torch's baddbmm sums it (up to the order of B A's terms)."""
+    from engine.kernels import lora_merge
+
+    g = torch.Generator(device=cuda).manual_seed(0)
+    weight = torch.randn(slices, out, inp, device=cuda, generator=g).to(dtype)
+    stack_rank = max(rank, 16)  # the stacks are as wide as the engine's largest rank; an adapter's rest is zeros
+    a = torch.zeros(6, slices, stack_rank, inp, device=cuda, dtype=dtype)
+    b = torch.zeros(6, slices, out, stack_rank, device=cuda, dtype=dtype)
+    a[:, :, :rank] = (torch.randn(6, slices, rank, inp, device=cuda, generator=g) * inp**-0.5).to(dtype)
+    b[:, :, :, :rank] = (torch.randn(6, slices, out, rank, device=cuda, generator=g) * 0.5).to(dtype)
+    indices = [3, 1, 5, 3]
+    merged = lora_merge.merge(weight, b, a, torch.tensor(indices, dtype=torch.int32, device=cuda))
+    assert merged.shape == (len(indices), slices, out, inp)
+    for i, index in enumerate(indices):
+        exact = weight.double() + b[index].double() @ a[index].double()
+        assert within_a_rounding(merged[i], exact), (i, index)
+        same = (merged[i] == torch.baddbmm(weight, b[index], a[index])).float().mean().item()
+        assert same > 0.99, (i, index, same)
+    assert torch.equal(merged[0], merged[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_runs_of_windows_get_their_own_adapters_merged_weight(cuda, dtype, tmp_path, monkeypatch):
+    """Adapters.merged_runs on a GPU: each run of an encoder pass's windows gets the product's weight with its own
+    adapter merged in (the base model's run the weight itself), the merges of several runs made in one launch and
+    the next launch's when the first's bytes are spent."""
+    from engine.kernels import lora_merge
+    from engine.model import lora
+    from engine.model.dims import DUMMY_DIMS
+    from tests.helpers.lora import random_peft_files
+
+    dims = DUMMY_DIMS["tiny"]
+    adapters = lora.Adapters(dims, capacity=4, dtype=dtype, device=cuda)
+    for i in range(3):
+        adapters.add(f"a{i}", random_peft_files(dims, 16, i, tmp_path / str(i)))
+    name = "encoder.blocks.1.mlp.0"
+    out, inp = lora.products(dims)[name]
+    weight = (torch.randn(out, inp, device=cuda) * 0.02).to(dtype)
+    launches = []
+    original = lora_merge.merge
+
+    def counted(*args):
+        launches.append(args[3].tolist())
+        return original(*args)
+
+    monkeypatch.setattr(lora_merge, "merge", counted)
+    monkeypatch.setattr(lora, "MERGE_BYTES", 2 * weight.numel() * weight.element_size())  # two merges a launch
+    rows = [2, 2, 0, 1, 3, 3, 3, 2]  # windows' adapter indices: five runs, four of them on adapters
+    adapters.use(rows)
+    adapters.min_run_positions = 1
+    x = torch.randn(len(rows), 10, inp, device=cuda).to(dtype)
+    runs = list(adapters.merged_runs(weight, name, x))
+    assert [(s.start, s.stop) for s, _ in runs] == [(0, 2), (2, 3), (3, 4), (4, 7), (7, 8)]
+    assert launches == [[2, 1], [3, 2]]
+    a, b = adapters.stacks[name]
+    for (windows, merged), index in zip(runs, [2, 0, 1, 3, 2]):
+        if index == 0:
+            assert merged is weight
+            continue
+        want = torch.baddbmm(weight[None], b[index][None], a[index][None])[0]
+        assert (merged == want).float().mean().item() > 0.99, windows
+        others = [j for j in (1, 2, 3) if j != index]
+        assert all((merged != torch.addmm(weight, b[j], a[j])).any() for j in others), windows

@@ -4,6 +4,7 @@ with the adapter merged into its weights.
 
 - trained_adapter: a few AdamW steps that make a model transcribe one clip as a chosen text (visible in the output).
 - random_adapter: random A and B of a given rank, for benchmarks (changes the outputs a little, breaks nothing).
+- random_peft_files: the same written without peft for a model of given dimensions (dummy weights).
 - merged_model: the base model with an adapter merged in (peft's merge_and_unload), a Hugging Face directory the
   engine loads as a model path: the reference an adapter request must match.
 - hf_export: the packaged model (tiny.en, base) as a float32 Hugging Face directory, what peft wraps.
@@ -122,6 +123,29 @@ def random_adapter(model: str, *, rank: int, seed: int, encoder: bool = True, sc
     )
     name = f"{_safe(model)}-random-r{rank}-{key}"
     return _cached(cache_dir() / "lora" / name, lambda out: _randomize(base, rank, seed, encoder, scale, out))
+
+
+def random_peft_files(dims, rank: int, seed: int, out: Path) -> Path:
+    """A PEFT LoRA directory of random A and B of `rank` on every product of a model of `dims`, written without
+    peft (dummy weights have no Hugging Face model for peft to wrap), for benchmarks of the cost and for checks of
+    the arithmetic that need no trained adapter."""
+    from safetensors.torch import save_file
+
+    from engine.model.lora import products
+    from tests.helpers.weights_export import hf_name
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, (n_out, n_in) in products(dims).items():
+        hf = hf_name(name + ".weight").removesuffix(".weight")
+        tensors[f"base_model.model.{hf}.lora_A.weight"] = (torch.randn(rank, n_in, generator=g) / n_in**0.5).half()
+        tensors[f"base_model.model.{hf}.lora_B.weight"] = (torch.randn(n_out, rank, generator=g) * 1e-3).half()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "k_proj",
+              "v_proj", "out_proj", "fc1", "fc2"], "bias": "none"}  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
 
 
 def merged_model(adapter_dir: Path) -> Path:
