@@ -42,10 +42,10 @@ from engine.model.sources import ADAPTER_FILES, resolve_adapter
 from engine.model.weights import openai_name
 
 MAX_RANK = 64
-# The fewest positions (eight 30 s windows) of one adapter's run that merged_runs merges for: a run's merge copies
-# and rewrites the weight and adds launches that the host must issue; below this the deltas over the whole pass
-# cost the GPU less than the merges and the idle time while the host launches them (benchmarks/gpu_profile.py
-# --loras 16: runs of two windows left the GPU idle for a third of the run)
+# The fewest positions (eight 30 s windows) of one adapter's run that merged_runs merges for: each run costs every
+# product a launch more, which the host must issue; below this the deltas over the whole pass cost less than the
+# GPU's wait for those launches (benchmarks/gpu_profile.py --loras 16: merging every run of two windows took
+# GPU work off and left the GPU waiting for the host; docs/benchmarks/2026-12-07-lora-merge-kernel.md)
 MERGED_RUN_MIN_POSITIONS = 12_000
 # The most bytes of merged weights that one launch of the merge kernel makes (merged_runs): a product's merges of
 # several runs at once, held until their products are done, within the activations' reserve
