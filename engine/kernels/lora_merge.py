@@ -4,7 +4,7 @@ An encoder pass runs each adapter's windows on their product's weight with the a
 product comes and dropped after it. torch's `baddbmm(W, B, A)` first copies W into its result and then reads and
 rewrites it in the product (cuBLAS adds into an existing output): four of W's bytes moved for each of the merged
 weight's, and two launches per adapter. Here a program reads its tile of W, adds its tile of B A summed in float32
-over the rank, and writes the merged tile: two, in one launch for every adapter of the pass (a launch costs the host
+over the rank, and writes the merged tile: two, in one launch for the pass's adapters (a launch costs the host
 more than a merge costs the GPU: an encoder pass of 16 adapters' windows makes thousands). The sum is that of
 baddbmm: B A's float32 sum over the rank, plus W, rounded once to the weight's type (the order of B A's terms
 within the rank may differ, as between two cuBLAS kernels).

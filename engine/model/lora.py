@@ -448,6 +448,7 @@ class Adapters:
             if adapted and adapted[0] == (start, end):  # the next runs' merges, in one launch
                 batch, adapted = adapted[:per_launch], adapted[per_launch:]
                 indices = self._device_indices(tuple(rows[s] for s, _ in batch))
+                merged = {}  # the last launch's weights, their products done, freed before the next are made
                 made = lora_merge.merge(weight.view(len(names), -1, inp), b, a, indices)
                 merged = {run: w.view(out, inp) for run, w in zip(batch, made)}
             yield slice(start, end), merged.get((start, end), weight)
