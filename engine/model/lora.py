@@ -489,8 +489,7 @@ class Adapters:
         """Adapter indices as an int32 tensor on the device, made once per pass (every product of it asks)."""
         made = self._pass_indices.get(indices)
         if made is None:
-            staged = torch.tensor(indices, dtype=torch.int32).pin_memory()  # queued behind the work in flight
-            made = self._pass_indices[indices] = staged.to(self.device, non_blocking=True)
+            made = self._pass_indices[indices] = self._indices(list(indices), torch.int32)
         return made
 
     def _torch_paths(self) -> tuple[tuple[LoraAdapter, Tensor | None] | None, Tensor | None]:
@@ -508,10 +507,10 @@ class Adapters:
                 self._torch_state = ((self.loaded[index], None if every else self._indices(members)), None)
         return self._torch_state
 
-    def _indices(self, values: list[int]) -> Tensor:
+    def _indices(self, values: list[int], dtype: torch.dtype = torch.int64) -> Tensor:
         """values as an index tensor on the device; on a GPU copied from pinned memory, queued behind the work in
         flight (a copy from pageable memory would wait for the GPU to finish it first)."""
-        indices = torch.tensor(values, dtype=torch.int64)
+        indices = torch.tensor(values, dtype=dtype)
         if self.device.type != "cuda":
             return indices
         return indices.pin_memory().to(self.device, non_blocking=True)
