@@ -1,17 +1,18 @@
 """Short encoder contexts for realtime partial decodes (DecodeOptions.context_margin_s) against full windows: cost
 and words, through the engine, decoded as the server's partials are (greedy, with timestamps, no fallback).
 
-    python benchmarks/partial_audio_ctx.py --model tiny.en [--margins 1 2 3] [--cuts 1 2 3 4 5 6 8]
+    python benchmarks/partial_audio_ctx.py --model tiny.en [--margins 1 2 3] [--cuts 1 2 3 4 5 6 8] [--clips GLOB]
 
 A growing turn's partial decode hears its first L seconds. As a full window those are L seconds of audio and 30 - L
 of padding, 1,500 encoder positions; on a short context the encoder sees the audio and `margin` seconds of the
-padding only, and the decoder attends to those positions (whisper.cpp's `audio_ctx`); such a decode is capped at a
-few tokens per second of audio and gives no text when it reaches the cap (engine/transcription/sequential.py
+padding only, and the decoder attends to those positions (whisper.cpp's `audio_ctx`), at least SHORT_CONTEXT_FLOOR_S
+under SHORT_CONTEXT_MIN_S of audio (engine/transcription/sequential.py); such a decode is capped at a few tokens per
+second of audio and gives no text when it reaches the cap (engine/transcription/sequential.py
 SHORT_CONTEXT_TOKENS: it is repeating itself). For each real clip in tests/data and each cut L, the full window and
 each margin are decoded one request at a time on the engine (this CPU). Per margin it prints: the decodes that gave
 no text (capped, or no speech heard), how many of the full windows' words the short decodes give in the same order
-(difflib's matching blocks over normalized words), the identical texts, and the total time against the full
-windows'.
+(difflib's matching blocks over normalized words) and how many they give besides, the identical texts, and the total
+time against the full windows'. `--clips`: a glob in tests/data (default the LibriSpeech clips).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
 from tests.helpers.transcripts import normalize_text
 
-CLIPS = sorted(p for p in (ROOT / "tests" / "data").glob("g1_en_librispeech-*") if p.suffix in (".wav", ".flac"))
 PARTIAL = DecodeOptions(temperatures=(0.0,))  # as server/realtime/connection.py decodes a partial
 
 
@@ -50,20 +50,22 @@ def main() -> None:
     ap.add_argument("--model", default="tiny.en")
     ap.add_argument("--cuts", nargs="+", type=float, default=[1, 2, 3, 4, 5, 6, 8])
     ap.add_argument("--margins", nargs="+", type=float, default=[1.0, 2.0, 3.0])
+    ap.add_argument("--clips", default="g1_en_librispeech-*", help="a glob of the clips in tests/data")
     args = ap.parse_args()
+    clips = sorted(p for p in (ROOT / "tests" / "data").glob(args.clips) if p.suffix in (".wav", ".flac"))
     engine = Engine(EngineConfig(model=args.model, device="cpu"))
     engine.start()
     try:
-        audios = [decode_audio(p.read_bytes()) for p in CLIPS]
+        audios = [decode_audio(p.read_bytes()) for p in clips]
         pieces = [a[: int(cut * SAMPLE_RATE)] for cut in args.cuts for a in audios]
         full, full_s = decode_all(engine, pieces, PARTIAL)
         reference = [normalize_text(t).split() for t in full]
         total = sum(len(words) for words in reference)
-        print(f"{args.model}, {len(CLIPS)} LibriSpeech clips cut at {' '.join(f'{c:g}' for c in args.cuts)} s: "
+        print(f"{args.model}, {len(clips)} clips ({args.clips}) cut at {' '.join(f'{c:g}' for c in args.cuts)} s: "
               f"{len(pieces)} decodes one at a time, {torch.get_num_threads()} threads; full windows {full_s:.1f} s, "
               f"{sum(not w for w in reference)} without text")  # fmt: skip
-        print("| margin s | no text | words of the full windows matched | same text | time vs full windows |")
-        print("|---|---|---|---|---|")
+        print("| margin s | no text | words of the full windows matched | other words | same text | time vs full |")
+        print("|---|---|---|---|---|---|")
         for margin in args.margins:
             texts, seconds = decode_all(engine, pieces, dataclasses.replace(PARTIAL, context_margin_s=margin))
             words = [normalize_text(t).split() for t in texts]
@@ -73,8 +75,10 @@ def main() -> None:
                 for b in difflib.SequenceMatcher(a=ref, b=got, autojunk=False).get_matching_blocks()
             )
             same = sum(a == b for a, b in zip(full, texts))
+            other = sum(len(w) for w in words) - matched
             print(f"| {margin:g} | {sum(not w for w in words)} of {len(pieces)} | {matched} of {total} "
-                  f"({matched / total:.0%}) | {same} of {len(pieces)} | {seconds / full_s:.2f}x |", flush=True)  # fmt: skip
+                  f"({matched / total:.0%}) | {other} | {same} of {len(pieces)} | {seconds / full_s:.2f}x |",
+                  flush=True)  # fmt: skip
     finally:
         engine.shutdown()
 

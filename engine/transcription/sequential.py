@@ -31,10 +31,14 @@ from engine.transcription.segments import FRAME_SECONDS, RawSegment, compression
 # repeating itself (tiny.en on a second of speech: "God, God, God, ..."): its window gives no text, as a preview
 # that a later one replaces had better, and the repetition costs a few tokens, not the context's 448.
 SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S = 10, 8
-# Less audio than this gets a full window all the same: on a short context tiny.en heard 56-78% of the words a full
-# window hears in the first 0.75-1.5 s of speech (a repetition, or nothing, in a third of the decodes), 90-96% from
-# 2 s on (benchmarks/partial_audio_ctx.py --cuts)
+# Less audio than SHORT_CONTEXT_MIN_S gets a context of SHORT_CONTEXT_FLOOR_S: with a 3 s margin tiny.en heard 56-78%
+# of the words a full window hears in the first 0.75-1.5 s of speech (a repetition, or nothing, in a third of the
+# decodes), 90-96% from 2 s on (benchmarks/partial_audio_ctx.py --cuts). On 10 s (500 positions, a third of a full
+# window's encoder, a length GPUs tile a slot with) it heard 255 of the 269 words a full window gets right in 26
+# English clips cut at 0.75-1.75 s, with 32 wrong words against 24 (each decode's last word left out, as a delta
+# leaves it); a realtime turn's first delta then comes 0.3-0.5 s sooner on a CPU (BENCHMARKS.md, realtime).
 SHORT_CONTEXT_MIN_S = 2.0
+SHORT_CONTEXT_FLOOR_S = 10.0
 
 
 @dataclass(slots=True)
@@ -198,12 +202,15 @@ class Transcription:
 
     def _context_frames(self, frames: int) -> int:
         """The mel frames a window of `frames` frames of audio is encoded on: N_FRAMES, or with a short context
-        (DecodeOptions.context_margin_s) from SHORT_CONTEXT_MIN_S of audio on the audio and the margin, an even count
-        (the encoder halves it)."""
+        (DecodeOptions.context_margin_s) the audio and the margin, at least SHORT_CONTEXT_FLOOR_S under
+        SHORT_CONTEXT_MIN_S of audio, an even count (the encoder halves it)."""
         margin = self.options.context_margin_s
-        if margin is None or frames < SHORT_CONTEXT_MIN_S * FRAMES_PER_SECOND:
+        if margin is None:
             return N_FRAMES
-        return min(N_FRAMES, 2 * math.ceil((frames + margin * FRAMES_PER_SECOND) / 2))
+        context = frames + margin * FRAMES_PER_SECOND
+        if frames < SHORT_CONTEXT_MIN_S * FRAMES_PER_SECOND:
+            context = max(context, SHORT_CONTEXT_FLOOR_S * FRAMES_PER_SECOND)
+        return min(N_FRAMES, 2 * math.ceil(context / 2))
 
     @staticmethod
     def _short_context_tokens(frames: int) -> int:

@@ -15,7 +15,12 @@ from engine.config import EngineConfig
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
-from engine.transcription.sequential import SHORT_CONTEXT_MIN_S, SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S
+from engine.transcription.sequential import (
+    SHORT_CONTEXT_FLOOR_S,
+    SHORT_CONTEXT_MIN_S,
+    SHORT_CONTEXT_TOKENS,
+    SHORT_CONTEXT_TOKENS_PER_S,
+)
 from tests.helpers.engine_runs import GREEDY, WAIT_S, tokens_of
 from tests.helpers.transcripts import normalize_text
 
@@ -78,12 +83,23 @@ def test_a_short_context_that_repeats_itself_gives_no_text(two_slot_engine, load
     assert two_slot_engine.submit(audio[: 4 * SAMPLE_RATE], short).wait(timeout=WAIT_S).text
 
 
-def test_less_audio_than_the_minimum_is_decoded_as_a_full_window(two_slot_engine, load_clip):
-    """Under SHORT_CONTEXT_MIN_S of audio a short context would hear little (a repetition, or nothing): such a
-    window is a full one, the same tokens as without the option."""
-    audio = load_clip(CLIPS[0])[: int((SHORT_CONTEXT_MIN_S - 0.5) * SAMPLE_RATE)]
-    short, plain = (tokens_of(two_slot_engine.submit(audio, o).wait(timeout=WAIT_S)) for o in (SHORT, PLAIN))
-    assert short and short == plain
+def test_less_audio_than_the_minimum_gets_the_floors_context(two_slot_engine, load_clip):
+    """Under SHORT_CONTEXT_MIN_S of audio the audio and its margin would hear little (a repetition, or nothing):
+    such a window is encoded on SHORT_CONTEXT_FLOOR_S, the same positions and tokens as the margin that makes that
+    context, and says the words a full window of it says first."""
+    engine = two_slot_engine
+    seconds = SHORT_CONTEXT_MIN_S - 0.5
+    audio = load_clip(CLIPS[0])[: int(seconds * SAMPLE_RATE)]
+    floor = dataclasses.replace(SHORT, context_margin_s=SHORT_CONTEXT_FLOOR_S - seconds)
+    positions = int(SHORT_CONTEXT_FLOOR_S * 50)  # 100 mel frames a second, halved by the encoder
+    results = []
+    for options in (SHORT, floor):
+        results.append(tokens_of(engine.submit(audio, options).wait(timeout=WAIT_S)))  # alone: cross slot 0
+        assert engine.runner.cache.cross_len[0] == positions
+    assert results[0] and results[0] == results[1]
+    words = normalize_text(engine.tokenizer.decode(results[0])).split()
+    full = normalize_text(engine.submit(audio, PLAIN).wait(timeout=WAIT_S).text).split()
+    assert len(words) >= 2 and words[:2] == full[:2], (words, full)
 
 
 def test_a_short_context_tiled_for_kernels_that_read_whole_slots_decodes_as_that_context(two_slot_engine, load_clip):
