@@ -286,9 +286,10 @@ class Settings(BaseSettings):
     of silence, while the VAD still waits out silence_duration_ms: the transcript of a turn that does end is then
     ready sooner after it. Speech that resumes within the wait aborts that decode."""
     realtime_short_partials: bool = True
-    """A realtime partial decode encodes its turn's audio and realtime_partial_margin_s of padding only, not a 30 s
-    window (whisper.cpp's audio_ctx): a partial costs a fraction of a full window's decode, and its words are mostly
-    the same. The final decode of a turn is always a full window, the HTTP route's."""
+    """A realtime partial decode encodes its turn's audio and realtime_partial_margin_s of padding only (10 s in
+    all under 2 s of audio), not a 30 s window (whisper.cpp's audio_ctx): a partial costs a fraction of a full
+    window's decode, and its words are mostly the same. The final decode of a turn is always a full window, the HTTP
+    route's."""
     realtime_partial_prefix: bool = True
     """A realtime partial decode takes the words its turn has sent as the start of its transcript (Whisper's
     prefix) and decodes only what follows: a refresh of a long turn costs its new words, not the whole turn again,
