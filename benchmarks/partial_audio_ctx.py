@@ -1,5 +1,5 @@
 """Short encoder contexts for realtime partial decodes (DecodeOptions.context_margin_s) against full windows: cost
-and words, through the engine, decoded as the server's partials are (greedy, with timestamps, no fallback).
+and words, through the engine, decoded as the server's partials are (greedy, text only, no fallback).
 
     python benchmarks/partial_audio_ctx.py --model tiny.en [--margins 1 2 3] [--cuts 1 2 3 4 5 6 8] [--clips GLOB]
 
@@ -36,7 +36,7 @@ from engine.request import DecodeOptions
 from engine.runtime.engine import Engine
 from tests.helpers.transcripts import normalize_text
 
-PARTIAL = DecodeOptions(temperatures=(0.0,))  # as server/realtime/connection.py decodes a partial
+PARTIAL = DecodeOptions(temperatures=(0.0,), without_timestamps=True)  # as server/realtime/connection.py decodes one
 
 
 def decode_all(engine: Engine, pieces: list, options: DecodeOptions) -> tuple[list[str], float]:

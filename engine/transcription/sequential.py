@@ -34,8 +34,8 @@ SHORT_CONTEXT_TOKENS, SHORT_CONTEXT_TOKENS_PER_S = 10, 8
 # Less audio than SHORT_CONTEXT_MIN_S gets a context of SHORT_CONTEXT_FLOOR_S: with a 3 s margin tiny.en heard 56-78%
 # of the words a full window hears in the first 0.75-1.5 s of speech (a repetition, or nothing, in a third of the
 # decodes), 90-96% from 2 s on (benchmarks/partial_audio_ctx.py --cuts). On 10 s (500 positions, a third of a full
-# window's encoder, a length GPUs tile a slot with) it gives 82% of a full window's words in 26 English clips cut at
-# 0.75-1.75 s, in 0.37x its time (`--clips "g1_en_*"`); a realtime turn's first delta then comes 0.2-0.5 s sooner
+# window's encoder, a length GPUs tile a slot with) it gives 84% of a full window's words in 26 English clips cut at
+# 0.75-1.75 s, in 0.34x its time (`--clips "g1_en_*"`); a realtime turn's first delta then comes 0.2-0.5 s sooner
 # on a CPU, with as many of its live words changed by the final at the default delay, more at `low` (BENCHMARKS.md,
 # realtime).
 SHORT_CONTEXT_MIN_S = 2.0
