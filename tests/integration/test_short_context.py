@@ -10,7 +10,7 @@ import difflib
 import pytest
 import torch
 
-from engine.audio.constants import SAMPLE_RATE
+from engine.audio.constants import FRAMES_PER_SECOND, SAMPLE_RATE
 from engine.config import EngineConfig
 from engine.kernels.options import KernelOptions
 from engine.request import DecodeOptions
@@ -91,7 +91,7 @@ def test_less_audio_than_the_minimum_gets_the_floors_context(two_slot_engine, lo
     seconds = SHORT_CONTEXT_MIN_S - 0.5
     audio = load_clip(CLIPS[0])[: int(seconds * SAMPLE_RATE)]
     floor = dataclasses.replace(SHORT, context_margin_s=SHORT_CONTEXT_FLOOR_S - seconds)
-    positions = int(SHORT_CONTEXT_FLOOR_S * 50)  # 100 mel frames a second, halved by the encoder
+    positions = int(SHORT_CONTEXT_FLOOR_S * FRAMES_PER_SECOND) // 2  # the encoder halves the mel frames
     results = []
     for options in (SHORT, floor):
         results.append(tokens_of(engine.submit(audio, options).wait(timeout=WAIT_S)))  # alone: cross slot 0
